@@ -1,0 +1,172 @@
+//! Parsing of `#[task(…)]` options.
+
+use proc_macro2::TokenStream as TokenStream2;
+use quote::quote;
+use syn::parse::{Parse, ParseStream};
+use syn::punctuated::Punctuated;
+use syn::{Error, Expr, ExprLit, Lit, LitStr, MetaNameValue, Token};
+
+const KNOWN: &str = "name, max_attempts, timeout, queue, backoff_initial, backoff_max, \
+                     retry_on_error, store_result";
+
+/// The parsed options.
+#[derive(Default)]
+pub(crate) struct TaskAttr {
+    pub(crate) name: Option<LitStr>,
+    max_attempts: Option<u32>,
+    timeout_ms: Option<u64>,
+    queue: Option<LitStr>,
+    backoff_initial_ms: Option<u64>,
+    backoff_max_ms: Option<u64>,
+    retry_on_error: Option<bool>,
+    store_result: Option<bool>,
+}
+
+impl Parse for TaskAttr {
+    fn parse(input: ParseStream) -> syn::Result<Self> {
+        let items = Punctuated::<MetaNameValue, Token![,]>::parse_terminated(input)?;
+        let mut attr = TaskAttr::default();
+        let mut seen: Vec<String> = Vec::new();
+        for item in items {
+            let key = item
+                .path
+                .get_ident()
+                .map(|i| i.to_string())
+                .ok_or_else(|| {
+                    Error::new_spanned(&item.path, format!("expected one of: {KNOWN}"))
+                })?;
+            if seen.contains(&key) {
+                return Err(Error::new_spanned(
+                    &item.path,
+                    format!("duplicate option `{key}`: give it once"),
+                ));
+            }
+            seen.push(key.clone());
+            let lit = match &item.value {
+                Expr::Lit(ExprLit { lit, .. }) => lit.clone(),
+                other => {
+                    return Err(Error::new_spanned(
+                        other,
+                        format!("option `{key}` takes a literal value"),
+                    ))
+                }
+            };
+            match key.as_str() {
+                "name" => {
+                    let s = str_lit(&key, &lit)?;
+                    if s.value().trim().is_empty() {
+                        return Err(Error::new_spanned(&lit, "a task name cannot be empty"));
+                    }
+                    attr.name = Some(s);
+                }
+                "queue" => {
+                    let s = str_lit(&key, &lit)?;
+                    if s.value().trim().is_empty() {
+                        return Err(Error::new_spanned(&lit, "a queue name cannot be empty"));
+                    }
+                    attr.queue = Some(s);
+                }
+                "max_attempts" => {
+                    let n = match &lit {
+                        Lit::Int(i) => i.base10_parse::<u32>()?,
+                        _ => {
+                            return Err(Error::new_spanned(
+                                &lit,
+                                "max_attempts takes a whole number",
+                            ))
+                        }
+                    };
+                    if n == 0 {
+                        return Err(Error::new_spanned(
+                            &lit,
+                            "max_attempts counts the first run: use 1 or more",
+                        ));
+                    }
+                    attr.max_attempts = Some(n);
+                }
+                "timeout" => attr.timeout_ms = Some(secs_lit(&key, &lit)?),
+                "backoff_initial" => attr.backoff_initial_ms = Some(secs_lit(&key, &lit)?),
+                "backoff_max" => attr.backoff_max_ms = Some(secs_lit(&key, &lit)?),
+                "retry_on_error" => attr.retry_on_error = Some(bool_lit(&key, &lit)?),
+                "store_result" => attr.store_result = Some(bool_lit(&key, &lit)?),
+                _ => {
+                    return Err(Error::new_spanned(
+                        &item.path,
+                        format!("unknown option `{key}`; expected one of: {KNOWN}"),
+                    ))
+                }
+            }
+        }
+        Ok(attr)
+    }
+}
+
+impl TaskAttr {
+    /// A `const` expression building the `TaskOptions`.
+    pub(crate) fn options_expr(&self) -> TokenStream2 {
+        let mut e = quote!(::ferriq::TaskOptions::new());
+        if let Some(n) = self.max_attempts {
+            e = quote!(#e.max_attempts(#n));
+        }
+        if let Some(ms) = self.timeout_ms {
+            e = quote!(#e.timeout(::core::time::Duration::from_millis(#ms)));
+        }
+        if let Some(q) = &self.queue {
+            e = quote!(#e.queue(#q));
+        }
+        if let Some(ms) = self.backoff_initial_ms {
+            e = quote!(#e.backoff_initial(::core::time::Duration::from_millis(#ms)));
+        }
+        if let Some(ms) = self.backoff_max_ms {
+            e = quote!(#e.backoff_max(::core::time::Duration::from_millis(#ms)));
+        }
+        if let Some(b) = self.retry_on_error {
+            e = quote!(#e.retry_on_error(#b));
+        }
+        if let Some(b) = self.store_result {
+            e = quote!(#e.store_result(#b));
+        }
+        e
+    }
+}
+
+fn str_lit(key: &str, lit: &Lit) -> syn::Result<LitStr> {
+    match lit {
+        Lit::Str(s) => Ok(s.clone()),
+        _ => Err(Error::new_spanned(
+            lit,
+            format!("option `{key}` takes a string"),
+        )),
+    }
+}
+
+fn bool_lit(key: &str, lit: &Lit) -> syn::Result<bool> {
+    match lit {
+        Lit::Bool(b) => Ok(b.value),
+        _ => Err(Error::new_spanned(
+            lit,
+            format!("option `{key}` takes `true` or `false`"),
+        )),
+    }
+}
+
+/// Seconds (int or float) as whole milliseconds.
+fn secs_lit(key: &str, lit: &Lit) -> syn::Result<u64> {
+    let secs = match lit {
+        Lit::Int(i) => i.base10_parse::<f64>()?,
+        Lit::Float(f) => f.base10_parse::<f64>()?,
+        _ => {
+            return Err(Error::new_spanned(
+                lit,
+                format!("option `{key}` takes seconds (a number)"),
+            ))
+        }
+    };
+    if !secs.is_finite() || secs <= 0.0 || secs > 14.0 * 86_400.0 {
+        return Err(Error::new_spanned(
+            lit,
+            format!("option `{key}` must be between 0 and 14 days, in seconds"),
+        ));
+    }
+    Ok((secs * 1000.0).round().max(1.0) as u64)
+}

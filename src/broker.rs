@@ -1,0 +1,307 @@
+//! The [`Broker`] trait: where messages wait, and how a worker takes, keeps and gives them back.
+
+use std::any::Any;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use thiserror::Error;
+
+use crate::wire::{TaskId, TaskMessage, WireError};
+
+/// A message ready to publish: the taskiq body plus what brokers need to route it.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct OutgoingMessage {
+    /// The task's id (also sent as a header/attribute, as taskiq-aio-pika does).
+    pub task_id: TaskId,
+    /// The task's name.
+    pub task_name: String,
+    /// The compact JSON body.
+    pub body: Vec<u8>,
+    /// Headers: `task_id`, `task_name` and every label as a string.
+    pub headers: Vec<(String, String)>,
+    /// The queue (lane) from the `queue_name` label; `None` is the broker's default queue.
+    pub queue: Option<String>,
+    /// Delay before the message may be received, from the `delay` label.
+    pub delay: Option<Duration>,
+    /// Priority from the `priority` label.
+    pub priority: Option<u8>,
+}
+
+impl OutgoingMessage {
+    /// Serialises a message and derives its routing from its labels.
+    pub fn from_message(message: &TaskMessage) -> Result<Self, WireError> {
+        let mut headers = vec![
+            ("task_id".to_owned(), message.task_id.to_string()),
+            ("task_name".to_owned(), message.task_name.clone()),
+        ];
+        headers.extend(
+            message
+                .labels
+                .iter()
+                .map(|(k, v)| (k.to_owned(), v.to_header_string())),
+        );
+        Ok(OutgoingMessage {
+            task_id: message.task_id.clone(),
+            task_name: message.task_name.clone(),
+            body: message.to_json()?,
+            headers,
+            queue: message.labels.queue_name().map(str::to_owned),
+            delay: message.labels.delay().filter(|d| !d.is_zero()),
+            priority: message.labels.priority(),
+        })
+    }
+
+    /// A message with an arbitrary body, for tests of what workers do with malformed input.
+    pub fn raw(body: impl Into<Vec<u8>>) -> Self {
+        OutgoingMessage {
+            task_id: TaskId::random(),
+            task_name: String::new(),
+            body: body.into(),
+            headers: Vec::new(),
+            queue: None,
+            delay: None,
+            priority: None,
+        }
+    }
+}
+
+/// A broker's own reference to one delivery (a receipt handle, a delivery tag on a channel…).
+///
+/// Each delivery gets a process-unique [`DeliveryHandle::key`]; the broker stores what it needs
+/// inside and gets it back with [`DeliveryHandle::downcast_ref`].
+#[derive(Clone)]
+pub struct DeliveryHandle {
+    key: u64,
+    inner: Arc<dyn Any + Send + Sync>,
+}
+
+impl DeliveryHandle {
+    /// Wraps a broker's handle.
+    pub fn new<T: Any + Send + Sync>(inner: T) -> Self {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        DeliveryHandle {
+            key: NEXT.fetch_add(1, Ordering::Relaxed),
+            inner: Arc::new(inner),
+        }
+    }
+
+    /// The broker's handle, if it is of type `T`.
+    pub fn downcast_ref<T: Any>(&self) -> Option<&T> {
+        self.inner.downcast_ref()
+    }
+
+    /// A key unique to this delivery in this process.
+    pub fn key(&self) -> u64 {
+        self.key
+    }
+}
+
+impl fmt::Debug for DeliveryHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Receipt handles can be long and are not for logs.
+        write!(f, "DeliveryHandle(#{})", self.key)
+    }
+}
+
+/// One received copy of a message.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Delivery {
+    /// The raw body, not yet parsed.
+    pub body: Vec<u8>,
+    /// The task id from a header or attribute, when the broker has one (used when the body is
+    /// not readable).
+    pub task_id: Option<String>,
+    /// How many times this message has been received, this time included.
+    pub receive_count: u32,
+    /// The queue it came from.
+    pub queue: String,
+    /// The broker's handle for ack/release/extend.
+    pub handle: DeliveryHandle,
+}
+
+impl Delivery {
+    /// A delivery, for broker implementations.
+    pub fn new(
+        body: Vec<u8>,
+        task_id: Option<String>,
+        receive_count: u32,
+        queue: impl Into<String>,
+        handle: DeliveryHandle,
+    ) -> Self {
+        Delivery {
+            body,
+            task_id,
+            receive_count,
+            queue: queue.into(),
+            handle,
+        }
+    }
+}
+
+/// Whether a delivery is still held after a heartbeat.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseStatus {
+    /// Still ours, lease extended.
+    Kept,
+    /// No longer ours (visibility expired and redelivered, channel closed…): never ack it.
+    Lost,
+}
+
+/// Why a message is parked in the dead-letter queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DeadLetterReason {
+    /// The body is not a task message.
+    InvalidMessage,
+    /// The body is larger than allowed.
+    TooLarge,
+    /// Written by a newer ferriq wire version than this worker runs.
+    UnsupportedWireVersion,
+    /// No worker serves its task name.
+    UnknownTask,
+    /// The task failed with an error no retry can fix.
+    NonRetryable,
+    /// Every attempt failed.
+    RetriesExhausted,
+}
+
+impl DeadLetterReason {
+    /// A stable name, written as a header/attribute.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeadLetterReason::InvalidMessage => "invalid_message",
+            DeadLetterReason::TooLarge => "too_large",
+            DeadLetterReason::UnsupportedWireVersion => "unsupported_wire_version",
+            DeadLetterReason::UnknownTask => "unknown_task",
+            DeadLetterReason::NonRetryable => "non_retryable",
+            DeadLetterReason::RetriesExhausted => "retries_exhausted",
+        }
+    }
+}
+
+/// What a dead-lettered copy carries besides its body.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct DeadLetter {
+    /// Why.
+    pub reason: DeadLetterReason,
+    /// A human-readable detail (the error message).
+    pub detail: String,
+    /// The task name, when known.
+    pub task_name: Option<String>,
+    /// Attempts made.
+    pub attempts: u32,
+}
+
+impl DeadLetter {
+    /// A dead-letter record.
+    pub fn new(
+        reason: DeadLetterReason,
+        detail: impl Into<String>,
+        task_name: Option<String>,
+        attempts: u32,
+    ) -> Self {
+        DeadLetter {
+            reason,
+            detail: detail.into(),
+            task_name,
+            attempts,
+        }
+    }
+}
+
+/// Messages waiting in a queue, for autoscaling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct QueueDepth {
+    /// Ready to be received.
+    pub ready: u64,
+    /// Received and not yet acked (when the broker knows).
+    pub in_flight: u64,
+    /// Delayed (not yet visible), when the broker knows.
+    pub delayed: u64,
+}
+
+impl QueueDepth {
+    /// A depth reading.
+    pub fn new(ready: u64, in_flight: u64, delayed: u64) -> Self {
+        QueueDepth {
+            ready,
+            in_flight,
+            delayed,
+        }
+    }
+}
+
+/// A backend's health, for readiness probes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Health {
+    /// Connected and working.
+    Healthy,
+    /// Not usable right now; the string says why.
+    Unhealthy(String),
+}
+
+impl Health {
+    /// Whether it is healthy.
+    pub fn is_healthy(&self) -> bool {
+        matches!(self, Health::Healthy)
+    }
+}
+
+/// What went wrong talking to a broker.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum BrokerError {
+    /// The broker cannot be reached or the connection broke; retry later.
+    #[error("broker unavailable: {0}")]
+    Unavailable(String),
+    /// The broker refused a message (nack, unroutable, over its size limit…).
+    #[error("broker rejected the message: {0}")]
+    Rejected(String),
+    /// The delivery is no longer ours (lease expired, channel closed): it was not acked.
+    #[error("delivery is no longer held by this worker; its redelivered copy will be handled")]
+    DeliveryLost,
+    /// The broker is misconfigured (missing queue, bad URL…).
+    #[error("broker configuration error: {0}")]
+    Config(String),
+    /// A handle from another broker was passed in.
+    #[error("delivery handle does not belong to this broker")]
+    ForeignHandle,
+}
+
+/// A message broker (SQS, RabbitMQ, in-memory). Object-safe: workers hold an `Arc<dyn Broker>`.
+///
+/// The contract (DESIGN §4, §7): `publish` returns only once the broker holds the messages
+/// durably; a delivery stays invisible to others while its lease (visibility) is extended;
+/// `release(after)` makes it visible again after `after`; `dead_letter` parks a copy with its
+/// reason and removes the original; `ack` removes it.
+#[async_trait]
+pub trait Broker: Send + Sync + 'static {
+    /// Publishes a batch durably (confirmed) or fails; a failure may leave some published.
+    async fn publish(&self, batch: Vec<OutgoingMessage>) -> Result<(), BrokerError>;
+    /// Receives up to `max` deliveries, waiting up to `wait` for the first.
+    async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>, BrokerError>;
+    /// Removes a delivered message for good.
+    async fn ack(&self, delivery: &DeliveryHandle) -> Result<(), BrokerError>;
+    /// Gives a delivery back, visible again after `after`.
+    async fn release(&self, delivery: &DeliveryHandle, after: Duration) -> Result<(), BrokerError>;
+    /// Extends the lease of held deliveries; reports, per delivery, whether it is still held.
+    async fn extend(
+        &self,
+        deliveries: &[DeliveryHandle],
+        lease: Duration,
+    ) -> Result<Vec<LeaseStatus>, BrokerError>;
+    /// Parks a copy of the delivery in the dead-letter queue with its reason, then removes it.
+    async fn dead_letter(&self, delivery: &Delivery, why: &DeadLetter) -> Result<(), BrokerError>;
+    /// Messages waiting, for autoscaling.
+    async fn depth(&self) -> Result<QueueDepth, BrokerError>;
+    /// Whether the broker is usable.
+    async fn health(&self) -> Health;
+}

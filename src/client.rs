@@ -1,0 +1,363 @@
+//! The client: enqueue tasks with typed arguments and await their typed results.
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::de::DeserializeOwned;
+use serde_json::{Map, Value};
+use thiserror::Error;
+
+use crate::broker::{Broker, BrokerError, OutgoingMessage};
+use crate::store::{ResultStatus, ResultStore, StoreError};
+use crate::task::TaskOptions;
+use crate::wire::{
+    names, ErrorKind, LabelValue, Labels, TaskFailure, TaskId, TaskMessage, TaskResult, WireError,
+};
+
+/// Default time a task may wait to start before it expires (`deadline_at` label).
+pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(24 * 3600);
+
+/// Why a task could not be enqueued. Nothing was published when this is returned, except for
+/// a batch whose broker failed part-way ([`EnqueueError::Broker`]).
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum EnqueueError {
+    /// An argument or label cannot be written as JSON.
+    #[error("cannot write the message: {0}")]
+    Wire(#[from] WireError),
+    /// The broker did not confirm the publish; retrying with the same task ids is safe
+    /// (claims and the once-only result write absorb duplicates).
+    #[error("publish failed: {0}")]
+    Broker(#[from] BrokerError),
+}
+
+/// Why waiting for a result did not give a value.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum WaitError {
+    /// No result within the timeout; the task may still run. Wait again or check `status`.
+    #[error("no result within {0:?}; the task may still be queued or running")]
+    TimedOut(Duration),
+    /// The task failed; its error is here.
+    #[error(transparent)]
+    Failed(#[from] TaskFailure),
+    /// The stored value does not deserialize into the expected output type.
+    #[error("the result of task {task_id} does not match the expected type: {reason}")]
+    Decode {
+        /// The task.
+        task_id: TaskId,
+        /// serde's explanation.
+        reason: String,
+    },
+    /// The result store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// A task call ready to enqueue: name, arguments and labels, with its output type.
+/// `#[task]` generates `task::call(args…)` returning one.
+///
+/// ```
+/// use std::time::Duration;
+/// #[ferriq::task(name = "docs.call.add")]
+/// async fn add(a: i64, b: i64) -> i64 { a + b }
+///
+/// let call = add::call(1, 2).with_delay(Duration::from_secs(5)).with_label("tenant", "acme");
+/// let msg = call.into_message().unwrap();
+/// assert_eq!(msg.task_name, "docs.call.add");
+/// assert_eq!(msg.args, [serde_json::json!(1), serde_json::json!(2)]);
+/// assert_eq!(msg.labels.delay(), Some(Duration::from_secs(5)));
+/// ```
+pub struct Call<T> {
+    name: &'static str,
+    args: Result<Vec<Value>, WireError>,
+    kwargs: Map<String, Value>,
+    labels: Labels,
+    task_id: Option<TaskId>,
+    deadline: Option<Duration>,
+    _output: PhantomData<fn() -> T>,
+}
+
+impl<T> Call<T> {
+    /// A call of task `name` with positional arguments; its options become labels that any
+    /// taskiq worker honours (`timeout`, `max_retries`, `retry_on_error`, `queue_name`).
+    pub fn new(
+        name: &'static str,
+        options: TaskOptions,
+        args: impl IntoIterator<Item = Result<Value, WireError>>,
+    ) -> Self {
+        let mut labels = Labels::new();
+        if let Some(t) = options.get_timeout() {
+            labels.insert(names::TIMEOUT, t.as_secs_f64());
+        }
+        if let Some(q) = options.get_queue() {
+            labels.insert(names::QUEUE_NAME, q);
+        }
+        Call {
+            name,
+            args: args.into_iter().collect(),
+            kwargs: Map::new(),
+            labels,
+            task_id: None,
+            deadline: Some(DEFAULT_DEADLINE),
+            _output: PhantomData,
+        }
+    }
+
+    /// Sets the task id (an idempotency key chosen by the caller); default: random.
+    pub fn with_task_id(mut self, id: TaskId) -> Self {
+        self.task_id = Some(id);
+        self
+    }
+
+    /// Sets a label.
+    pub fn with_label(mut self, name: impl Into<String>, value: impl Into<LabelValue>) -> Self {
+        self.labels.insert(name, value);
+        self
+    }
+
+    /// Delays the first run.
+    pub fn with_delay(self, delay: Duration) -> Self {
+        self.with_label(names::DELAY, delay.as_secs_f64())
+    }
+
+    /// Overrides the run's timeout.
+    pub fn with_timeout(self, timeout: Duration) -> Self {
+        self.with_label(names::TIMEOUT, timeout.as_secs_f64())
+    }
+
+    /// Overrides total attempts.
+    pub fn with_max_attempts(self, attempts: u32) -> Self {
+        self.with_label(names::MAX_RETRIES, attempts.max(1))
+    }
+
+    /// Routes to another queue (lane).
+    pub fn with_queue(self, queue: impl Into<String>) -> Self {
+        self.with_label(names::QUEUE_NAME, queue.into())
+    }
+
+    /// Sets the priority.
+    pub fn with_priority(self, priority: u8) -> Self {
+        self.with_label(names::PRIORITY, i64::from(priority))
+    }
+
+    /// The task must start within `within` of enqueueing or it expires with
+    /// `DeadlineExceeded`; `None` for no deadline. Default: 24 h.
+    pub fn with_deadline(mut self, within: Option<Duration>) -> Self {
+        self.deadline = within;
+        self
+    }
+
+    /// The message this call sends.
+    pub fn into_message(self) -> Result<TaskMessage, WireError> {
+        let mut labels = self.labels;
+        if let Some(within) = self.deadline {
+            let now = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap_or_default();
+            // Whole seconds keep the label readable by Python as an int.
+            labels.insert(names::DEADLINE_AT, (now + within).as_secs() as i64);
+        }
+        Ok(TaskMessage {
+            task_id: self.task_id.unwrap_or_else(TaskId::random),
+            task_name: self.name.to_owned(),
+            labels,
+            args: self.args?,
+            kwargs: self.kwargs,
+        })
+    }
+}
+
+impl<T> fmt::Debug for Call<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Call")
+            .field("name", &self.name)
+            .field("task_id", &self.task_id)
+            .field("labels", &self.labels)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Enqueues tasks and hands out [`TaskHandle`]s. Cheap to clone.
+///
+/// ```
+/// use std::sync::Arc;
+/// use ferriq::memory::{MemoryBroker, MemoryStore};
+/// use ferriq::Client;
+///
+/// #[ferriq::task(name = "docs.client.add")]
+/// async fn add(a: i64, b: i64) -> i64 { a + b }
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let store = Arc::new(MemoryStore::new());
+/// let client = Client::new(Arc::new(MemoryBroker::new()), store);
+/// let handle = add::kiq(&client, 1, 2).await.unwrap();
+/// assert_eq!(handle.task_id().as_str().len(), 32);
+/// // A worker would now run it; handle.wait(timeout) returns 3.
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Client {
+    broker: Arc<dyn Broker>,
+    results: Arc<dyn ResultStore>,
+}
+
+impl Client {
+    /// A client publishing to `broker` and reading results from `results`.
+    pub fn new(broker: Arc<dyn Broker>, results: Arc<dyn ResultStore>) -> Self {
+        Client { broker, results }
+    }
+
+    fn outgoing(&self, mut msg: TaskMessage) -> Result<OutgoingMessage, WireError> {
+        if let Some(channel) = self.results.reply_channel() {
+            if msg.labels.get(names::REPLY_TO).is_none() {
+                msg.labels.insert(names::REPLY_TO, channel);
+            }
+        }
+        OutgoingMessage::from_message(&msg)
+    }
+
+    /// Enqueues one call; returns once the broker holds it durably.
+    pub async fn enqueue<T>(&self, call: Call<T>) -> Result<TaskHandle<T>, EnqueueError> {
+        let msg = call.into_message()?;
+        let handle = self.handle(msg.task_id.clone());
+        self.broker.publish(vec![self.outgoing(msg)?]).await?;
+        Ok(handle)
+    }
+
+    /// Enqueues many calls in one batch (fan-out); returns once the broker holds all of them.
+    pub async fn enqueue_batch<T>(
+        &self,
+        calls: impl IntoIterator<Item = Call<T>>,
+    ) -> Result<Vec<TaskHandle<T>>, EnqueueError> {
+        let mut handles = Vec::new();
+        let mut batch = Vec::new();
+        for call in calls {
+            let msg = call.into_message()?;
+            handles.push(self.handle(msg.task_id.clone()));
+            batch.push(self.outgoing(msg)?);
+        }
+        self.broker.publish(batch).await?;
+        Ok(handles)
+    }
+
+    /// Enqueues a message built by hand (untyped result).
+    pub async fn enqueue_message(
+        &self,
+        msg: TaskMessage,
+    ) -> Result<TaskHandle<Value>, EnqueueError> {
+        let handle = self.handle(msg.task_id.clone());
+        self.broker.publish(vec![self.outgoing(msg)?]).await?;
+        Ok(handle)
+    }
+
+    /// A handle on an existing task by id.
+    pub fn handle<T>(&self, task_id: TaskId) -> TaskHandle<T> {
+        TaskHandle {
+            task_id,
+            results: Arc::clone(&self.results),
+            _output: PhantomData,
+        }
+    }
+
+    /// Revokes a task: it never starts, a running one is cancelled at its next heartbeat, and
+    /// its waiters get a `Cancelled` error. `false` when it had already finished.
+    pub async fn revoke(&self, task_id: &TaskId) -> Result<bool, StoreError> {
+        let result = TaskResult::failure(
+            ErrorKind::Cancelled,
+            "the task was revoked",
+            false,
+            0,
+            0.0,
+            Map::new(),
+        );
+        self.results.revoke(task_id, &result).await
+    }
+}
+
+impl fmt::Debug for Client {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Client").finish_non_exhaustive()
+    }
+}
+
+/// Where a task stands, as its result store sees it.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum TaskStatus {
+    /// No result yet: queued, running or retrying.
+    Pending,
+    /// Finished successfully.
+    Succeeded,
+    /// Finished with an error.
+    Failed(TaskFailure),
+}
+
+/// A handle on one enqueued task, typed by its output.
+pub struct TaskHandle<T> {
+    task_id: TaskId,
+    results: Arc<dyn ResultStore>,
+    _output: PhantomData<fn() -> T>,
+}
+
+impl<T> Clone for TaskHandle<T> {
+    fn clone(&self) -> Self {
+        TaskHandle {
+            task_id: self.task_id.clone(),
+            results: Arc::clone(&self.results),
+            _output: PhantomData,
+        }
+    }
+}
+
+impl<T> fmt::Debug for TaskHandle<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "TaskHandle({})", self.task_id)
+    }
+}
+
+impl<T: DeserializeOwned> TaskHandle<T> {
+    /// The task's id.
+    pub fn task_id(&self) -> &TaskId {
+        &self.task_id
+    }
+
+    /// Waits up to `timeout` for the result (woken by the completion, not by polling).
+    pub async fn wait(&self, timeout: Duration) -> Result<T, WaitError> {
+        match self.results.wait(&self.task_id, timeout).await? {
+            ResultStatus::Ready(result) => self.decode(result),
+            _ => Err(WaitError::TimedOut(timeout)),
+        }
+    }
+
+    /// The status now, without waiting.
+    pub async fn status(&self) -> Result<TaskStatus, StoreError> {
+        Ok(match self.results.get(&self.task_id).await? {
+            ResultStatus::Ready(r) => match r.failure_details() {
+                Some(f) => TaskStatus::Failed(f),
+                None => TaskStatus::Succeeded,
+            },
+            _ => TaskStatus::Pending,
+        })
+    }
+
+    /// The stored result now, if any.
+    pub async fn try_result(&self) -> Result<Option<T>, WaitError> {
+        match self.results.get(&self.task_id).await? {
+            ResultStatus::Ready(r) => self.decode(r).map(Some),
+            _ => Ok(None),
+        }
+    }
+
+    fn decode(&self, result: TaskResult) -> Result<T, WaitError> {
+        if let Some(failure) = result.failure_details() {
+            return Err(WaitError::Failed(failure));
+        }
+        serde_json::from_value(result.return_value).map_err(|e| WaitError::Decode {
+            task_id: self.task_id.clone(),
+            reason: e.to_string(),
+        })
+    }
+}

@@ -1,0 +1,70 @@
+#![warn(missing_docs)]
+//! # ferriq
+//!
+//! Background tasks for Rust that share queues with Python's taskiq: **nothing is lost, a
+//! result is written exactly once, and it is fast.**
+//!
+//! - Define a task with [`#[task]`](macro@task): an `async fn` with a stable name.
+//! - Enqueue it with a [`Client`] (`add::kiq(&client, 1, 2)`) and await its [`TaskHandle`].
+//! - Run it in a [`Worker`] over a [`Broker`](broker::Broker) (RabbitMQ, SQS, in-memory) with
+//!   claims and results in a [`ClaimStore`](store::ClaimStore)/[`ResultStore`](store::ResultStore)
+//!   (Valkey, in-memory).
+//!
+//! ```
+//! use std::time::Duration;
+//! use ferriq::testing::TestEnv;
+//!
+//! #[ferriq::task(name = "docs.lib.add", max_attempts = 3)]
+//! async fn add(a: i64, b: i64) -> i64 {
+//!     a + b
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! let env = TestEnv::new(); // in-memory broker and store
+//! let worker = env.spawn_worker(env.worker().registry(
+//!     ferriq::Registry::from_inventory().unwrap().only(&[add::NAME]).unwrap()));
+//! let handle = add::kiq(&env.client, 2, 3).await.unwrap();
+//! assert_eq!(handle.wait(Duration::from_secs(5)).await.unwrap(), 5);
+//! worker.stop().await;
+//! # }
+//! ```
+
+pub mod broker;
+pub mod client;
+#[cfg(feature = "memory")]
+pub mod memory;
+pub mod registry;
+mod secret;
+pub mod store;
+pub mod task;
+#[cfg(feature = "memory")]
+pub mod testing;
+pub mod wire;
+pub mod worker;
+
+pub use client::{Call, Client, EnqueueError, TaskHandle, TaskStatus, WaitError};
+pub use registry::{Registry, RegistryError};
+pub use secret::SecretUrl;
+pub use task::{State, Task, TaskContext, TaskError, TaskOptions};
+pub use worker::{Shutdown, Worker, WorkerBuilder, WorkerConfig};
+
+/// Defines a task from an `async fn`. See the crate docs and `README.md`.
+///
+/// Options: `name = "…"` (the stable wire name; default `module_path:function`),
+/// `max_attempts = N`, `timeout = SECS`, `queue = "…"`, `backoff_initial = SECS`,
+/// `backoff_max = SECS`, `retry_on_error = bool`, `store_result = bool`.
+///
+/// Parameters of type [`TaskContext`] and [`State<T>`] are injected; every other parameter is
+/// an argument bound from the message's `args`/`kwargs`. The function stays callable directly,
+/// and a module of the same name holds `NAME`, `Task`, `call(…)` and `kiq(&client, …)`.
+pub use ferriq_macros::task;
+
+#[doc(hidden)]
+pub use inventory;
+
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::task::__private::*;
+    pub use crate::task::{Invocation, RunFuture, StateRequirement, TaskRegistration};
+    pub use serde_json::Value;
+}

@@ -1,0 +1,486 @@
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::broker::{
+    Broker, BrokerError, DeadLetter, Delivery, DeliveryHandle, Health, LeaseStatus,
+    OutgoingMessage, QueueDepth,
+};
+
+/// The default queue name, taskiq's.
+const DEFAULT_QUEUE: &str = "taskiq";
+
+/// An in-memory broker with SQS-like semantics: a received message is invisible for the
+/// visibility timeout (extended by heartbeats), comes back if not acked, and counts its
+/// receives. Clones share the queues.
+///
+/// ```
+/// use std::time::Duration;
+/// use ferriq::broker::{Broker, OutgoingMessage};
+/// use ferriq::memory::MemoryBroker;
+/// use ferriq::wire::TaskMessage;
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let broker = MemoryBroker::new();
+/// let msg = OutgoingMessage::from_message(&TaskMessage::new("add")).unwrap();
+/// broker.publish(vec![msg]).await.unwrap();
+/// let got = broker.receive(10, Duration::from_millis(10)).await.unwrap();
+/// assert_eq!(got[0].receive_count, 1);
+/// broker.ack(&got[0].handle).await.unwrap();
+/// assert_eq!(broker.stats().acked, 1);
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct MemoryBroker {
+    shared: Arc<Shared>,
+    queues: Arc<[String]>,
+}
+
+struct Shared {
+    id: u64,
+    state: Mutex<State>,
+    notify: Notify,
+    default_queue: String,
+    visibility: Duration,
+}
+
+#[derive(Default)]
+struct State {
+    queues: HashMap<String, Queue>,
+    next_id: u64,
+    next_receipt: u64,
+    dead: Vec<DeadLettered>,
+    stats: MemoryBrokerStats,
+}
+
+#[derive(Default)]
+struct Queue {
+    /// Waiting messages by (visible at, id).
+    pending: BTreeMap<(Instant, u64), Stored>,
+    in_flight: HashMap<u64, InFlight>,
+}
+
+#[derive(Clone)]
+struct Stored {
+    id: u64,
+    body: Vec<u8>,
+    task_id: Option<String>,
+    receive_count: u32,
+}
+
+struct InFlight {
+    stored: Stored,
+    receipt: u64,
+    visible_at: Instant,
+}
+
+#[derive(Debug, Clone)]
+struct Handle {
+    broker: u64,
+    queue: String,
+    id: u64,
+    receipt: u64,
+}
+
+/// A message parked in the dead-letter queue.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct DeadLettered {
+    /// The body as it was received.
+    pub body: Vec<u8>,
+    /// Why it was parked.
+    pub why: DeadLetter,
+    /// The queue it came from.
+    pub queue: String,
+}
+
+/// Counters of what happened to messages.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct MemoryBrokerStats {
+    /// Messages published.
+    pub published: u64,
+    /// Deliveries handed out.
+    pub received: u64,
+    /// Messages acked.
+    pub acked: u64,
+    /// Releases.
+    pub released: u64,
+    /// Messages dead-lettered.
+    pub dead_lettered: u64,
+    /// Leases that ran out and made the message visible again.
+    pub expired: u64,
+}
+
+impl Default for MemoryBroker {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MemoryBroker {
+    /// A broker whose default queue is `taskiq`, with a 30 s visibility timeout.
+    pub fn new() -> Self {
+        Self::with_visibility(Duration::from_secs(30))
+    }
+
+    /// A broker with the given visibility timeout (how long a received, un-extended message
+    /// stays invisible).
+    pub fn with_visibility(visibility: Duration) -> Self {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        MemoryBroker {
+            shared: Arc::new(Shared {
+                id: NEXT.fetch_add(1, Ordering::Relaxed),
+                state: Mutex::new(State::default()),
+                notify: Notify::new(),
+                default_queue: DEFAULT_QUEUE.to_owned(),
+                visibility,
+            }),
+            queues: Arc::from(vec![DEFAULT_QUEUE.to_owned()]),
+        }
+    }
+
+    /// A handle on the same broker that receives from `queues` (lanes) instead.
+    pub fn consuming(&self, queues: &[&str]) -> Self {
+        MemoryBroker {
+            shared: Arc::clone(&self.shared),
+            queues: queues.iter().map(|q| (*q).to_owned()).collect(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding this lock leaves consistent data (every update is a single
+        // insert/remove), so a poisoned lock is still usable.
+        self.shared
+            .state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Messages parked in the dead-letter queue.
+    pub fn dead_letters(&self) -> Vec<DeadLettered> {
+        self.lock().dead.clone()
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> MemoryBrokerStats {
+        self.lock().stats
+    }
+
+    /// Messages in a queue, waiting or in flight.
+    pub fn len(&self, queue: &str) -> usize {
+        self.lock()
+            .queues
+            .get(queue)
+            .map_or(0, |q| q.pending.len() + q.in_flight.len())
+    }
+
+    /// Whether every queue is empty.
+    pub fn is_empty(&self) -> bool {
+        self.lock()
+            .queues
+            .values()
+            .all(|q| q.pending.is_empty() && q.in_flight.is_empty())
+    }
+
+    /// Fault injection: every in-flight lease runs out now, as if the workers holding them had
+    /// paused past their visibility timeout. The messages become visible again and the old
+    /// handles are stale (their ack fails, their heartbeat reports them lost).
+    pub fn expire_in_flight(&self) -> usize {
+        let now = Instant::now();
+        let mut state = self.lock();
+        let mut n = 0;
+        for q in state.queues.values_mut() {
+            for (_, f) in q.in_flight.iter_mut() {
+                f.visible_at = now;
+                n += 1;
+            }
+        }
+        drop(state);
+        self.shared.notify.notify_waiters();
+        n
+    }
+
+    /// Fault injection: the lease of one delivery runs out now.
+    pub fn expire_delivery(&self, handle: &DeliveryHandle) -> bool {
+        let Some(h) = handle.downcast_ref::<Handle>() else {
+            return false;
+        };
+        let mut state = self.lock();
+        let hit = match state
+            .queues
+            .get_mut(&h.queue)
+            .and_then(|q| q.in_flight.get_mut(&h.id))
+        {
+            Some(f) if f.receipt == h.receipt => {
+                f.visible_at = Instant::now();
+                true
+            }
+            _ => false,
+        };
+        drop(state);
+        self.shared.notify.notify_waiters();
+        hit
+    }
+
+    fn handle<'a>(&self, handle: &'a DeliveryHandle) -> Result<&'a Handle, BrokerError> {
+        match handle.downcast_ref::<Handle>() {
+            Some(h) if h.broker == self.shared.id => Ok(h),
+            _ => Err(BrokerError::ForeignHandle),
+        }
+    }
+
+    /// Takes the in-flight entry of a current handle, moving expired leases back first.
+    fn take_current(&self, state: &mut State, h: &Handle) -> Result<InFlight, BrokerError> {
+        let now = Instant::now();
+        let visibility_lost = {
+            let Some(q) = state.queues.get_mut(&h.queue) else {
+                return Err(BrokerError::DeliveryLost);
+            };
+            match q.in_flight.get(&h.id) {
+                Some(f) if f.receipt == h.receipt && f.visible_at > now => {
+                    return Ok(q.in_flight.remove(&h.id).expect("checked above"));
+                }
+                Some(f) => f.visible_at <= now,
+                None => false,
+            }
+        };
+        if visibility_lost {
+            Self::requeue_expired(state, &h.queue, now);
+        }
+        Err(BrokerError::DeliveryLost)
+    }
+
+    fn requeue_expired(state: &mut State, queue: &str, now: Instant) {
+        let Some(q) = state.queues.get_mut(queue) else {
+            return;
+        };
+        let expired: Vec<u64> = q
+            .in_flight
+            .iter()
+            .filter(|(_, f)| f.visible_at <= now)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in &expired {
+            if let Some(f) = q.in_flight.remove(id) {
+                q.pending.insert((f.visible_at, f.stored.id), f.stored);
+            }
+        }
+        state.stats.expired += expired.len() as u64;
+    }
+
+    /// Pops up to `max` visible messages; otherwise returns when the next one becomes visible.
+    fn try_receive(&self, max: usize) -> (Vec<Delivery>, Option<Instant>) {
+        let now = Instant::now();
+        let mut state = self.lock();
+        let mut out = Vec::new();
+        let mut next_visible: Option<Instant> = None;
+        for queue in self.queues.iter() {
+            Self::requeue_expired(&mut state, queue, now);
+            let State {
+                queues,
+                next_receipt,
+                stats,
+                ..
+            } = &mut *state;
+            let Some(q) = queues.get_mut(queue) else {
+                continue;
+            };
+            while out.len() < max {
+                let Some(entry) = q.pending.first_entry() else {
+                    break;
+                };
+                if entry.key().0 > now {
+                    break;
+                }
+                let mut stored = entry.remove();
+                stored.receive_count += 1;
+                *next_receipt += 1;
+                let handle = Handle {
+                    broker: self.shared.id,
+                    queue: queue.clone(),
+                    id: stored.id,
+                    receipt: *next_receipt,
+                };
+                out.push(Delivery::new(
+                    stored.body.clone(),
+                    stored.task_id.clone(),
+                    stored.receive_count,
+                    queue.clone(),
+                    DeliveryHandle::new(handle),
+                ));
+                stats.received += 1;
+                q.in_flight.insert(
+                    stored.id,
+                    InFlight {
+                        stored,
+                        receipt: *next_receipt,
+                        visible_at: now + self.shared.visibility,
+                    },
+                );
+            }
+            let candidates = q
+                .pending
+                .keys()
+                .next()
+                .map(|k| k.0)
+                .into_iter()
+                .chain(q.in_flight.values().map(|f| f.visible_at));
+            for t in candidates {
+                next_visible = Some(next_visible.map_or(t, |n: Instant| n.min(t)));
+            }
+        }
+        (out, next_visible)
+    }
+}
+
+#[async_trait]
+impl Broker for MemoryBroker {
+    async fn publish(&self, batch: Vec<OutgoingMessage>) -> Result<(), BrokerError> {
+        let now = Instant::now();
+        let mut state = self.lock();
+        for msg in batch {
+            state.next_id += 1;
+            let id = state.next_id;
+            let queue = msg
+                .queue
+                .clone()
+                .unwrap_or_else(|| self.shared.default_queue.clone());
+            let visible_at = now + msg.delay.unwrap_or_default();
+            let stored = Stored {
+                id,
+                task_id: Some(msg.task_id.to_string()).filter(|_| !msg.task_name.is_empty()),
+                body: msg.body,
+                receive_count: 0,
+            };
+            state
+                .queues
+                .entry(queue)
+                .or_default()
+                .pending
+                .insert((visible_at, id), stored);
+            state.stats.published += 1;
+        }
+        drop(state);
+        self.shared.notify.notify_waiters();
+        Ok(())
+    }
+
+    async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>, BrokerError> {
+        let deadline = Instant::now() + wait;
+        loop {
+            // Register for wake-ups before looking, so a publish in between is not missed.
+            let notified = self.shared.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let (got, next_visible) = self.try_receive(max.max(1));
+            if !got.is_empty() {
+                return Ok(got);
+            }
+            if Instant::now() >= deadline {
+                return Ok(Vec::new());
+            }
+            let until = next_visible.map_or(deadline, |t| t.min(deadline));
+            tokio::select! {
+                _ = &mut notified => {}
+                _ = tokio::time::sleep_until(until) => {}
+            }
+        }
+    }
+
+    async fn ack(&self, delivery: &DeliveryHandle) -> Result<(), BrokerError> {
+        let h = self.handle(delivery)?;
+        let mut state = self.lock();
+        self.take_current(&mut state, h)?;
+        state.stats.acked += 1;
+        Ok(())
+    }
+
+    async fn release(&self, delivery: &DeliveryHandle, after: Duration) -> Result<(), BrokerError> {
+        let h = self.handle(delivery)?;
+        let mut state = self.lock();
+        let f = self.take_current(&mut state, h)?;
+        let visible_at = Instant::now() + after;
+        if let Some(q) = state.queues.get_mut(&h.queue) {
+            q.pending.insert((visible_at, f.stored.id), f.stored);
+        }
+        state.stats.released += 1;
+        drop(state);
+        self.shared.notify.notify_waiters();
+        Ok(())
+    }
+
+    async fn extend(
+        &self,
+        deliveries: &[DeliveryHandle],
+        lease: Duration,
+    ) -> Result<Vec<LeaseStatus>, BrokerError> {
+        let now = Instant::now();
+        let mut state = self.lock();
+        let mut out = Vec::with_capacity(deliveries.len());
+        for d in deliveries {
+            let h = self.handle(d)?;
+            let held = state
+                .queues
+                .get_mut(&h.queue)
+                .and_then(|q| q.in_flight.get_mut(&h.id))
+                .filter(|f| f.receipt == h.receipt && f.visible_at > now);
+            out.push(match held {
+                Some(f) => {
+                    f.visible_at = now + lease;
+                    LeaseStatus::Kept
+                }
+                None => LeaseStatus::Lost,
+            });
+        }
+        Ok(out)
+    }
+
+    async fn dead_letter(&self, delivery: &Delivery, why: &DeadLetter) -> Result<(), BrokerError> {
+        let h = self.handle(&delivery.handle)?;
+        let mut state = self.lock();
+        let f = self.take_current(&mut state, h)?;
+        state.dead.push(DeadLettered {
+            body: f.stored.body,
+            why: why.clone(),
+            queue: h.queue.clone(),
+        });
+        state.stats.dead_lettered += 1;
+        Ok(())
+    }
+
+    async fn depth(&self) -> Result<QueueDepth, BrokerError> {
+        let now = Instant::now();
+        let state = self.lock();
+        let mut depth = QueueDepth::default();
+        for q in self.queues.iter().filter_map(|name| state.queues.get(name)) {
+            for (visible_at, _) in q.pending.keys() {
+                if *visible_at <= now {
+                    depth.ready += 1;
+                } else {
+                    depth.delayed += 1;
+                }
+            }
+            depth.in_flight += q.in_flight.len() as u64;
+        }
+        Ok(depth)
+    }
+
+    async fn health(&self) -> Health {
+        Health::Healthy
+    }
+}
+
+impl std::fmt::Debug for MemoryBroker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryBroker")
+            .field("queues", &self.queues)
+            .field("visibility", &self.shared.visibility)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,344 @@
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use super::Clock;
+use crate::store::{
+    ClaimOutcome, ClaimStore, CompleteOutcome, FailureRecord, ResultStatus, ResultStore,
+    StoreError, Token,
+};
+use crate::wire::{TaskId, TaskResult};
+
+/// In-memory claims and results with the Valkey store's semantics: leased claims with fencing
+/// tokens, results written once (counted, for exactly-once tests), waiters woken on completion.
+/// Clones share the data.
+///
+/// ```
+/// use std::time::Duration;
+/// use ferriq::memory::MemoryStore;
+/// use ferriq::store::{ClaimOutcome, ClaimStore, CompleteOutcome, ResultStore};
+/// use ferriq::wire::{TaskId, TaskResult};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let store = MemoryStore::new();
+/// let id = TaskId::random();
+/// let ClaimOutcome::Run { token, .. } = store.claim(&id, "w1", Duration::from_secs(30), None).await.unwrap()
+///     else { panic!() };
+/// // A second delivery of the same task waits for the holder's lease.
+/// assert!(matches!(store.claim(&id, "w2", Duration::from_secs(30), None).await.unwrap(),
+///                  ClaimOutcome::Defer { .. }));
+/// let result = TaskResult::success(5.into(), 0.0, Default::default());
+/// assert_eq!(store.complete(&id, token, Some(&result), None).await.unwrap(), CompleteOutcome::Stored);
+/// assert_eq!(store.write_count(&id), 1);
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct MemoryStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    state: Mutex<State>,
+    clock: Clock,
+}
+
+#[derive(Default)]
+struct State {
+    claims: HashMap<TaskId, Claim>,
+    results: HashMap<TaskId, TaskResult>,
+    writes: HashMap<TaskId, u32>,
+    waiters: HashMap<TaskId, Arc<Notify>>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Running,
+    Released,
+    Done,
+    Revoked,
+}
+
+#[derive(Debug, Clone)]
+struct Claim {
+    phase: Phase,
+    token: u64,
+    lease_until: Instant,
+    holder: String,
+    failures: u32,
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MemoryStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        MemoryStore {
+            inner: Arc::new(Inner {
+                state: Mutex::new(State::default()),
+                clock: Clock::new(),
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Every update is a single map operation, so data behind a poisoned lock is consistent.
+        self.inner
+            .state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// How many times a result was written for `id` (exactly-once tests expect 1).
+    pub fn write_count(&self, id: &TaskId) -> u32 {
+        self.lock().writes.get(id).copied().unwrap_or(0)
+    }
+
+    /// Result writes over all tasks.
+    pub fn total_writes(&self) -> u64 {
+        self.lock().writes.values().map(|n| u64::from(*n)).sum()
+    }
+
+    /// Tasks with a stored result.
+    pub fn result_count(&self) -> usize {
+        self.lock().results.len()
+    }
+
+    /// Tasks written more than once (should be empty).
+    pub fn duplicate_writes(&self) -> Vec<TaskId> {
+        self.lock()
+            .writes
+            .iter()
+            .filter(|(_, n)| **n > 1)
+            .map(|(id, _)| id.clone())
+            .collect()
+    }
+
+    /// The current token of a claim, if any.
+    pub fn current_token(&self, id: &TaskId) -> Option<Token> {
+        self.lock().claims.get(id).map(|c| Token(c.token))
+    }
+
+    /// Fault injection: the claim's lease runs out now (as if its holder paused or was
+    /// partitioned), so the next claim takes it over with a larger token.
+    pub fn expire_lease(&self, id: &TaskId) -> bool {
+        let mut state = self.lock();
+        match state.claims.get_mut(id) {
+            Some(c) if c.phase == Phase::Running => {
+                c.lease_until = Instant::now();
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Fault injection: another worker takes the claim over now (token + 1), so the current
+    /// holder's heartbeat and result write are rejected. Returns the new token.
+    pub fn take_over(&self, id: &TaskId, lease: Duration) -> Option<Token> {
+        let mut state = self.lock();
+        let c = state.claims.get_mut(id)?;
+        if matches!(c.phase, Phase::Done | Phase::Revoked) {
+            return None;
+        }
+        c.token += 1;
+        c.phase = Phase::Running;
+        c.holder = "intruder".into();
+        c.lease_until = Instant::now() + lease;
+        Some(Token(c.token))
+    }
+
+    fn store_result(state: &mut State, id: &TaskId, result: &TaskResult) -> bool {
+        if state.results.contains_key(id) {
+            return false;
+        }
+        state.results.insert(id.clone(), result.clone());
+        *state.writes.entry(id.clone()).or_default() += 1;
+        if let Some(waiter) = state.waiters.remove(id) {
+            waiter.notify_waiters();
+        }
+        true
+    }
+}
+
+#[async_trait]
+impl ClaimStore for MemoryStore {
+    async fn claim(
+        &self,
+        id: &TaskId,
+        worker: &str,
+        lease: Duration,
+        deadline_at: Option<f64>,
+    ) -> Result<ClaimOutcome, StoreError> {
+        let now = Instant::now();
+        let expired = deadline_at.is_some_and(|d| self.inner.clock.now_unix() > d);
+        let mut state = self.lock();
+        let claim = state.claims.entry(id.clone()).or_insert_with(|| Claim {
+            phase: Phase::Released,
+            token: 0,
+            lease_until: now,
+            holder: String::new(),
+            failures: 0,
+        });
+        match claim.phase {
+            Phase::Done => return Ok(ClaimOutcome::Done),
+            Phase::Revoked => return Ok(ClaimOutcome::Revoked),
+            Phase::Running if claim.lease_until > now => {
+                return Ok(ClaimOutcome::Defer {
+                    retry_after: claim.lease_until - now,
+                })
+            }
+            Phase::Running | Phase::Released => {}
+        }
+        claim.token += 1;
+        claim.phase = Phase::Running;
+        claim.lease_until = now + lease;
+        claim.holder = worker.to_owned();
+        let token = Token(claim.token);
+        Ok(if expired {
+            ClaimOutcome::Expired { token }
+        } else {
+            ClaimOutcome::Run {
+                token,
+                failures: claim.failures,
+            }
+        })
+    }
+
+    async fn heartbeat(
+        &self,
+        claims: &[(TaskId, Token)],
+        lease: Duration,
+    ) -> Result<Vec<bool>, StoreError> {
+        let now = Instant::now();
+        let mut state = self.lock();
+        Ok(claims
+            .iter()
+            .map(|(id, token)| match state.claims.get_mut(id) {
+                Some(c) if c.phase == Phase::Running && c.token == token.0 => {
+                    c.lease_until = now + lease;
+                    true
+                }
+                _ => false,
+            })
+            .collect())
+    }
+
+    async fn release(&self, id: &TaskId, token: Token) -> Result<bool, StoreError> {
+        let mut state = self.lock();
+        Ok(match state.claims.get_mut(id) {
+            Some(c) if c.phase == Phase::Running && c.token == token.0 => {
+                c.phase = Phase::Released;
+                true
+            }
+            _ => false,
+        })
+    }
+
+    async fn record_failure(&self, id: &TaskId, token: Token) -> Result<FailureRecord, StoreError> {
+        let mut state = self.lock();
+        Ok(match state.claims.get_mut(id) {
+            Some(c) if c.phase == Phase::Running && c.token == token.0 => {
+                c.failures += 1;
+                c.phase = Phase::Released;
+                FailureRecord::Recorded {
+                    failures: c.failures,
+                }
+            }
+            _ => FailureRecord::Stale,
+        })
+    }
+}
+
+#[async_trait]
+impl ResultStore for MemoryStore {
+    async fn complete(
+        &self,
+        id: &TaskId,
+        token: Token,
+        result: Option<&TaskResult>,
+        _reply_to: Option<&str>,
+    ) -> Result<CompleteOutcome, StoreError> {
+        let mut state = self.lock();
+        let Some(claim) = state.claims.get_mut(id) else {
+            return Ok(CompleteOutcome::Stale);
+        };
+        if claim.token != token.0 {
+            return Ok(CompleteOutcome::Stale);
+        }
+        match claim.phase {
+            Phase::Done => return Ok(CompleteOutcome::AlreadyStored),
+            Phase::Running => claim.phase = Phase::Done,
+            Phase::Released | Phase::Revoked => return Ok(CompleteOutcome::Stale),
+        }
+        let stored = match result {
+            Some(result) => Self::store_result(&mut state, id, result),
+            None => true,
+        };
+        Ok(if stored {
+            CompleteOutcome::Stored
+        } else {
+            CompleteOutcome::AlreadyStored
+        })
+    }
+
+    async fn get(&self, id: &TaskId) -> Result<ResultStatus, StoreError> {
+        Ok(match self.lock().results.get(id) {
+            Some(r) => ResultStatus::Ready(r.clone()),
+            None => ResultStatus::Pending,
+        })
+    }
+
+    async fn wait(&self, id: &TaskId, timeout: Duration) -> Result<ResultStatus, StoreError> {
+        let waiter = {
+            let mut state = self.lock();
+            if let Some(r) = state.results.get(id) {
+                return Ok(ResultStatus::Ready(r.clone()));
+            }
+            Arc::clone(state.waiters.entry(id.clone()).or_default())
+        };
+        let notified = waiter.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        // Checked again after subscribing: a completion in between is not missed.
+        if let ResultStatus::Ready(r) = self.get(id).await? {
+            return Ok(ResultStatus::Ready(r));
+        }
+        let _ = tokio::time::timeout(timeout, notified).await;
+        self.get(id).await
+    }
+
+    async fn revoke(&self, id: &TaskId, result: &TaskResult) -> Result<bool, StoreError> {
+        let mut state = self.lock();
+        if !Self::store_result(&mut state, id, result) {
+            return Ok(false);
+        }
+        let claim = state.claims.entry(id.clone()).or_insert_with(|| Claim {
+            phase: Phase::Released,
+            token: 0,
+            lease_until: Instant::now(),
+            holder: String::new(),
+            failures: 0,
+        });
+        // A new token: a running holder's heartbeat and result write are now rejected.
+        claim.token += 1;
+        claim.phase = Phase::Revoked;
+        Ok(true)
+    }
+}
+
+impl std::fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = self.lock();
+        f.debug_struct("MemoryStore")
+            .field("claims", &state.claims.len())
+            .field("results", &state.results.len())
+            .finish()
+    }
+}

@@ -1,0 +1,101 @@
+//! Connection URLs that may carry passwords: parsed once, never printed whole.
+
+use std::fmt;
+
+/// A connection URL whose password never appears in `Debug` or `Display` output.
+///
+/// ```
+/// use ferriq::SecretUrl;
+/// let url = SecretUrl::new("amqp://app:s3cret@rabbit:5672/%2f");
+/// assert_eq!(url.to_string(), "amqp://app:***@rabbit:5672/%2f");
+/// assert!(!format!("{url:?}").contains("s3cret"));
+/// assert_eq!(url.expose(), "amqp://app:s3cret@rabbit:5672/%2f");
+/// assert_eq!(url.scheme(), "amqp");
+/// ```
+#[derive(Clone, PartialEq, Eq)]
+pub struct SecretUrl(String);
+
+impl SecretUrl {
+    /// Wraps a URL.
+    pub fn new(url: impl Into<String>) -> Self {
+        SecretUrl(url.into())
+    }
+
+    /// The full URL, password included: only for handing to a client library.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    /// The scheme (`amqp`, `rediss`, `memory`…), lowercased; empty when there is none.
+    pub fn scheme(&self) -> String {
+        self.0
+            .split_once("://")
+            .map(|(s, _)| s.to_ascii_lowercase())
+            .unwrap_or_default()
+    }
+
+    /// The URL with any password (and any `password=`/secret query values) replaced by `***`.
+    pub fn redacted(&self) -> String {
+        let Some((scheme, rest)) = self.0.split_once("://") else {
+            return "***".to_owned();
+        };
+        let (authority, tail) = match rest.find(['/', '?', '#']) {
+            Some(i) => rest.split_at(i),
+            None => (rest, ""),
+        };
+        let authority = match authority.rsplit_once('@') {
+            Some((userinfo, host)) => match userinfo.split_once(':') {
+                Some((user, _)) => format!("{user}:***@{host}"),
+                None => format!("{userinfo}@{host}"),
+            },
+            None => authority.to_owned(),
+        };
+        let tail = redact_query(tail);
+        format!("{scheme}://{authority}{tail}")
+    }
+}
+
+fn redact_query(tail: &str) -> String {
+    let Some((path, query)) = tail.split_once('?') else {
+        return tail.to_owned();
+    };
+    let parts: Vec<String> = query
+        .split('&')
+        .map(|kv| match kv.split_once('=') {
+            Some((k, _)) if is_secret_key(k) => format!("{k}=***"),
+            _ => kv.to_owned(),
+        })
+        .collect();
+    format!("{path}?{}", parts.join("&"))
+}
+
+fn is_secret_key(k: &str) -> bool {
+    let k = k.to_ascii_lowercase();
+    ["pass", "secret", "token", "key", "auth"]
+        .iter()
+        .any(|s| k.contains(s))
+}
+
+impl fmt::Display for SecretUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.redacted())
+    }
+}
+
+impl fmt::Debug for SecretUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "SecretUrl({})", self.redacted())
+    }
+}
+
+impl From<&str> for SecretUrl {
+    fn from(s: &str) -> Self {
+        SecretUrl::new(s)
+    }
+}
+
+impl From<String> for SecretUrl {
+    fn from(s: String) -> Self {
+        SecretUrl::new(s)
+    }
+}

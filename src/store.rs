@@ -1,0 +1,158 @@
+//! The [`ClaimStore`] and [`ResultStore`] traits: who may run a task now, and its one result.
+//!
+//! Exactly-once lives in [`ResultStore::complete`]: it writes only for the current claim token
+//! (fencing) and only if no result is stored yet. Claims only save duplicate work (DESIGN §5).
+
+use std::fmt;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use thiserror::Error;
+
+use crate::wire::{TaskId, TaskResult};
+
+/// A claim's fencing token: strictly increasing per task, across store restarts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Token(pub u64);
+
+impl fmt::Display for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+/// What a claim attempt decided (DESIGN §5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ClaimOutcome {
+    /// Run it: the claim is ours under `token`. `failures` earlier attempts failed.
+    Run {
+        /// The fencing token for heartbeats and the result write.
+        token: Token,
+        /// Failed attempts recorded so far.
+        failures: u32,
+    },
+    /// Another worker holds a live claim; try again after `retry_after`.
+    Defer {
+        /// Time left on the holder's lease.
+        retry_after: Duration,
+    },
+    /// The task is done; the delivery is a duplicate.
+    Done,
+    /// The deadline passed before it ran; the claim is ours under `token` to write the
+    /// `DeadlineExceeded` result.
+    Expired {
+        /// The fencing token for the result write.
+        token: Token,
+    },
+    /// The task was revoked (its `Cancelled` result is already stored).
+    Revoked,
+}
+
+/// After a failed attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum FailureRecord {
+    /// Recorded and the claim released; `failures` attempts have now failed.
+    Recorded {
+        /// Failed attempts so far.
+        failures: u32,
+    },
+    /// The token is no longer current: nothing was recorded.
+    Stale,
+}
+
+/// What a fenced result write did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CompleteOutcome {
+    /// Written now.
+    Stored,
+    /// This claim's result was already written (an earlier call whose reply was lost).
+    AlreadyStored,
+    /// The token is no longer current: nothing was written.
+    Stale,
+}
+
+/// A result read back.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum ResultStatus {
+    /// No result yet.
+    Pending,
+    /// The stored result.
+    Ready(TaskResult),
+}
+
+/// What went wrong talking to a claim or result store.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The store cannot be reached, or the call timed out; the worker releases messages
+    /// rather than run them unclaimed.
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    /// A stored value could not be read.
+    #[error("stored value for task {task_id} is unreadable: {reason}")]
+    Corrupt {
+        /// The task.
+        task_id: String,
+        /// Why.
+        reason: String,
+    },
+    /// The store is misconfigured.
+    #[error("store configuration error: {0}")]
+    Config(String),
+}
+
+/// Claims: who may run a task now (DESIGN §4, §5). Object-safe.
+#[async_trait]
+pub trait ClaimStore: Send + Sync + 'static {
+    /// Tries to take the claim for `lease`. `deadline_at` (unix seconds) makes a late claim
+    /// `Expired`.
+    async fn claim(
+        &self,
+        id: &TaskId,
+        worker: &str,
+        lease: Duration,
+        deadline_at: Option<f64>,
+    ) -> Result<ClaimOutcome, StoreError>;
+    /// Extends the lease of every current `(id, token)`; per entry, `true` when still held.
+    async fn heartbeat(
+        &self,
+        claims: &[(TaskId, Token)],
+        lease: Duration,
+    ) -> Result<Vec<bool>, StoreError>;
+    /// Gives the claim back so another delivery may run now; `false` when the token was stale.
+    async fn release(&self, id: &TaskId, token: Token) -> Result<bool, StoreError>;
+    /// Counts a failed attempt and releases the claim.
+    async fn record_failure(&self, id: &TaskId, token: Token) -> Result<FailureRecord, StoreError>;
+}
+
+/// Results: written once, read and awaited (DESIGN §4, §5). Object-safe.
+#[async_trait]
+pub trait ResultStore: Send + Sync + 'static {
+    /// The fenced write: if `token` is the current claim's, stores `result` unless one is
+    /// stored (`None` stores nothing, for `store_result = false`), marks the claim done and
+    /// wakes waiters (on `reply_to` when given).
+    async fn complete(
+        &self,
+        id: &TaskId,
+        token: Token,
+        result: Option<&TaskResult>,
+        reply_to: Option<&str>,
+    ) -> Result<CompleteOutcome, StoreError>;
+    /// The stored result, if any.
+    async fn get(&self, id: &TaskId) -> Result<ResultStatus, StoreError>;
+    /// Waits up to `timeout` for the result, woken by the completion, not by polling.
+    async fn wait(&self, id: &TaskId, timeout: Duration) -> Result<ResultStatus, StoreError>;
+    /// Revokes a task: stores `result` (a `Cancelled` error) unless a result exists and marks
+    /// the claim revoked, so the task never starts and a running one loses its claim.
+    /// `false` when a result was already stored.
+    async fn revoke(&self, id: &TaskId, result: &TaskResult) -> Result<bool, StoreError>;
+    /// The channel this process's waiters listen on, put on messages as `reply_to`; `None` when
+    /// the store wakes waiters another way.
+    fn reply_channel(&self) -> Option<String> {
+        None
+    }
+}

@@ -1,0 +1,270 @@
+use std::any::{Any, TypeId};
+use std::collections::HashMap;
+use std::fmt;
+use std::ops::Deref;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio_util::sync::CancellationToken;
+
+use crate::wire::{Labels, TaskId};
+
+/// What a run knows about itself: its id, attempt, labels, deadline and cancellation.
+///
+/// A task takes it as a parameter of type `TaskContext`. Use [`TaskContext::task_id`] as the
+/// idempotency key for side effects: a run whose worker died is run again (DESIGN §1.2).
+///
+/// ```
+/// use ferriq::TaskContext;
+///
+/// #[ferriq::task(name = "mail.send")]
+/// async fn send(ctx: TaskContext, to: String) -> String {
+///     format!("{} -> {to} (attempt {})", ctx.task_id(), ctx.attempt())
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// // Tasks stay plain functions: call them directly in unit tests.
+/// let ctx = TaskContext::builder("0123456789abcdef0123456789abcdef").attempt(2).build().unwrap();
+/// assert!(send(ctx, "ann@example.com".into()).await.ends_with("(attempt 2)"));
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct TaskContext {
+    inner: Arc<ContextInner>,
+}
+
+struct ContextInner {
+    task_id: TaskId,
+    task_name: String,
+    attempt: u32,
+    max_attempts: u32,
+    receive_count: u32,
+    labels: Labels,
+    deadline_at: Option<f64>,
+    cancel: CancellationToken,
+}
+
+impl TaskContext {
+    /// A builder, for calling tasks directly in tests.
+    pub fn builder(task_id: impl Into<String>) -> TaskContextBuilder {
+        TaskContextBuilder {
+            task_id: task_id.into(),
+            task_name: String::new(),
+            attempt: 1,
+            max_attempts: 1,
+            labels: Labels::new(),
+            deadline_at: None,
+            cancel: CancellationToken::new(),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        task_id: TaskId,
+        task_name: String,
+        attempt: u32,
+        max_attempts: u32,
+        receive_count: u32,
+        labels: Labels,
+        deadline_at: Option<f64>,
+        cancel: CancellationToken,
+    ) -> Self {
+        TaskContext {
+            inner: Arc::new(ContextInner {
+                task_id,
+                task_name,
+                attempt,
+                max_attempts,
+                receive_count,
+                labels,
+                deadline_at,
+                cancel,
+            }),
+        }
+    }
+
+    /// The task's id: the same for every attempt and every copy of the message.
+    pub fn task_id(&self) -> &TaskId {
+        &self.inner.task_id
+    }
+    /// The task's registered name.
+    pub fn task_name(&self) -> &str {
+        &self.inner.task_name
+    }
+    /// This attempt's number, from 1.
+    pub fn attempt(&self) -> u32 {
+        self.inner.attempt
+    }
+    /// Total attempts allowed.
+    pub fn max_attempts(&self) -> u32 {
+        self.inner.max_attempts
+    }
+    /// How many times the broker has delivered this message (informational; attempts are counted
+    /// in the claim store).
+    pub fn receive_count(&self) -> u32 {
+        self.inner.receive_count
+    }
+    /// The message's labels.
+    pub fn labels(&self) -> &Labels {
+        &self.inner.labels
+    }
+    /// When the task must have started by, if the producer set a deadline.
+    pub fn deadline(&self) -> Option<SystemTime> {
+        let at = self.inner.deadline_at?;
+        (at.is_finite() && at >= 0.0).then(|| UNIX_EPOCH + Duration::from_secs_f64(at))
+    }
+    /// The run's cancellation token: cancelled when the worker gives the run up (shutdown after
+    /// the grace period, lost message or claim, timeout).
+    pub fn cancellation_token(&self) -> &CancellationToken {
+        &self.inner.cancel
+    }
+    /// Whether the run has been cancelled.
+    pub fn is_cancelled(&self) -> bool {
+        self.inner.cancel.is_cancelled()
+    }
+    /// Completes when the run is cancelled.
+    pub async fn cancelled(&self) {
+        self.inner.cancel.cancelled().await
+    }
+}
+
+impl fmt::Debug for TaskContext {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TaskContext")
+            .field("task_id", &self.inner.task_id)
+            .field("task_name", &self.inner.task_name)
+            .field("attempt", &self.inner.attempt)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Builds a [`TaskContext`] for calling a task directly (unit tests).
+#[derive(Debug)]
+pub struct TaskContextBuilder {
+    task_id: String,
+    task_name: String,
+    attempt: u32,
+    max_attempts: u32,
+    labels: Labels,
+    deadline_at: Option<f64>,
+    cancel: CancellationToken,
+}
+
+impl TaskContextBuilder {
+    /// The task name.
+    pub fn task_name(mut self, name: impl Into<String>) -> Self {
+        self.task_name = name.into();
+        self
+    }
+    /// The attempt number (from 1).
+    pub fn attempt(mut self, attempt: u32) -> Self {
+        self.attempt = attempt.max(1);
+        self.max_attempts = self.max_attempts.max(self.attempt);
+        self
+    }
+    /// The labels.
+    pub fn labels(mut self, labels: Labels) -> Self {
+        self.labels = labels;
+        self
+    }
+    /// A cancellation token the test controls.
+    pub fn cancellation_token(mut self, token: CancellationToken) -> Self {
+        self.cancel = token;
+        self
+    }
+    /// Builds it; fails if the id is not a valid [`TaskId`].
+    pub fn build(self) -> Result<TaskContext, crate::wire::WireError> {
+        Ok(TaskContext::new(
+            TaskId::parse(self.task_id)?,
+            self.task_name,
+            self.attempt,
+            self.max_attempts,
+            self.attempt,
+            self.labels,
+            self.deadline_at,
+            self.cancel,
+        ))
+    }
+}
+
+/// Shared app state a task takes as a parameter (`State<Db>`), registered on the worker with
+/// [`WorkerBuilder::state`](crate::WorkerBuilder::state). A worker refuses to start when a
+/// task needs state that was not registered.
+///
+/// ```
+/// use ferriq::State;
+/// struct Config { greeting: String }
+///
+/// #[ferriq::task(name = "greet")]
+/// async fn greet(config: State<Config>, name: String) -> String {
+///     format!("{} {name}", config.greeting)
+/// }
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let state = State::new(Config { greeting: "hello".into() });
+/// assert_eq!(greet(state, "ann".into()).await, "hello ann");
+/// # }
+/// ```
+pub struct State<T: ?Sized>(Arc<T>);
+
+impl<T> State<T> {
+    /// Wraps a value (for calling tasks directly).
+    pub fn new(value: T) -> Self {
+        State(Arc::new(value))
+    }
+}
+
+impl<T: ?Sized> State<T> {
+    /// The shared `Arc`.
+    pub fn into_inner(self) -> Arc<T> {
+        self.0
+    }
+}
+
+impl<T: ?Sized> Clone for State<T> {
+    fn clone(&self) -> Self {
+        State(Arc::clone(&self.0))
+    }
+}
+
+impl<T: ?Sized> Deref for State<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
+impl<T: ?Sized> fmt::Debug for State<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "State<{}>", std::any::type_name::<T>())
+    }
+}
+
+/// The app state a worker hands to tasks, keyed by type.
+#[derive(Default, Clone)]
+pub struct AppState {
+    values: HashMap<TypeId, Arc<dyn Any + Send + Sync>>,
+}
+
+impl AppState {
+    /// Adds a value; a later value of the same type replaces it.
+    pub fn insert<T: Send + Sync + 'static>(&mut self, value: T) {
+        self.values.insert(TypeId::of::<T>(), Arc::new(value));
+    }
+
+    /// Whether a value of this type id is present.
+    pub fn contains(&self, type_id: TypeId) -> bool {
+        self.values.contains_key(&type_id)
+    }
+
+    /// The value of type `T`.
+    pub fn get<T: Send + Sync + 'static>(&self) -> Option<State<T>> {
+        let any = Arc::clone(self.values.get(&TypeId::of::<T>())?);
+        any.downcast::<T>().ok().map(State)
+    }
+}
+
+impl fmt::Debug for AppState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "AppState({} values)", self.values.len())
+    }
+}

@@ -1,0 +1,42 @@
+//! Tasks: the [`Task`] trait `#[task]` implements, its [`TaskOptions`], the [`TaskContext`] a run
+//! sees, shared app [`State`], and the [`TaskError`] a task returns.
+
+mod context;
+mod error;
+mod options;
+mod registration;
+
+pub use context::{AppState, State, TaskContext, TaskContextBuilder};
+pub use error::TaskError;
+pub use options::TaskOptions;
+pub use registration::{Invocation, RunFuture, StateRequirement, TaskRegistration};
+
+#[doc(hidden)]
+pub mod __private {
+    pub use super::registration::{ok_output, result_output, to_arg};
+}
+
+use serde::de::DeserializeOwned;
+
+/// A task known by its name. `#[ferriq::task]` implements it on the `Task` type it generates
+/// in the task's module (`add::Task` for `async fn add`), which clients use to enqueue it with
+/// typed arguments.
+///
+/// ```
+/// #[ferriq::task(name = "math.add")]
+/// async fn add(a: i64, b: i64) -> i64 {
+///     a + b
+/// }
+///
+/// use ferriq::Task;
+/// assert_eq!(<add::Task as Task>::NAME, "math.add");
+/// assert_eq!(add::NAME, "math.add");
+/// ```
+pub trait Task: Send + Sync + 'static {
+    /// The task's name: its stable wire identity.
+    const NAME: &'static str;
+    /// The task's options (attempts, timeout, queue, backoff).
+    const OPTIONS: TaskOptions;
+    /// What a successful run returns.
+    type Output: DeserializeOwned + Send + 'static;
+}

@@ -1,0 +1,115 @@
+use std::time::Duration;
+
+/// A task's options, set with `#[task(…)]` and overridable per message with labels.
+///
+/// Built with `const` methods so `#[task]` can register them statically.
+///
+/// ```
+/// use std::time::Duration;
+/// use ferriq::TaskOptions;
+/// const OPTS: TaskOptions = TaskOptions::new().max_attempts(5).timeout(Duration::from_secs(30));
+/// assert_eq!(OPTS.get_max_attempts(), 5);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TaskOptions {
+    max_attempts: u32,
+    timeout: Option<Duration>,
+    queue: Option<&'static str>,
+    backoff_initial: Duration,
+    backoff_max: Duration,
+    retry_on_error: bool,
+    store_result: bool,
+}
+
+impl Default for TaskOptions {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl TaskOptions {
+    /// The defaults: 3 attempts, no timeout, the worker's queue, backoff from 1 s doubling up to
+    /// 5 min, retry on error, store the result.
+    pub const fn new() -> Self {
+        TaskOptions {
+            max_attempts: 3,
+            timeout: None,
+            queue: None,
+            backoff_initial: Duration::from_secs(1),
+            backoff_max: Duration::from_secs(300),
+            retry_on_error: true,
+            store_result: true,
+        }
+    }
+
+    /// Total attempts, the first run included (at least 1).
+    pub const fn max_attempts(mut self, n: u32) -> Self {
+        self.max_attempts = if n == 0 { 1 } else { n };
+        self
+    }
+
+    /// A time limit for one run; an over-time run is cancelled and counts as a retryable failure.
+    pub const fn timeout(mut self, limit: Duration) -> Self {
+        self.timeout = Some(limit);
+        self
+    }
+
+    /// The queue (lane) the task's messages go to.
+    pub const fn queue(mut self, queue: &'static str) -> Self {
+        self.queue = Some(queue);
+        self
+    }
+
+    /// Delay before the first retry; doubled on each further attempt.
+    pub const fn backoff_initial(mut self, delay: Duration) -> Self {
+        self.backoff_initial = delay;
+        self
+    }
+
+    /// Cap on the retry delay.
+    pub const fn backoff_max(mut self, delay: Duration) -> Self {
+        self.backoff_max = delay;
+        self
+    }
+
+    /// Whether a retryable error is retried at all.
+    pub const fn retry_on_error(mut self, retry: bool) -> Self {
+        self.retry_on_error = retry;
+        self
+    }
+
+    /// Whether the return value is stored (the claim is completed either way).
+    pub const fn store_result(mut self, store: bool) -> Self {
+        self.store_result = store;
+        self
+    }
+
+    /// See [`TaskOptions::max_attempts`].
+    pub const fn get_max_attempts(&self) -> u32 {
+        self.max_attempts
+    }
+    /// See [`TaskOptions::timeout`].
+    pub const fn get_timeout(&self) -> Option<Duration> {
+        self.timeout
+    }
+    /// See [`TaskOptions::queue`].
+    pub const fn get_queue(&self) -> Option<&'static str> {
+        self.queue
+    }
+    /// See [`TaskOptions::backoff_initial`].
+    pub const fn get_backoff_initial(&self) -> Duration {
+        self.backoff_initial
+    }
+    /// See [`TaskOptions::backoff_max`].
+    pub const fn get_backoff_max(&self) -> Duration {
+        self.backoff_max
+    }
+    /// See [`TaskOptions::retry_on_error`].
+    pub const fn get_retry_on_error(&self) -> bool {
+        self.retry_on_error
+    }
+    /// See [`TaskOptions::store_result`].
+    pub const fn get_store_result(&self) -> bool {
+        self.store_result
+    }
+}

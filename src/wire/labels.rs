@@ -1,0 +1,429 @@
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use base64::Engine as _;
+use serde_json::{Map, Value};
+
+/// taskiq's `LabelType` codes, as written in `labels_types`.
+mod code {
+    pub const ANY: i64 = 1;
+    pub const INT: i64 = 2;
+    pub const STR: i64 = 3;
+    pub const FLOAT: i64 = 4;
+    pub const BOOL: i64 = 5;
+    pub const BYTES: i64 = 6;
+}
+
+/// One label value, typed the way taskiq types labels.
+///
+/// taskiq writes every label as a string and records its type in `labels_types`; middlewares may
+/// add untyped raw JSON values. Both read into this enum, and it is written back the taskiq way.
+///
+/// ```
+/// use ferriq::wire::LabelValue;
+/// assert_eq!(LabelValue::from(3).as_i64(), Some(3));
+/// assert_eq!(LabelValue::from("2.5").as_f64(), Some(2.5));
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum LabelValue {
+    /// A string (`labels_types` code 3).
+    Str(String),
+    /// An integer (code 2).
+    Int(i64),
+    /// A float (code 4).
+    Float(f64),
+    /// A boolean (code 5, written `"True"`/`"False"`).
+    Bool(bool),
+    /// Bytes (code 6, written as base64).
+    Bytes(Vec<u8>),
+    /// taskiq's "any" (code 1), or a raw JSON value of no simpler type; kept as is.
+    Any(Value),
+}
+
+impl LabelValue {
+    /// Reads a value typed by a `labels_types` code. A value that does not fit its code is kept as
+    /// [`LabelValue::Any`] rather than rejected: a label never makes a message unreadable.
+    fn from_typed(raw: Value, type_code: Option<i64>) -> LabelValue {
+        match (type_code, raw) {
+            (Some(code::INT), Value::String(s)) => match s.trim().parse::<i64>() {
+                Ok(i) => LabelValue::Int(i),
+                Err(_) => LabelValue::Any(Value::String(s)),
+            },
+            (Some(code::FLOAT), Value::String(s)) => match s.trim().parse::<f64>() {
+                Ok(f) => LabelValue::Float(f),
+                Err(_) => LabelValue::Any(Value::String(s)),
+            },
+            (Some(code::BOOL), Value::String(s)) => match parse_bool(&s) {
+                Some(b) => LabelValue::Bool(b),
+                None => LabelValue::Any(Value::String(s)),
+            },
+            (Some(code::BYTES), Value::String(s)) => {
+                match base64::engine::general_purpose::STANDARD.decode(s.as_bytes()) {
+                    Ok(b) => LabelValue::Bytes(b),
+                    Err(_) => LabelValue::Any(Value::String(s)),
+                }
+            }
+            (Some(code::STR), Value::String(s)) => LabelValue::Str(s),
+            (Some(code::ANY), raw) => LabelValue::Any(raw),
+            (_, raw) => LabelValue::from_json(raw),
+        }
+    }
+
+    /// Reads an untyped raw JSON value.
+    fn from_json(raw: Value) -> LabelValue {
+        match raw {
+            Value::String(s) => LabelValue::Str(s),
+            Value::Bool(b) => LabelValue::Bool(b),
+            Value::Number(n) => match n.as_i64() {
+                Some(i) => LabelValue::Int(i),
+                None => match n.as_f64() {
+                    Some(f) if n.is_f64() => LabelValue::Float(f),
+                    _ => LabelValue::Any(Value::Number(n)),
+                },
+            },
+            other => LabelValue::Any(other),
+        }
+    }
+
+    /// The value and its type code, written the taskiq way.
+    fn to_typed(&self) -> (Value, i64) {
+        match self {
+            LabelValue::Str(s) => (Value::String(s.clone()), code::STR),
+            LabelValue::Int(i) => (Value::String(i.to_string()), code::INT),
+            LabelValue::Float(f) => (Value::String(format_float(*f)), code::FLOAT),
+            LabelValue::Bool(b) => (
+                Value::String(if *b { "True" } else { "False" }.to_owned()),
+                code::BOOL,
+            ),
+            LabelValue::Bytes(b) => (
+                Value::String(base64::engine::general_purpose::STANDARD.encode(b)),
+                code::BYTES,
+            ),
+            LabelValue::Any(v) => (v.clone(), code::ANY),
+        }
+    }
+
+    /// The value as plain JSON (numbers as numbers), for result labels and readers that do not
+    /// know taskiq's typing.
+    pub fn to_json(&self) -> Value {
+        match self {
+            LabelValue::Str(s) => Value::String(s.clone()),
+            LabelValue::Int(i) => Value::from(*i),
+            LabelValue::Float(f) => serde_json::Number::from_f64(*f)
+                .map(Value::Number)
+                .unwrap_or_else(|| Value::String(format_float(*f))),
+            LabelValue::Bool(b) => Value::Bool(*b),
+            LabelValue::Bytes(b) => {
+                Value::String(base64::engine::general_purpose::STANDARD.encode(b))
+            }
+            LabelValue::Any(v) => v.clone(),
+        }
+    }
+
+    /// The value as a string the way taskiq-aio-pika puts labels in AMQP headers.
+    pub fn to_header_string(&self) -> String {
+        match self.to_typed().0 {
+            Value::String(s) => s,
+            other => other.to_string(),
+        }
+    }
+
+    /// An integer, from an integer, an integral float or a numeric string.
+    pub fn as_i64(&self) -> Option<i64> {
+        match self {
+            LabelValue::Int(i) => Some(*i),
+            LabelValue::Float(f) if f.fract() == 0.0 && f.abs() < 9.0e15 => Some(*f as i64),
+            LabelValue::Str(s) => s.trim().parse().ok(),
+            LabelValue::Any(Value::Number(n)) => n.as_i64(),
+            LabelValue::Any(Value::String(s)) => s.trim().parse().ok(),
+            _ => None,
+        }
+    }
+
+    /// A float, from any number or numeric string.
+    pub fn as_f64(&self) -> Option<f64> {
+        match self {
+            LabelValue::Int(i) => Some(*i as f64),
+            LabelValue::Float(f) => Some(*f),
+            LabelValue::Str(s) => s.trim().parse().ok(),
+            LabelValue::Any(Value::Number(n)) => n.as_f64(),
+            LabelValue::Any(Value::String(s)) => s.trim().parse().ok(),
+            _ => None,
+        }
+    }
+
+    /// A boolean, from a bool or `"True"`/`"False"`/`"true"`/`"false"`/`"1"`/`"0"`.
+    pub fn as_bool(&self) -> Option<bool> {
+        match self {
+            LabelValue::Bool(b) => Some(*b),
+            LabelValue::Str(s) | LabelValue::Any(Value::String(s)) => parse_bool(s),
+            LabelValue::Int(i) => Some(*i != 0),
+            LabelValue::Any(Value::Bool(b)) => Some(*b),
+            _ => None,
+        }
+    }
+
+    /// A string, when the value is one.
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            LabelValue::Str(s) | LabelValue::Any(Value::String(s)) => Some(s),
+            _ => None,
+        }
+    }
+}
+
+fn parse_bool(s: &str) -> Option<bool> {
+    match s.trim() {
+        "True" | "true" | "1" => Some(true),
+        "False" | "false" | "0" => Some(false),
+        _ => None,
+    }
+}
+
+/// Rust's float formatting is the shortest string that parses back to the same value, which is
+/// what Python's `float()` reads too.
+fn format_float(f: f64) -> String {
+    if f.is_nan() {
+        "nan".into()
+    } else if f.is_infinite() {
+        if f > 0.0 { "inf" } else { "-inf" }.into()
+    } else {
+        let s = f.to_string();
+        // Python's str(float) always has a dot; keep floats recognisable as floats.
+        if s.contains(['.', 'e', 'E']) {
+            s
+        } else {
+            format!("{s}.0")
+        }
+    }
+}
+
+impl From<&str> for LabelValue {
+    fn from(s: &str) -> Self {
+        LabelValue::Str(s.to_owned())
+    }
+}
+impl From<String> for LabelValue {
+    fn from(s: String) -> Self {
+        LabelValue::Str(s)
+    }
+}
+impl From<i64> for LabelValue {
+    fn from(i: i64) -> Self {
+        LabelValue::Int(i)
+    }
+}
+impl From<i32> for LabelValue {
+    fn from(i: i32) -> Self {
+        LabelValue::Int(i.into())
+    }
+}
+impl From<u32> for LabelValue {
+    fn from(i: u32) -> Self {
+        LabelValue::Int(i.into())
+    }
+}
+impl From<f64> for LabelValue {
+    fn from(f: f64) -> Self {
+        LabelValue::Float(f)
+    }
+}
+impl From<bool> for LabelValue {
+    fn from(b: bool) -> Self {
+        LabelValue::Bool(b)
+    }
+}
+impl From<Vec<u8>> for LabelValue {
+    fn from(b: Vec<u8>) -> Self {
+        LabelValue::Bytes(b)
+    }
+}
+
+/// A message's labels, with typed accessors for the labels that have meaning (DESIGN §3).
+///
+/// ```
+/// use ferriq::wire::Labels;
+/// let mut labels = Labels::new();
+/// labels.insert("timeout", 2.5);
+/// labels.insert("max_retries", 5);
+/// assert_eq!(labels.timeout(), Some(std::time::Duration::from_millis(2500)));
+/// assert_eq!(labels.max_retries(), Some(5));
+/// ```
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Labels(BTreeMap<String, LabelValue>);
+
+/// Well-known label names.
+pub mod names {
+    pub const TIMEOUT: &str = "timeout";
+    pub const MAX_RETRIES: &str = "max_retries";
+    pub const RETRY_ON_ERROR: &str = "retry_on_error";
+    pub const RETRIES: &str = "_retries";
+    pub const DELAY: &str = "delay";
+    pub const X_DELAY: &str = "x_delay";
+    pub const PRIORITY: &str = "priority";
+    pub const QUEUE_NAME: &str = "queue_name";
+    pub const QUEUE: &str = "queue";
+    pub const DEADLINE_AT: &str = "deadline_at";
+    pub const WIRE: &str = "ferriq_wire";
+    pub const REPLY_TO: &str = "reply_to";
+}
+
+/// Longest delay or timeout a label may ask for; larger values are clamped (DESIGN §8).
+const MAX_LABEL_SECS: f64 = 14.0 * 24.0 * 3600.0;
+
+fn secs(v: f64) -> Option<Duration> {
+    (v.is_finite() && v >= 0.0).then(|| Duration::from_secs_f64(v.min(MAX_LABEL_SECS)))
+}
+
+impl Labels {
+    /// No labels.
+    pub fn new() -> Self {
+        Labels(BTreeMap::new())
+    }
+
+    /// Sets a label, replacing any earlier value.
+    pub fn insert(&mut self, name: impl Into<String>, value: impl Into<LabelValue>) {
+        self.0.insert(name.into(), value.into());
+    }
+
+    /// Removes a label.
+    pub fn remove(&mut self, name: &str) -> Option<LabelValue> {
+        self.0.remove(name)
+    }
+
+    /// A label's value.
+    pub fn get(&self, name: &str) -> Option<&LabelValue> {
+        self.0.get(name)
+    }
+
+    /// Every label, in name order.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &LabelValue)> {
+        self.0.iter().map(|(k, v)| (k.as_str(), v))
+    }
+
+    /// Number of labels.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether there are no labels.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// `timeout`: the run's time limit.
+    pub fn timeout(&self) -> Option<Duration> {
+        self.get(names::TIMEOUT)?.as_f64().and_then(secs)
+    }
+
+    /// `max_retries`: total attempts, taskiq's meaning.
+    pub fn max_retries(&self) -> Option<u32> {
+        let n = self.get(names::MAX_RETRIES)?.as_i64()?;
+        Some(n.clamp(1, i64::from(u32::MAX)) as u32)
+    }
+
+    /// `retry_on_error`: whether a failing run may be retried.
+    pub fn retry_on_error(&self) -> Option<bool> {
+        self.get(names::RETRY_ON_ERROR)?.as_bool()
+    }
+
+    /// `_retries`: failed attempts before this message, set by taskiq's retry middlewares when
+    /// they re-send a task.
+    pub fn retries(&self) -> Option<u32> {
+        let n = self.get(names::RETRIES)?.as_i64()?;
+        Some(n.clamp(0, i64::from(u32::MAX)) as u32)
+    }
+
+    /// `delay` (or `x_delay`): how long to wait before the first run.
+    pub fn delay(&self) -> Option<Duration> {
+        let v = self
+            .get(names::DELAY)
+            .or_else(|| self.get(names::X_DELAY))?;
+        v.as_f64().and_then(secs)
+    }
+
+    /// `priority`, clamped to 0–255.
+    pub fn priority(&self) -> Option<u8> {
+        Some(self.get(names::PRIORITY)?.as_i64()?.clamp(0, 255) as u8)
+    }
+
+    /// `queue_name` (or `queue`): the queue/lane the message is routed to.
+    pub fn queue_name(&self) -> Option<&str> {
+        self.get(names::QUEUE_NAME)
+            .or_else(|| self.get(names::QUEUE))?
+            .as_str()
+    }
+
+    /// `deadline_at`: unix seconds after which the task must not start.
+    pub fn deadline_at(&self) -> Option<f64> {
+        self.get(names::DEADLINE_AT)?
+            .as_f64()
+            .filter(|f| f.is_finite())
+    }
+
+    /// `ferriq_wire`: the wire version the producer wrote; absent means 1.
+    pub fn wire_version(&self) -> u32 {
+        self.get(names::WIRE)
+            .and_then(LabelValue::as_i64)
+            .map(|v| v.clamp(0, i64::from(u32::MAX)) as u32)
+            .unwrap_or(1)
+    }
+
+    /// `reply_to`: the notification channel of the client waiting for this task.
+    pub fn reply_to(&self) -> Option<&str> {
+        self.get(names::REPLY_TO)?.as_str()
+    }
+
+    /// Reads `labels` and `labels_types` as taskiq writes them.
+    pub(crate) fn from_wire(
+        labels: Map<String, Value>,
+        types: Option<&Map<String, Value>>,
+    ) -> Self {
+        let mut out = BTreeMap::new();
+        for (name, raw) in labels {
+            let code = types.and_then(|t| t.get(&name)).and_then(type_code);
+            out.insert(name, LabelValue::from_typed(raw, code));
+        }
+        Labels(out)
+    }
+
+    /// Writes `labels` and `labels_types` the taskiq way.
+    pub(crate) fn to_wire(&self) -> (Map<String, Value>, Map<String, Value>) {
+        let mut labels = Map::new();
+        let mut types = Map::new();
+        for (name, value) in &self.0 {
+            let (v, code) = value.to_typed();
+            labels.insert(name.clone(), v);
+            types.insert(name.clone(), Value::from(code));
+        }
+        (labels, types)
+    }
+
+    /// The labels as plain JSON values, as taskiq copies them into a result.
+    pub fn to_json_map(&self) -> Map<String, Value> {
+        self.0
+            .iter()
+            .map(|(k, v)| (k.clone(), v.to_json()))
+            .collect()
+    }
+}
+
+/// A `labels_types` entry: taskiq writes an int; accept a numeric string too.
+fn type_code(v: &Value) -> Option<i64> {
+    match v {
+        Value::Number(n) => n.as_i64(),
+        Value::String(s) => s.trim().parse().ok(),
+        _ => None,
+    }
+}
+
+impl<K: Into<String>, V: Into<LabelValue>> FromIterator<(K, V)> for Labels {
+    fn from_iter<I: IntoIterator<Item = (K, V)>>(iter: I) -> Self {
+        Labels(
+            iter.into_iter()
+                .map(|(k, v)| (k.into(), v.into()))
+                .collect(),
+        )
+    }
+}

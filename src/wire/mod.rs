@@ -1,0 +1,20 @@
+//! The taskiq-compatible wire format: messages, labels, argument binding and results.
+//!
+//! A message body is a taskiq `TaskiqMessage` (JSON). ferriq reads any valid JSON form taskiq or
+//! its middlewares produce and writes compact JSON the way taskiq writes it, so Python and Rust
+//! services can share queues. See `DESIGN.md` §3 and `STABILITY.md`.
+
+mod args;
+mod error;
+pub(crate) mod labels;
+mod message;
+mod result;
+mod task_id;
+
+pub use args::{ArgumentBinder, ArgumentError};
+pub use error::WireError;
+pub(crate) use labels::names;
+pub use labels::{LabelValue, Labels};
+pub use message::{TaskMessage, WIRE_VERSION};
+pub use result::{ErrorKind, ExceptionRepr, TaskFailure, TaskResult};
+pub use task_id::TaskId;

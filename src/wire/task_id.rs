@@ -1,0 +1,99 @@
+use std::fmt;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use super::WireError;
+
+/// The identity of one task: chosen by the producer, shared by every copy of its message.
+///
+/// taskiq producers use a uuid4 without dashes (32 lowercase hex characters), which is what
+/// [`TaskId::random`] makes. Ids from other producers are accepted when they are 1–200 printable
+/// ASCII characters without whitespace or braces: braces would break the Valkey Cluster hash tag
+/// that keeps a task's claim and result in one slot (DESIGN §5).
+///
+/// ```
+/// use ferriq::wire::TaskId;
+/// let id = TaskId::random();
+/// assert_eq!(id.as_str().len(), 32);
+/// assert!(TaskId::parse("order-42").is_ok());
+/// assert!(TaskId::parse("a{b}").is_err());
+/// ```
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TaskId(String);
+
+/// Longest accepted task id.
+const MAX_LEN: usize = 200;
+
+impl TaskId {
+    /// A fresh random id in taskiq's format (uuid4, lowercase hex, no dashes).
+    pub fn random() -> Self {
+        TaskId(uuid::Uuid::new_v4().simple().to_string())
+    }
+
+    /// Checks `id` and wraps it.
+    pub fn parse(id: impl Into<String>) -> Result<Self, WireError> {
+        let id = id.into();
+        let reason = if id.is_empty() {
+            Some("it is empty")
+        } else if id.len() > MAX_LEN {
+            Some("it is longer than 200 bytes")
+        } else if !id
+            .bytes()
+            .all(|b| b.is_ascii_graphic() && b != b'{' && b != b'}')
+        {
+            Some("only printable ASCII without spaces or braces is allowed")
+        } else {
+            None
+        };
+        match reason {
+            None => Ok(TaskId(id)),
+            Some(reason) => Err(WireError::InvalidTaskId {
+                id: id.chars().take(64).collect(),
+                reason,
+            }),
+        }
+    }
+
+    /// The id as a string.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for TaskId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for TaskId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "TaskId({})", self.0)
+    }
+}
+
+impl std::str::FromStr for TaskId {
+    type Err = WireError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        TaskId::parse(s)
+    }
+}
+
+impl AsRef<str> for TaskId {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl Serialize for TaskId {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for TaskId {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        TaskId::parse(s).map_err(serde::de::Error::custom)
+    }
+}

@@ -1,0 +1,100 @@
+use std::sync::Arc;
+
+use tokio::task::JoinHandle;
+use tokio::time::MissedTickBehavior;
+use tokio_util::sync::CancellationToken;
+
+use super::running::StopReason;
+use super::Inner;
+use crate::broker::LeaseStatus;
+
+/// The two heartbeat loops of a worker: one batched broker lease extension and one batched
+/// claim heartbeat per period, over every running delivery (not a timer per task).
+pub(crate) struct Heartbeats {
+    stop: CancellationToken,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Heartbeats {
+    pub(crate) async fn stop(self) {
+        self.stop.cancel();
+        for t in self.tasks {
+            let _ = t.await;
+        }
+    }
+}
+
+pub(crate) fn spawn(inner: Arc<Inner>) -> Heartbeats {
+    let stop = CancellationToken::new();
+    let broker_loop = {
+        let (inner, stop) = (Arc::clone(&inner), stop.clone());
+        tokio::spawn(async move { every_period(&inner, &stop, broker_beat).await })
+    };
+    let claim_loop = {
+        let (inner, stop) = (Arc::clone(&inner), stop.clone());
+        tokio::spawn(async move { every_period(&inner, &stop, claim_beat).await })
+    };
+    Heartbeats {
+        stop,
+        tasks: vec![broker_loop, claim_loop],
+    }
+}
+
+async fn every_period<F, Fut>(inner: &Arc<Inner>, stop: &CancellationToken, beat: F)
+where
+    F: Fn(Arc<Inner>) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let mut tick = tokio::time::interval(inner.config.heartbeat_interval());
+    tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    tick.tick().await;
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tick.tick() => beat(Arc::clone(inner)).await,
+        }
+    }
+}
+
+async fn broker_beat(inner: Arc<Inner>) {
+    let handles = inner.running.handles();
+    if handles.is_empty() {
+        return;
+    }
+    match inner.broker.extend(&handles, inner.config.lease).await {
+        Ok(statuses) => {
+            for (handle, status) in handles.iter().zip(statuses) {
+                if status == LeaseStatus::Lost {
+                    tracing::warn!(delivery = ?handle, "broker lease lost: cancelling the run");
+                    inner.running.stop(handle.key(), StopReason::DeliveryLost);
+                }
+            }
+        }
+        // The lease may still be running; the next beat tries again.
+        Err(e) => tracing::warn!(error = %e, "broker heartbeat failed"),
+    }
+}
+
+async fn claim_beat(inner: Arc<Inner>) {
+    let entries = inner.running.claims();
+    if entries.is_empty() {
+        return;
+    }
+    let claims: Vec<_> = entries
+        .iter()
+        .map(|(_, id, token)| (id.clone(), *token))
+        .collect();
+    match inner.claims.heartbeat(&claims, inner.config.lease).await {
+        Ok(kept) => {
+            for ((key, id, _), kept) in entries.iter().zip(kept) {
+                if !kept {
+                    tracing::warn!(task_id = %id, "claim lost to another worker: cancelling the run");
+                    inner.running.stop(*key, StopReason::ClaimLost);
+                }
+            }
+        }
+        // Nobody else can take a claim from an unreachable store either; when it is back, a
+        // takeover shows up here as a lost claim.
+        Err(e) => tracing::warn!(error = %e, "claim heartbeat failed"),
+    }
+}

@@ -1,0 +1,340 @@
+//! The worker runtime: receives deliveries, claims, runs, heartbeats and settles each one as
+//! DESIGN §6 says, with bounded concurrency and a graceful drain.
+
+mod config;
+mod delivery;
+mod heartbeat;
+mod running;
+mod shutdown;
+
+pub use config::{ConfigError, WorkerConfig};
+pub use running::{Outcome, WorkerStats};
+pub use shutdown::Shutdown;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rand::rngs::SmallRng;
+use rand::SeedableRng;
+use thiserror::Error;
+use tokio::sync::Semaphore;
+use tokio_util::task::TaskTracker;
+
+use crate::broker::{Broker, Health, QueueDepth};
+use crate::registry::{Registry, RegistryError};
+use crate::store::{ClaimStore, ResultStore};
+use crate::task::AppState;
+use delivery::PendingResult;
+use running::{Counters, RunningTable, StopReason};
+
+/// Why a worker could not be built.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum BuildError {
+    /// No broker was given.
+    #[error("no broker: call WorkerBuilder::broker")]
+    MissingBroker,
+    /// No claim or result store was given.
+    #[error("no claim/result store: call WorkerBuilder::store (or claims and results)")]
+    MissingStore,
+    /// The registry is invalid (duplicate names, missing state).
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
+    /// The configuration is invalid.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+}
+
+/// Builds a [`Worker`].
+///
+/// ```
+/// use std::sync::Arc;
+/// use ferriq::memory::{MemoryBroker, MemoryStore};
+/// use ferriq::{Registry, Worker};
+///
+/// #[ferriq::task(name = "docs.builder.noop")]
+/// async fn noop() {}
+///
+/// let worker = Worker::builder()
+///     .broker(Arc::new(MemoryBroker::new()))
+///     .store(Arc::new(MemoryStore::new()))
+///     .registry(Registry::from_inventory().unwrap().only(&["docs.builder.noop"]).unwrap())
+///     .concurrency(4)
+///     .build()
+///     .unwrap();
+/// assert_eq!(worker.config().concurrency, 4);
+/// ```
+#[derive(Default)]
+pub struct WorkerBuilder {
+    broker: Option<Arc<dyn Broker>>,
+    claims: Option<Arc<dyn ClaimStore>>,
+    results: Option<Arc<dyn ResultStore>>,
+    registry: Option<Registry>,
+    state: AppState,
+    config: WorkerConfig,
+    seed: Option<u64>,
+}
+
+impl WorkerBuilder {
+    /// The broker to receive from.
+    pub fn broker(mut self, broker: Arc<dyn Broker>) -> Self {
+        self.broker = Some(broker);
+        self
+    }
+
+    /// One store for both claims and results (the usual case: fencing needs them together).
+    pub fn store<S: ClaimStore + ResultStore>(mut self, store: Arc<S>) -> Self {
+        self.claims = Some(store.clone());
+        self.results = Some(store);
+        self
+    }
+
+    /// The claim store, when given separately.
+    pub fn claims(mut self, claims: Arc<dyn ClaimStore>) -> Self {
+        self.claims = Some(claims);
+        self
+    }
+
+    /// The result store, when given separately.
+    pub fn results(mut self, results: Arc<dyn ResultStore>) -> Self {
+        self.results = Some(results);
+        self
+    }
+
+    /// The tasks served (default: every `#[task]` in the binary).
+    pub fn registry(mut self, registry: Registry) -> Self {
+        self.registry = Some(registry);
+        self
+    }
+
+    /// Shared app state handed to tasks that take `State<T>`.
+    pub fn state<T: Send + Sync + 'static>(mut self, value: T) -> Self {
+        self.state.insert(value);
+        self
+    }
+
+    /// The whole configuration.
+    pub fn config(mut self, config: WorkerConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// Most runs at once.
+    pub fn concurrency(mut self, n: usize) -> Self {
+        self.config.concurrency = n;
+        self
+    }
+
+    /// Claim lease and broker visibility extension.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.config.lease = lease;
+        self
+    }
+
+    /// The drain grace period.
+    pub fn grace(mut self, grace: Duration) -> Self {
+        self.config.grace = grace;
+        self
+    }
+
+    /// A fixed seed for retry jitter (reproducible tests).
+    pub fn jitter_seed(mut self, seed: u64) -> Self {
+        self.seed = Some(seed);
+        self
+    }
+
+    /// Checks everything and builds the worker.
+    pub fn build(self) -> Result<Worker, BuildError> {
+        self.config.validate()?;
+        let broker = self.broker.ok_or(BuildError::MissingBroker)?;
+        let claims = self.claims.ok_or(BuildError::MissingStore)?;
+        let results = self.results.ok_or(BuildError::MissingStore)?;
+        let registry = match self.registry {
+            Some(r) => r,
+            None => Registry::from_inventory()?,
+        };
+        registry.check_state(&self.state)?;
+        let rng = match self.seed {
+            Some(seed) => SmallRng::seed_from_u64(seed),
+            None => SmallRng::from_os_rng(),
+        };
+        Ok(Worker {
+            inner: Arc::new(Inner {
+                broker,
+                claims,
+                results,
+                registry,
+                state: Arc::new(self.state),
+                config: self.config,
+                running: RunningTable::default(),
+                pending: Mutex::new(HashMap::new()),
+                rng: Mutex::new(rng),
+                counters: Counters::default(),
+            }),
+        })
+    }
+}
+
+pub(crate) struct Inner {
+    broker: Arc<dyn Broker>,
+    claims: Arc<dyn ClaimStore>,
+    results: Arc<dyn ResultStore>,
+    registry: Registry,
+    state: Arc<AppState>,
+    config: WorkerConfig,
+    running: RunningTable,
+    /// Results computed while the store was unreachable, keyed by task id, stored on the
+    /// message's redelivery.
+    pending: Mutex<HashMap<crate::wire::TaskId, PendingResult>>,
+    rng: Mutex<SmallRng>,
+    counters: Counters,
+}
+
+/// A worker: runs the registered tasks from a broker, settling each delivery per DESIGN §6.
+/// Cheap to clone; clones share everything.
+///
+/// ```no_run
+/// # async fn demo(worker: ferriq::Worker) {
+/// // In a worker pod: drain on SIGTERM/SIGINT, stop at once on a second signal.
+/// worker.run_until_signal().await;
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Worker {
+    inner: Arc<Inner>,
+}
+
+impl Worker {
+    /// A builder.
+    pub fn builder() -> WorkerBuilder {
+        WorkerBuilder::default()
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &WorkerConfig {
+        &self.inner.config
+    }
+
+    /// Counters of what the worker did.
+    pub fn stats(&self) -> WorkerStats {
+        self.inner.counters.snapshot(self.inner.running.len())
+    }
+
+    /// The broker's health, for readiness probes.
+    pub async fn health(&self) -> Health {
+        self.inner.broker.health().await
+    }
+
+    /// Messages waiting, the autoscaling signal.
+    pub async fn depth(&self) -> Result<QueueDepth, crate::broker::BrokerError> {
+        self.inner.broker.depth().await
+    }
+
+    /// Runs until SIGTERM or SIGINT, then drains (see [`Worker::run`]); a second signal
+    /// cancels the leftovers at once.
+    pub async fn run_until_signal(&self) {
+        let shutdown = Shutdown::new();
+        let watcher = shutdown.clone();
+        let signals = tokio::spawn(async move {
+            shutdown::wait_for_signal().await;
+            tracing::info!("signal received: draining; send it again to stop at once");
+            watcher.drain();
+            shutdown::wait_for_signal().await;
+            tracing::warn!("second signal: cancelling runs and releasing their messages");
+            watcher.force();
+        });
+        self.run(shutdown).await;
+        signals.abort();
+    }
+
+    /// Receives and runs tasks until `shutdown` asks for a drain; then stops receiving, lets
+    /// runs finish within the grace period (or until a forced stop), cancels the leftovers and
+    /// releases their claims and messages so another worker takes them at once.
+    pub async fn run(&self, shutdown: Shutdown) {
+        let inner = &self.inner;
+        let slots = Arc::new(Semaphore::new(inner.config.concurrency));
+        let tracker = TaskTracker::new();
+        let heartbeats = heartbeat::spawn(Arc::clone(inner));
+        tracing::info!(
+            worker = %inner.config.worker_id,
+            concurrency = inner.config.concurrency,
+            tasks = ?inner.registry,
+            "worker started"
+        );
+        let mut backoff = Duration::from_millis(100);
+        'receive: loop {
+            let first = tokio::select! {
+                biased;
+                _ = shutdown.draining() => None,
+                permit = Arc::clone(&slots).acquire_owned() => permit.ok(),
+            };
+            let Some(first) = first else {
+                break;
+            };
+            let mut permits = vec![first];
+            while let Ok(p) = Arc::clone(&slots).try_acquire_owned() {
+                permits.push(p);
+            }
+            let received = tokio::select! {
+                biased;
+                _ = shutdown.draining() => break 'receive,
+                r = inner.broker.receive(permits.len(), inner.config.receive_wait) => r,
+            };
+            match received {
+                Ok(deliveries) => {
+                    backoff = Duration::from_millis(100);
+                    for d in deliveries {
+                        let Some(permit) = permits.pop() else {
+                            // A broker returned more than asked: handle it anyway rather than
+                            // hold it unheartbeated.
+                            tracing::warn!("broker returned more deliveries than requested");
+                            let inner = Arc::clone(inner);
+                            tracker.spawn(async move { inner.process(d).await });
+                            continue;
+                        };
+                        let inner = Arc::clone(inner);
+                        tracker.spawn(async move {
+                            inner.process(d).await;
+                            drop(permit);
+                        });
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, retry_in = ?backoff, "receive failed");
+                    tokio::select! {
+                        _ = shutdown.draining() => break 'receive,
+                        _ = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(10));
+                }
+            }
+        }
+        tracker.close();
+        tracing::info!(in_flight = inner.running.len(), grace = ?inner.config.grace, "draining");
+        tokio::select! {
+            _ = tracker.wait() => {}
+            _ = tokio::time::sleep(inner.config.grace) => {}
+            _ = shutdown.forced() => {}
+        }
+        if !tracker.is_empty() {
+            tracing::warn!(
+                left = inner.running.len(),
+                "grace period over: cancelling runs and releasing their messages"
+            );
+            inner.running.stop_all(StopReason::Shutdown);
+            tracker.wait().await;
+        }
+        heartbeats.stop().await;
+        tracing::info!("worker stopped");
+    }
+}
+
+impl std::fmt::Debug for Worker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Worker")
+            .field("config", &self.inner.config)
+            .field("registry", &self.inner.registry)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,213 @@
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+use tokio_util::sync::CancellationToken;
+
+use crate::broker::DeliveryHandle;
+use crate::store::Token;
+use crate::wire::TaskId;
+
+/// Why a run was stopped from outside.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StopReason {
+    /// The broker no longer holds our delivery: write nothing, free the claim.
+    DeliveryLost,
+    /// Another worker holds the claim now: release the message, never ack it.
+    ClaimLost,
+    /// Shutdown after the grace period: release claim and message for another worker.
+    Shutdown,
+}
+
+/// One running delivery, as the heartbeat loops see it.
+pub(crate) struct Running {
+    pub(crate) task_id: TaskId,
+    pub(crate) token: Token,
+    pub(crate) handle: DeliveryHandle,
+    pub(crate) cancel: CancellationToken,
+    pub(crate) reason: Arc<OnceLock<StopReason>>,
+}
+
+/// The table of running deliveries, keyed by delivery handle key: the heartbeat loops read
+/// it in one pass instead of keeping a timer per task.
+#[derive(Default)]
+pub(crate) struct RunningTable {
+    entries: Mutex<HashMap<u64, Running>>,
+}
+
+impl RunningTable {
+    fn lock(&self) -> MutexGuard<'_, HashMap<u64, Running>> {
+        self.entries.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn insert(&self, entry: Running) {
+        self.lock().insert(entry.handle.key(), entry);
+    }
+
+    pub(crate) fn remove(&self, key: u64) {
+        self.lock().remove(&key);
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Stops one run; the first reason wins.
+    pub(crate) fn stop(&self, key: u64, reason: StopReason) {
+        if let Some(e) = self.lock().get(&key) {
+            let _ = e.reason.set(reason);
+            e.cancel.cancel();
+        }
+    }
+
+    pub(crate) fn stop_all(&self, reason: StopReason) {
+        for e in self.lock().values() {
+            let _ = e.reason.set(reason);
+            e.cancel.cancel();
+        }
+    }
+
+    pub(crate) fn handles(&self) -> Vec<DeliveryHandle> {
+        self.lock().values().map(|e| e.handle.clone()).collect()
+    }
+
+    pub(crate) fn claims(&self) -> Vec<(u64, TaskId, Token)> {
+        self.lock()
+            .iter()
+            .map(|(k, e)| (*k, e.task_id.clone(), e.token))
+            .collect()
+    }
+}
+
+/// What became of one delivery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Outcome {
+    /// Ran and its result is stored; acked.
+    Succeeded,
+    /// Failed for good; error stored and message dead-lettered.
+    Failed,
+    /// Failed; released for another attempt after backoff.
+    Retried,
+    /// A duplicate of a finished task; acked.
+    Duplicate,
+    /// Another worker holds the claim; released until its lease ends.
+    Deferred,
+    /// Past its deadline; `DeadlineExceeded` stored, acked.
+    Expired,
+    /// Revoked; acked.
+    Revoked,
+    /// Malformed, too large or unserved; dead-lettered.
+    DeadLettered,
+    /// Released to come back later (unknown name, newer wire version, store unreachable…).
+    Released,
+    /// The broker took the delivery back mid-run; nothing written.
+    DeliveryLost,
+    /// Another worker took the claim mid-run; released, never acked.
+    ClaimLost,
+    /// The result write was fenced off (another holder); not acked.
+    Stale,
+    /// Cancelled by shutdown and released for another worker.
+    ShutdownReleased,
+    /// A broker call failed; the message comes back by itself.
+    BrokerError,
+}
+
+impl Outcome {
+    /// A stable name, for logs and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Succeeded => "succeeded",
+            Outcome::Failed => "failed",
+            Outcome::Retried => "retried",
+            Outcome::Duplicate => "duplicate",
+            Outcome::Deferred => "deferred",
+            Outcome::Expired => "expired",
+            Outcome::Revoked => "revoked",
+            Outcome::DeadLettered => "dead_lettered",
+            Outcome::Released => "released",
+            Outcome::DeliveryLost => "delivery_lost",
+            Outcome::ClaimLost => "claim_lost",
+            Outcome::Stale => "stale",
+            Outcome::ShutdownReleased => "shutdown_released",
+            Outcome::BrokerError => "broker_error",
+        }
+    }
+
+    const ALL: [Outcome; 14] = [
+        Outcome::Succeeded,
+        Outcome::Failed,
+        Outcome::Retried,
+        Outcome::Duplicate,
+        Outcome::Deferred,
+        Outcome::Expired,
+        Outcome::Revoked,
+        Outcome::DeadLettered,
+        Outcome::Released,
+        Outcome::DeliveryLost,
+        Outcome::ClaimLost,
+        Outcome::Stale,
+        Outcome::ShutdownReleased,
+        Outcome::BrokerError,
+    ];
+}
+
+/// Counters of delivery outcomes and runs, shared by a worker and its handles.
+#[derive(Default)]
+pub(crate) struct Counters {
+    outcomes: [AtomicU64; 14],
+    started: AtomicU64,
+    run_micros: AtomicU64,
+}
+
+impl Counters {
+    pub(crate) fn record(&self, outcome: Outcome) {
+        let i = Outcome::ALL.iter().position(|o| *o == outcome).unwrap_or(0);
+        self.outcomes[i].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn started(&self) {
+        self.started.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn ran_for(&self, micros: u64) {
+        self.run_micros.fetch_add(micros, Ordering::Relaxed);
+    }
+
+    pub(crate) fn snapshot(&self, in_flight: usize) -> WorkerStats {
+        let get = |o: Outcome| {
+            let i = Outcome::ALL.iter().position(|x| *x == o).unwrap_or(0);
+            self.outcomes[i].load(Ordering::Relaxed)
+        };
+        WorkerStats {
+            started: self.started.load(Ordering::Relaxed),
+            in_flight,
+            run_seconds: self.run_micros.load(Ordering::Relaxed) as f64 / 1e6,
+            outcomes: Outcome::ALL.iter().map(|o| (*o, get(*o))).collect(),
+        }
+    }
+}
+
+/// A snapshot of a worker's counters.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct WorkerStats {
+    /// Runs started.
+    pub started: u64,
+    /// Runs in progress.
+    pub in_flight: usize,
+    /// Total seconds spent running tasks.
+    pub run_seconds: f64,
+    /// Deliveries per outcome.
+    pub outcomes: Vec<(Outcome, u64)>,
+}
+
+impl WorkerStats {
+    /// Deliveries that ended with `outcome`.
+    pub fn count(&self, outcome: Outcome) -> u64 {
+        self.outcomes
+            .iter()
+            .find(|(o, _)| *o == outcome)
+            .map_or(0, |(_, n)| *n)
+    }
+}
