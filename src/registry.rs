@@ -40,7 +40,7 @@ pub enum RegistryError {
 ///
 /// ```
 /// #[ferriq::task(name = "docs.registry.ping")]
-/// async fn ping() -> &'static str { "pong" }
+/// async fn ping() -> String { "pong".into() }
 ///
 /// let registry = ferriq::Registry::from_inventory().unwrap().only(&["docs.registry.ping"]).unwrap();
 /// assert_eq!(registry.names().collect::<Vec<_>>(), ["docs.registry.ping"]);

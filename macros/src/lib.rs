@@ -4,11 +4,11 @@
 //! only `::ferriq::…` paths. See `ferriq::task` for the options.
 
 use proc_macro::TokenStream;
-use proc_macro2::{Span, TokenStream as TokenStream2};
+use proc_macro2::TokenStream as TokenStream2;
 use quote::{format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::{
-    parse_macro_input, Error, FnArg, GenericArgument, ItemFn, Lit, Pat, PathArguments, ReturnType,
+    parse_macro_input, Error, FnArg, GenericArgument, ItemFn, Pat, PathArguments, ReturnType,
     Type,
 };
 
@@ -273,15 +273,21 @@ fn classify_param(input: &FnArg) -> syn::Result<Param> {
     })
 }
 
-/// The last path segment of the return type is `Result`: the task returns `Result<T, E>`.
+/// The return type is a `Result`: its last path segment is `Result` or ends in `Result`
+/// (`io::Result<T>`, an app's `AppResult<T>` alias), so its first type argument is the output.
 fn is_result(output: &ReturnType) -> bool {
     match output {
         ReturnType::Type(_, ty) => match &**ty {
-            Type::Path(p) => p.path.segments.last().is_some_and(|s| s.ident == "Result"),
+            Type::Path(p) => p.path.segments.last().is_some_and(is_result_segment),
             _ => false,
         },
         ReturnType::Default => false,
     }
+}
+
+fn is_result_segment(segment: &syn::PathSegment) -> bool {
+    segment.ident.to_string().ends_with("Result")
+        && matches!(segment.arguments, PathArguments::AngleBracketed(_))
 }
 
 /// The task's output type: `T` of `Result<T, E>`, the type itself, or `()`.
@@ -298,7 +304,7 @@ fn output_type(output: &ReturnType) -> syn::Result<Type> {
     }
     if let Type::Path(p) = ty {
         if let Some(last) = p.path.segments.last() {
-            if last.ident == "Result" {
+            if is_result_segment(last) || last.ident == "Result" {
                 if let PathArguments::AngleBracketed(args) = &last.arguments {
                     if let Some(GenericArgument::Type(ok)) = args.args.first() {
                         return Ok(ok.clone());
@@ -312,9 +318,4 @@ fn output_type(output: &ReturnType) -> syn::Result<Type> {
         }
     }
     Ok(ty.clone())
-}
-
-#[allow(dead_code)]
-fn lit_span(lit: &Lit) -> Span {
-    lit.span()
 }

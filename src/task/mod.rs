@@ -18,9 +18,9 @@ pub mod __private {
 
 use serde::de::DeserializeOwned;
 
-/// A task known by its name. `#[ferriq::task]` implements it on the `Task` type it generates
-/// in the task's module (`add::Task` for `async fn add`), which clients use to enqueue it with
-/// typed arguments.
+/// A task known by its name. `#[ferriq::task]` on `async fn add` generates a type `add` (beside
+/// the function, which stays callable) implementing this trait, with `add::NAME`,
+/// `add::call(…)` and `add::kiq(&client, …)` for enqueueing with typed arguments.
 ///
 /// ```
 /// #[ferriq::task(name = "math.add")]
@@ -29,7 +29,7 @@ use serde::de::DeserializeOwned;
 /// }
 ///
 /// use ferriq::Task;
-/// assert_eq!(<add::Task as Task>::NAME, "math.add");
+/// assert_eq!(<add as Task>::NAME, "math.add");
 /// assert_eq!(add::NAME, "math.add");
 /// ```
 pub trait Task: Send + Sync + 'static {

@@ -1,0 +1,91 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferriq::memory::{MemoryBroker, MemoryStore};
+use ferriq::testing::{FaultyStore, Oracle, RunningWorker};
+use ferriq::{Client, Registry, Worker, WorkerBuilder};
+use tokio::sync::{watch, Notify};
+
+/// A memory broker, a fault-injecting store over a memory store, a client and an oracle.
+pub struct Harness {
+    pub broker: MemoryBroker,
+    pub store: FaultyStore,
+    pub client: Client,
+    pub oracle: Oracle,
+    pub gate: Arc<Gate>,
+}
+
+impl Harness {
+    pub fn new() -> Self {
+        let broker = MemoryBroker::new();
+        let store = FaultyStore::new(MemoryStore::new());
+        let client = Client::new(Arc::new(broker.clone()), Arc::new(store.clone()));
+        Harness {
+            broker,
+            store,
+            client,
+            oracle: Oracle::default(),
+            gate: Arc::new(Gate::new()),
+        }
+    }
+
+    pub fn memory(&self) -> &MemoryStore {
+        &self.store.inner
+    }
+
+    /// A worker on this harness serving `tasks`, with the oracle and gate as state.
+    pub fn worker(&self, tasks: &[&str]) -> WorkerBuilder {
+        Worker::builder()
+            .broker(Arc::new(self.broker.clone()))
+            .store(Arc::new(self.store.clone()))
+            .registry(Registry::from_inventory().unwrap().only(tasks).unwrap())
+            .state(self.oracle.clone())
+            .state(Arc::clone(&self.gate))
+            .jitter_seed(7)
+    }
+
+    pub fn start(&self, builder: WorkerBuilder) -> RunningWorker {
+        RunningWorker::spawn(builder.build().expect("worker builds"))
+    }
+}
+
+/// Lets a test hold a running task and release it.
+pub struct Gate {
+    pub entered: Notify,
+    open: watch::Sender<bool>,
+}
+
+impl Gate {
+    pub fn new() -> Self {
+        Gate {
+            entered: Notify::new(),
+            open: watch::channel(false).0,
+        }
+    }
+
+    /// Called by a task: signals entry, then waits until the gate opens.
+    pub async fn pass(&self) {
+        self.entered.notify_one();
+        let mut rx = self.open.subscribe();
+        let _ = rx.wait_for(|open| *open).await;
+    }
+
+    pub fn open(&self) {
+        self.open.send_replace(true);
+    }
+}
+
+/// Bounded polling: waits until `check` holds, failing the test with `what` after `limit`.
+/// Under paused time the sleeps advance the clock, so the limit is virtual time.
+pub async fn eventually(what: &str, limit: Duration, mut check: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + limit;
+    while !check() {
+        if tokio::time::Instant::now() >= deadline {
+            panic!("timed out after {limit:?} waiting for: {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}

@@ -1,0 +1,85 @@
+//! `#[task]`: what it generates, and what it refuses at compile time (trybuild).
+
+use std::time::Duration;
+
+use ferriq::testing::TestEnv;
+use ferriq::{Registry, State, Task, TaskContext, TaskError};
+
+#[ferriq::task]
+async fn default_named(x: u8) -> u8 {
+    x
+}
+
+#[ferriq::task(name = "macros.options", max_attempts = 7, timeout = 2.5, queue = "billing",
+               backoff_initial = 0.5, backoff_max = 60, retry_on_error = false, store_result = false)]
+async fn with_options() {}
+
+type AppResult<T> = Result<T, TaskError>;
+
+/// A parameter called `client` does not clash with `kiq`'s client parameter.
+#[ferriq::task(name = "macros.alias")]
+async fn aliased(client: String, ctx: TaskContext) -> AppResult<String> {
+    Ok(format!("{client}@{}", ctx.attempt()))
+}
+
+struct Prefix(String);
+
+#[ferriq::task(name = "macros.state")]
+async fn prefixed(prefix: State<Prefix>, word: String) -> String {
+    format!("{}{word}", prefix.0)
+}
+
+#[test]
+fn names_and_options_are_generated() {
+    assert_eq!(default_named::NAME, concat!(module_path!(), ":default_named"));
+    assert_eq!(<with_options as Task>::NAME, "macros.options");
+    let o = with_options::OPTIONS;
+    assert_eq!(o.get_max_attempts(), 7);
+    assert_eq!(o.get_timeout(), Some(Duration::from_millis(2500)));
+    assert_eq!(o.get_queue(), Some("billing"));
+    assert_eq!(o.get_backoff_initial(), Duration::from_millis(500));
+    assert_eq!(o.get_backoff_max(), Duration::from_secs(60));
+    assert!(!o.get_retry_on_error() && !o.get_store_result());
+    // Options become labels any taskiq worker understands.
+    let msg = with_options::call().into_message().unwrap();
+    assert_eq!(msg.labels.timeout(), Some(Duration::from_millis(2500)));
+    assert_eq!(msg.labels.queue_name(), Some("billing"));
+    assert!(msg.labels.deadline_at().is_some());
+}
+
+#[tokio::test]
+async fn tasks_stay_callable_directly() {
+    assert_eq!(default_named(4).await, 4);
+    let ctx = TaskContext::builder("t-1").attempt(2).build().unwrap();
+    assert_eq!(aliased("ann".into(), ctx).await.unwrap(), "ann@2");
+    assert_eq!(prefixed(State::new(Prefix("re".into())), "do".into()).await, "redo");
+}
+
+#[tokio::test]
+async fn context_state_and_result_aliases_work_on_a_worker() {
+    let env = TestEnv::new();
+    let registry = Registry::from_inventory()
+        .unwrap()
+        .only(&[aliased::NAME, prefixed::NAME])
+        .unwrap();
+    let w = env.spawn_worker(env.worker().registry(registry).state(Prefix("pre-".into())));
+    let a = aliased::kiq(&env.client, "bob".into()).await.unwrap();
+    let p = prefixed::kiq(&env.client, "fix".into()).await.unwrap();
+    assert_eq!(a.wait(Duration::from_secs(10)).await.unwrap(), "bob@1");
+    assert_eq!(p.wait(Duration::from_secs(10)).await.unwrap(), "pre-fix");
+    w.stop().await;
+}
+
+#[test]
+fn a_worker_refuses_to_start_without_the_state_its_tasks_take() {
+    let env = TestEnv::new();
+    let registry = Registry::from_inventory().unwrap().only(&[prefixed::NAME]).unwrap();
+    let err = env.worker().registry(registry).build().unwrap_err().to_string();
+    assert!(err.contains("macros.state") && err.contains("Prefix"), "{err}");
+}
+
+#[test]
+fn bad_uses_are_compile_errors() {
+    let t = trybuild::TestCases::new();
+    t.compile_fail("tests/ui/*.rs");
+}

@@ -1,0 +1,6 @@
+#[ferriq::task(name = "ui.borrowed")]
+async fn greet(name: &str) -> String {
+    format!("hello {name}")
+}
+
+fn main() {}

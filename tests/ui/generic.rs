@@ -1,0 +1,6 @@
+#[ferriq::task(name = "ui.generic")]
+async fn echo<T: serde::Serialize>(value: T) -> T {
+    value
+}
+
+fn main() {}
