@@ -33,7 +33,11 @@ async fn every_task_is_answered_exactly_once_despite_duplicates_and_lease_expiri
 
     let mut rng = SmallRng::seed_from_u64(42);
     let calls: Vec<_> = (0..TASKS)
-        .map(|n| double::call(n, rng.random_range(20..200)).into_message().unwrap())
+        .map(|n| {
+            double::call(n, rng.random_range(20..200))
+                .into_message()
+                .unwrap()
+        })
         .collect();
     let ids: Vec<_> = calls.iter().map(|m| m.task_id.clone()).collect();
     let outgoing: Vec<_> = calls
@@ -42,7 +46,10 @@ async fn every_task_is_answered_exactly_once_despite_duplicates_and_lease_expiri
         .collect();
     // Every message twice, side by side, so both copies are in flight together: the
     // at-least-once broker's duplicates.
-    let doubled: Vec<_> = outgoing.iter().flat_map(|m| [m.clone(), m.clone()]).collect();
+    let doubled: Vec<_> = outgoing
+        .iter()
+        .flat_map(|m| [m.clone(), m.clone()])
+        .collect();
     broker.publish(doubled).await.unwrap();
 
     let workers: Vec<RunningWorker> = (0..4)
@@ -51,7 +58,12 @@ async fn every_task_is_answered_exactly_once_despite_duplicates_and_lease_expiri
                 Worker::builder()
                     .broker(Arc::new(broker.clone()))
                     .store(Arc::new(store.clone()))
-                    .registry(Registry::from_inventory().unwrap().only(&[double::NAME]).unwrap())
+                    .registry(
+                        Registry::from_inventory()
+                            .unwrap()
+                            .only(&[double::NAME])
+                            .unwrap(),
+                    )
                     .state(oracle.clone())
                     .config(config())
                     .jitter_seed(i)
@@ -95,7 +107,10 @@ async fn every_task_is_answered_exactly_once_despite_duplicates_and_lease_expiri
     }
     let (expired_leases, expired_deliveries) = chaos.await.unwrap();
     // Every duplicate copy is acked as Done in the end: nothing left behind.
-    common::eventually("all copies settled", Duration::from_secs(120), || broker.is_empty()).await;
+    common::eventually("all copies settled", Duration::from_secs(120), || {
+        broker.is_empty()
+    })
+    .await;
     let mut fenced = 0;
     for w in workers {
         let stats = w.worker.stats();
@@ -114,10 +129,19 @@ async fn every_task_is_answered_exactly_once_despite_duplicates_and_lease_expiri
     );
     assert_eq!(store.result_count() as u64, TASKS, "lost = 0");
     assert_eq!(store.total_writes(), TASKS, "every result written once");
-    assert!(duplicate_writes.is_empty(), "duplicate result writes: {duplicate_writes:?}");
+    assert!(
+        duplicate_writes.is_empty(),
+        "duplicate result writes: {duplicate_writes:?}"
+    );
     assert_eq!(oracle.distinct_started() as u64, TASKS);
-    assert!(expired_leases > 0 && expired_deliveries > 0, "the chaos really happened");
-    assert!(oracle.duplicate_starts() > 0 && fenced > 0, "takeovers raced real runs");
+    assert!(
+        expired_leases > 0 && expired_deliveries > 0,
+        "the chaos really happened"
+    );
+    assert!(
+        oracle.duplicate_starts() > 0 && fenced > 0,
+        "takeovers raced real runs"
+    );
 }
 
 fn config() -> WorkerConfig {

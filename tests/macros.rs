@@ -10,8 +10,16 @@ async fn default_named(x: u8) -> u8 {
     x
 }
 
-#[ferriq::task(name = "macros.options", max_attempts = 7, timeout = 2.5, queue = "billing",
-               backoff_initial = 0.5, backoff_max = 60, retry_on_error = false, store_result = false)]
+#[ferriq::task(
+    name = "macros.options",
+    max_attempts = 7,
+    timeout = 2.5,
+    queue = "billing",
+    backoff_initial = 0.5,
+    backoff_max = 60,
+    retry_on_error = false,
+    store_result = false
+)]
 async fn with_options() {}
 
 type AppResult<T> = Result<T, TaskError>;
@@ -31,7 +39,10 @@ async fn prefixed(prefix: State<Prefix>, word: String) -> String {
 
 #[test]
 fn names_and_options_are_generated() {
-    assert_eq!(default_named::NAME, concat!(module_path!(), ":default_named"));
+    assert_eq!(
+        default_named::NAME,
+        concat!(module_path!(), ":default_named")
+    );
     assert_eq!(<with_options as Task>::NAME, "macros.options");
     let o = with_options::OPTIONS;
     assert_eq!(o.get_max_attempts(), 7);
@@ -52,7 +63,10 @@ async fn tasks_stay_callable_directly() {
     assert_eq!(default_named(4).await, 4);
     let ctx = TaskContext::builder("t-1").attempt(2).build().unwrap();
     assert_eq!(aliased("ann".into(), ctx).await.unwrap(), "ann@2");
-    assert_eq!(prefixed(State::new(Prefix("re".into())), "do".into()).await, "redo");
+    assert_eq!(
+        prefixed(State::new(Prefix("re".into())), "do".into()).await,
+        "redo"
+    );
 }
 
 #[tokio::test]
@@ -73,9 +87,20 @@ async fn context_state_and_result_aliases_work_on_a_worker() {
 #[test]
 fn a_worker_refuses_to_start_without_the_state_its_tasks_take() {
     let env = TestEnv::new();
-    let registry = Registry::from_inventory().unwrap().only(&[prefixed::NAME]).unwrap();
-    let err = env.worker().registry(registry).build().unwrap_err().to_string();
-    assert!(err.contains("macros.state") && err.contains("Prefix"), "{err}");
+    let registry = Registry::from_inventory()
+        .unwrap()
+        .only(&[prefixed::NAME])
+        .unwrap();
+    let err = env
+        .worker()
+        .registry(registry)
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("macros.state") && err.contains("Prefix"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -38,9 +38,15 @@ fn taskiq_message_is_written_back_the_taskiq_way() {
     let written = msg.to_json().unwrap();
     let original: Value = serde_json::from_str(TASKIQ_MESSAGE).unwrap();
     let ours: Value = serde_json::from_slice(&written).unwrap();
-    assert_eq!(ours, original, "same labels, same labels_types, same arguments");
+    assert_eq!(
+        ours, original,
+        "same labels, same labels_types, same arguments"
+    );
     let text = String::from_utf8(written.clone()).unwrap();
-    assert!(!text.contains('\n') && !text.contains("\": "), "compact JSON: {text}");
+    assert!(
+        !text.contains('\n') && !text.contains("\": "),
+        "compact JSON: {text}"
+    );
     assert_eq!(TaskMessage::from_json(&written).unwrap(), msg);
 }
 
@@ -49,13 +55,19 @@ fn untyped_and_raw_label_values_are_read() {
     // labels_types absent, and a middleware's raw JSON numbers/bools.
     let body = br#"{"task_id":"abc","task_name":"t","labels":{"timeout":3,"retry_on_error":false,"max_retries":"2","x":null},"args":[],"kwargs":{}}"#;
     let msg = TaskMessage::from_json(body).unwrap();
-    assert_eq!(msg.labels.timeout(), Some(std::time::Duration::from_secs(3)));
+    assert_eq!(
+        msg.labels.timeout(),
+        Some(std::time::Duration::from_secs(3))
+    );
     assert_eq!(msg.labels.retry_on_error(), Some(false));
     assert_eq!(msg.labels.max_retries(), Some(2));
     assert_eq!(msg.labels.get("x"), Some(&LabelValue::Any(Value::Null)));
     // Typed INT given as a raw number (taskiq's requeue writes parsed labels back).
     let body = br#"{"task_id":"abc","task_name":"t","labels":{"delay":5},"labels_types":{"delay":2},"args":[],"kwargs":{}}"#;
-    assert_eq!(TaskMessage::from_json(body).unwrap().labels.get("delay"), Some(&LabelValue::Int(5)));
+    assert_eq!(
+        TaskMessage::from_json(body).unwrap().labels.get("delay"),
+        Some(&LabelValue::Int(5))
+    );
 }
 
 #[test]
@@ -85,31 +97,62 @@ fn taskiq_result_parses_and_round_trips() {
 
 #[test]
 fn ferriq_errors_are_taskiq_exception_reprs() {
-    let r = TaskResult::failure(ErrorKind::RetriesExhausted, "gave up", true, 3, 1.5, Map::new());
+    let r = TaskResult::failure(
+        ErrorKind::RetriesExhausted,
+        "gave up",
+        true,
+        3,
+        1.5,
+        Map::new(),
+    );
     let v = serde_json::to_value(&r).unwrap();
     let err = &v["error"];
     // Every key taskiq's ExceptionRepr requires, exc_module included.
-    for key in ["exc_type", "exc_message", "exc_module", "exc_cause", "exc_context", "exc_suppress_context"] {
+    for key in [
+        "exc_type",
+        "exc_message",
+        "exc_module",
+        "exc_cause",
+        "exc_context",
+        "exc_suppress_context",
+    ] {
         assert!(err.get(key).is_some(), "missing {key}");
     }
     assert_eq!(err["exc_type"], "RetriesExhausted");
     assert_eq!(err["exc_module"], "ferriq");
-    assert_eq!(err["exc_message"], json!(["gave up", {"retryable": true, "attempts": 3}]));
+    assert_eq!(
+        err["exc_message"],
+        json!(["gave up", {"retryable": true, "attempts": 3}])
+    );
     let f = r.failure_details().unwrap();
-    assert_eq!((f.kind, f.retryable, f.attempts), (Some(ErrorKind::RetriesExhausted), true, 3));
+    assert_eq!(
+        (f.kind, f.retryable, f.attempts),
+        (Some(ErrorKind::RetriesExhausted), true, 3)
+    );
     // A Python worker's error reads too.
     let py = json!({"is_err": true, "log": null, "return_value": null, "execution_time": 0.02, "labels": {},
         "error": {"exc_type": "ValueError", "exc_message": ["plain"], "exc_module": "builtins",
                   "exc_cause": null, "exc_context": null, "exc_suppress_context": false}});
-    let f = serde_json::from_value::<TaskResult>(py).unwrap().failure_details().unwrap();
-    assert_eq!((f.kind, f.exc_type.as_str(), f.message.as_str()), (None, "ValueError", "plain"));
+    let f = serde_json::from_value::<TaskResult>(py)
+        .unwrap()
+        .failure_details()
+        .unwrap();
+    assert_eq!(
+        (f.kind, f.exc_type.as_str(), f.message.as_str()),
+        (None, "ValueError", "plain")
+    );
 }
 
 #[test]
 fn outgoing_messages_carry_taskiq_aio_pika_headers() {
     let msg = TaskMessage::from_json(TASKIQ_MESSAGE.as_bytes()).unwrap();
     let out = OutgoingMessage::from_message(&msg).unwrap();
-    let header = |k: &str| out.headers.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+    let header = |k: &str| {
+        out.headers
+            .iter()
+            .find(|(n, _)| n == k)
+            .map(|(_, v)| v.as_str())
+    };
     assert_eq!(header("task_id"), Some("0123456789abcdef0123456789abcdef"));
     assert_eq!(header("task_name"), Some("custom.name"));
     assert_eq!(header("retry_on_error"), Some("True"));
@@ -124,7 +167,10 @@ fn huge_delays_and_timeouts_are_clamped() {
     let mut labels = Labels::new();
     labels.insert("delay", 1e12);
     labels.insert("timeout", -5.0);
-    assert_eq!(labels.delay(), Some(std::time::Duration::from_secs(14 * 24 * 3600)));
+    assert_eq!(
+        labels.delay(),
+        Some(std::time::Duration::from_secs(14 * 24 * 3600))
+    );
     assert_eq!(labels.timeout(), None);
 }
 

@@ -27,11 +27,23 @@ async fn echo(oracle: State<Oracle>, ctx: TaskContext, value: String) -> String 
 #[derive(Default)]
 struct Starts(Mutex<Vec<Instant>>);
 
-#[ferriq::task(name = "rows.flaky", max_attempts = 3, backoff_initial = 10, backoff_max = 15)]
-async fn flaky(starts: State<Arc<Starts>>, ctx: TaskContext, succeed_on: u32) -> Result<u32, TaskError> {
+#[ferriq::task(
+    name = "rows.flaky",
+    max_attempts = 3,
+    backoff_initial = 10,
+    backoff_max = 15
+)]
+async fn flaky(
+    starts: State<Arc<Starts>>,
+    ctx: TaskContext,
+    succeed_on: u32,
+) -> Result<u32, TaskError> {
     starts.0.lock().unwrap().push(Instant::now());
     if ctx.attempt() < succeed_on {
-        return Err(TaskError::retryable(format!("attempt {} failed", ctx.attempt())));
+        return Err(TaskError::retryable(format!(
+            "attempt {} failed",
+            ctx.attempt()
+        )));
     }
     Ok(ctx.attempt())
 }
@@ -50,7 +62,12 @@ async fn panics(ctx: TaskContext, succeed_on: u32) -> u32 {
     ctx.attempt()
 }
 
-#[ferriq::task(name = "rows.sleepy", timeout = 1, max_attempts = 2, backoff_initial = 1)]
+#[ferriq::task(
+    name = "rows.sleepy",
+    timeout = 1,
+    max_attempts = 2,
+    backoff_initial = 1
+)]
 async fn sleepy(oracle: State<Oracle>, ctx: TaskContext, secs: u64) -> u64 {
     oracle.started(ctx.task_id());
     tokio::time::sleep(Duration::from_secs(secs)).await;
@@ -98,19 +115,40 @@ async fn malformed_body_is_dead_lettered_with_a_copy_and_an_error_result() {
     let id = TaskId::random();
     let no_name = format!(r#"{{"task_id":"{id}","args":[1]}}"#).into_bytes();
     h.broker
-        .publish(vec![OutgoingMessage::raw(not_json.clone()), OutgoingMessage::raw(no_name.clone())])
+        .publish(vec![
+            OutgoingMessage::raw(not_json.clone()),
+            OutgoingMessage::raw(no_name.clone()),
+        ])
         .await
         .unwrap();
-    eventually("both dead-lettered", LONG, || h.broker.dead_letters().len() == 2).await;
+    eventually("both dead-lettered", LONG, || {
+        h.broker.dead_letters().len() == 2
+    })
+    .await;
     let dead = h.broker.dead_letters();
     let bodies: Vec<_> = dead.iter().map(|d| d.body.clone()).collect();
-    assert!(bodies.contains(&not_json) && bodies.contains(&no_name), "copies kept byte for byte");
-    assert!(dead.iter().all(|d| d.why.reason == DeadLetterReason::InvalidMessage));
+    assert!(
+        bodies.contains(&not_json) && bodies.contains(&no_name),
+        "copies kept byte for byte"
+    );
+    assert!(dead
+        .iter()
+        .all(|d| d.why.reason == DeadLetterReason::InvalidMessage));
     assert!(h.broker.is_empty(), "both acked from the main queue");
     // The caller of the message whose id could be read gets an error instead of hanging.
-    let f = failure(h.client.handle::<i64>(id.clone()).wait(LONG).await.unwrap_err());
+    let f = failure(
+        h.client
+            .handle::<i64>(id.clone())
+            .wait(LONG)
+            .await
+            .unwrap_err(),
+    );
     assert_eq!(f.kind, Some(ErrorKind::InvalidMessage));
-    assert!(f.message.contains("task_name"), "says what is wrong: {}", f.message);
+    assert!(
+        f.message.contains("task_name"),
+        "says what is wrong: {}",
+        f.message
+    );
     w.stop().await;
 }
 
@@ -124,7 +162,10 @@ async fn too_large_body_is_dead_lettered_unparsed() {
     let f = failure(handle.wait(LONG).await.unwrap_err());
     assert_eq!(f.kind, Some(ErrorKind::InvalidMessage));
     eventually("dead-lettered", LONG, || h.broker.dead_letters().len() == 1).await;
-    assert_eq!(h.broker.dead_letters()[0].why.reason, DeadLetterReason::TooLarge);
+    assert_eq!(
+        h.broker.dead_letters()[0].why.reason,
+        DeadLetterReason::TooLarge
+    );
     assert_eq!(h.oracle.distinct_started(), 0);
     w.stop().await;
 }
@@ -143,10 +184,16 @@ async fn newer_wire_version_is_released_then_dead_lettered() {
     let dead = &h.broker.dead_letters()[0];
     assert_eq!(dead.why.reason, DeadLetterReason::UnsupportedWireVersion);
     // Released 30 s at a time for the default 5 receives: never run, never answered.
-    assert!(start.elapsed() >= Duration::from_secs(4 * 30), "released 30 s each time");
+    assert!(
+        start.elapsed() >= Duration::from_secs(4 * 30),
+        "released 30 s each time"
+    );
     assert_eq!(w.worker.stats().count(Outcome::Released), 4);
     assert_eq!(h.oracle.distinct_started(), 0);
-    assert!(handle.try_result().await.unwrap().is_none(), "an older worker writes no result");
+    assert!(
+        handle.try_result().await.unwrap().is_none(),
+        "an older worker writes no result"
+    );
     w.stop().await;
 }
 
@@ -159,7 +206,10 @@ async fn unknown_task_is_released_for_other_lanes_then_dead_lettered_with_an_err
     let f = failure(handle.wait(LONG).await.unwrap_err());
     assert_eq!(f.kind, Some(ErrorKind::UnknownTask));
     eventually("dead-lettered", LONG, || h.broker.dead_letters().len() == 1).await;
-    assert_eq!(h.broker.dead_letters()[0].why.reason, DeadLetterReason::UnknownTask);
+    assert_eq!(
+        h.broker.dead_letters()[0].why.reason,
+        DeadLetterReason::UnknownTask
+    );
     assert_eq!(w.worker.stats().count(Outcome::Released), 4);
     w.stop().await;
 }
@@ -172,7 +222,10 @@ async fn done_claim_acks_the_duplicate_without_running_it() {
     let first = h.client.enqueue(call()).await.unwrap();
     assert_eq!(first.wait(LONG).await.unwrap(), "once");
     h.client.enqueue(call()).await.unwrap();
-    eventually("duplicate acked", LONG, || w.worker.stats().count(Outcome::Duplicate) == 1).await;
+    eventually("duplicate acked", LONG, || {
+        w.worker.stats().count(Outcome::Duplicate) == 1
+    })
+    .await;
     assert_eq!(h.oracle.starts(first.task_id()), 1);
     assert_eq!(h.memory().write_count(first.task_id()), 1);
     assert!(h.broker.is_empty());
@@ -183,17 +236,39 @@ async fn done_claim_acks_the_duplicate_without_running_it() {
 async fn defer_claim_releases_until_the_holders_lease_ends() {
     let h = Harness::new();
     let id = TaskId::parse("held-elsewhere").unwrap();
-    let holder = h.memory().claim(&id, "other-worker", Duration::from_secs(60), None).await.unwrap();
+    let holder = h
+        .memory()
+        .claim(&id, "other-worker", Duration::from_secs(60), None)
+        .await
+        .unwrap();
     assert!(matches!(holder, ClaimOutcome::Run { .. }));
     let start = Instant::now();
     let w = h.start(h.worker(&[echo::NAME]));
-    let handle = h.client.enqueue(echo::call("x".into()).with_task_id(id.clone())).await.unwrap();
-    eventually("deferred", LONG, || w.worker.stats().count(Outcome::Deferred) == 1).await;
+    let handle = h
+        .client
+        .enqueue(echo::call("x".into()).with_task_id(id.clone()))
+        .await
+        .unwrap();
+    eventually("deferred", LONG, || {
+        w.worker.stats().count(Outcome::Deferred) == 1
+    })
+    .await;
     tokio::time::sleep(Duration::from_secs(30)).await;
-    assert_eq!(h.oracle.starts(&id), 0, "no second run while the holder's lease is live");
-    assert_eq!(w.worker.stats().count(Outcome::Deferred), 1, "released until the lease ends, not polled");
+    assert_eq!(
+        h.oracle.starts(&id),
+        0,
+        "no second run while the holder's lease is live"
+    );
+    assert_eq!(
+        w.worker.stats().count(Outcome::Deferred),
+        1,
+        "released until the lease ends, not polled"
+    );
     assert_eq!(handle.wait(LONG).await.unwrap(), "x");
-    assert!(start.elapsed() >= Duration::from_secs(60), "ran after the holder's lease expired");
+    assert!(
+        start.elapsed() >= Duration::from_secs(60),
+        "ran after the holder's lease expired"
+    );
     w.stop().await;
 }
 
@@ -208,7 +283,11 @@ async fn expired_deadline_acks_with_deadline_exceeded() {
         - 60;
     let handle = h
         .client
-        .enqueue(echo::call("late".into()).with_deadline(None).with_label("deadline_at", past))
+        .enqueue(
+            echo::call("late".into())
+                .with_deadline(None)
+                .with_label("deadline_at", past),
+        )
         .await
         .unwrap();
     let f = failure(handle.wait(LONG).await.unwrap_err());
@@ -225,10 +304,20 @@ async fn revoked_task_never_starts() {
     let id = TaskId::random();
     assert!(h.client.revoke(&id).await.unwrap());
     let w = h.start(h.worker(&[echo::NAME]));
-    let handle = h.client.enqueue(echo::call("no".into()).with_task_id(id.clone())).await.unwrap();
-    eventually("acked as revoked", LONG, || w.worker.stats().count(Outcome::Revoked) == 1).await;
+    let handle = h
+        .client
+        .enqueue(echo::call("no".into()).with_task_id(id.clone()))
+        .await
+        .unwrap();
+    eventually("acked as revoked", LONG, || {
+        w.worker.stats().count(Outcome::Revoked) == 1
+    })
+    .await;
     assert_eq!(h.oracle.starts(&id), 0);
-    assert_eq!(failure(handle.wait(LONG).await.unwrap_err()).kind, Some(ErrorKind::Cancelled));
+    assert_eq!(
+        failure(handle.wait(LONG).await.unwrap_err()).kind,
+        Some(ErrorKind::Cancelled)
+    );
     assert!(!h.client.revoke(&id).await.unwrap(), "already finished");
     assert_eq!(h.memory().write_count(&id), 1);
     w.stop().await;
@@ -241,11 +330,25 @@ async fn revoking_a_running_task_cancels_it_at_the_next_heartbeat() {
     let handle = held::kiq(&h.client).await.unwrap();
     h.gate.entered.notified().await;
     assert!(h.client.revoke(handle.task_id()).await.unwrap());
-    eventually("revoked copy acked", LONG, || w.worker.stats().count(Outcome::Revoked) == 1).await;
+    eventually("revoked copy acked", LONG, || {
+        w.worker.stats().count(Outcome::Revoked) == 1
+    })
+    .await;
     let stats = w.worker.stats();
-    assert_eq!(stats.count(Outcome::ClaimLost), 1, "the run was cancelled, its message released");
-    assert_eq!(h.oracle.finishes(handle.task_id()), 0, "the run never finished");
-    assert_eq!(failure(handle.wait(LONG).await.unwrap_err()).kind, Some(ErrorKind::Cancelled));
+    assert_eq!(
+        stats.count(Outcome::ClaimLost),
+        1,
+        "the run was cancelled, its message released"
+    );
+    assert_eq!(
+        h.oracle.finishes(handle.task_id()),
+        0,
+        "the run never finished"
+    );
+    assert_eq!(
+        failure(handle.wait(LONG).await.unwrap_err()).kind,
+        Some(ErrorKind::Cancelled)
+    );
     assert_eq!(h.memory().write_count(handle.task_id()), 1);
     assert!(h.broker.is_empty());
     w.stop().await;
@@ -262,8 +365,14 @@ async fn retryable_errors_are_retried_after_exponential_backoff() {
     assert_eq!(starts.len(), 3);
     let gaps: Vec<_> = starts.windows(2).map(|p| p[1] - p[0]).collect();
     // backoff_initial 10 s doubling, capped at 15 s, with jitter in [50 %, 100 %].
-    assert!(gaps[0] >= Duration::from_secs(5) && gaps[0] <= Duration::from_secs(11), "{gaps:?}");
-    assert!(gaps[1] >= Duration::from_millis(7500) && gaps[1] <= Duration::from_secs(16), "{gaps:?}");
+    assert!(
+        gaps[0] >= Duration::from_secs(5) && gaps[0] <= Duration::from_secs(11),
+        "{gaps:?}"
+    );
+    assert!(
+        gaps[1] >= Duration::from_millis(7500) && gaps[1] <= Duration::from_secs(16),
+        "{gaps:?}"
+    );
     assert_eq!(w.worker.stats().count(Outcome::Retried), 2);
     assert_eq!(h.memory().write_count(handle.task_id()), 1);
     w.stop().await;
@@ -293,7 +402,11 @@ async fn exhausted_retries_dead_letter_with_an_error_result() {
 async fn max_retries_label_overrides_the_task_option() {
     let h = Harness::new();
     let w = h.start(h.worker(&[flaky::NAME]).state(Arc::new(Starts::default())));
-    let handle = h.client.enqueue(flaky::call(99).with_max_attempts(1)).await.unwrap();
+    let handle = h
+        .client
+        .enqueue(flaky::call(99).with_max_attempts(1))
+        .await
+        .unwrap();
     let f = failure(handle.wait(LONG).await.unwrap_err());
     assert_eq!(f.attempts, 1);
     assert_eq!(w.worker.stats().count(Outcome::Retried), 0);
@@ -311,7 +424,10 @@ async fn non_retryable_errors_dead_letter_at_once() {
     assert_eq!(f.attempts, 1);
     assert_eq!(h.oracle.starts(handle.task_id()), 1);
     eventually("dead-lettered", LONG, || h.broker.dead_letters().len() == 1).await;
-    assert_eq!(h.broker.dead_letters()[0].why.reason, DeadLetterReason::NonRetryable);
+    assert_eq!(
+        h.broker.dead_letters()[0].why.reason,
+        DeadLetterReason::NonRetryable
+    );
     w.stop().await;
 }
 
@@ -330,12 +446,19 @@ async fn arguments_bind_like_a_python_call_and_bad_ones_are_not_retried() {
     let (wrong_type, m4) = send(r#""args":["three"],"kwargs":{}"#);
     let (extra, m5) = send(r#""args":[1],"kwargs":{"c":1}"#);
     let (twice, m6) = send(r#""args":[1],"kwargs":{"a":1}"#);
-    h.broker.publish(vec![m1, m2, m3, m4, m5, m6]).await.unwrap();
+    h.broker
+        .publish(vec![m1, m2, m3, m4, m5, m6])
+        .await
+        .unwrap();
     let get = |id: TaskId| h.client.handle::<String>(id);
     assert_eq!(get(by_position).wait(LONG).await.unwrap(), "1:Some(\"x\")");
     assert_eq!(get(by_keyword).wait(LONG).await.unwrap(), "2:Some(\"y\")");
     assert_eq!(get(optional_missing).wait(LONG).await.unwrap(), "3:None");
-    for (id, says) in [(wrong_type, "wrong type"), (extra, "unexpected keyword argument `c`"), (twice, "both by position and by keyword")] {
+    for (id, says) in [
+        (wrong_type, "wrong type"),
+        (extra, "unexpected keyword argument `c`"),
+        (twice, "both by position and by keyword"),
+    ] {
         let f = failure(get(id).wait(LONG).await.unwrap_err());
         assert_eq!(f.kind, Some(ErrorKind::InvalidArguments));
         assert_eq!(f.attempts, 1, "never retried");
@@ -352,10 +475,22 @@ async fn a_panic_is_a_retryable_error_and_the_worker_keeps_running() {
     assert_eq!(handle.wait(LONG).await.unwrap(), 2);
     assert_eq!(w.worker.stats().count(Outcome::Retried), 1);
     // Still serving.
-    assert_eq!(echo::kiq(&h.client, "alive".into()).await.unwrap().wait(LONG).await.unwrap(), "alive");
+    assert_eq!(
+        echo::kiq(&h.client, "alive".into())
+            .await
+            .unwrap()
+            .wait(LONG)
+            .await
+            .unwrap(),
+        "alive"
+    );
     let exhausted = panics::kiq(&h.client, 99).await.unwrap();
     let f = failure(exhausted.wait(LONG).await.unwrap_err());
-    assert!(f.message.contains("panicked: boom on attempt 3"), "{}", f.message);
+    assert!(
+        f.message.contains("panicked: boom on attempt 3"),
+        "{}",
+        f.message
+    );
     w.stop().await;
 }
 
@@ -368,10 +503,17 @@ async fn a_run_over_its_timeout_is_cancelled_and_retried() {
     let f = failure(handle.wait(LONG).await.unwrap_err());
     assert_eq!(f.kind, Some(ErrorKind::Timeout));
     assert_eq!(f.attempts, 2);
-    assert!(start.elapsed() < Duration::from_secs(60), "the 1 s timeout cut both runs short");
+    assert!(
+        start.elapsed() < Duration::from_secs(60),
+        "the 1 s timeout cut both runs short"
+    );
     assert_eq!(h.oracle.starts(handle.task_id()), 2);
     // The timeout label overrides the option.
-    let quick = h.client.enqueue(sleepy::call(5).with_timeout(Duration::from_secs(10))).await.unwrap();
+    let quick = h
+        .client
+        .enqueue(sleepy::call(5).with_timeout(Duration::from_secs(10)))
+        .await
+        .unwrap();
     assert_eq!(quick.wait(LONG).await.unwrap(), 5);
     w.stop().await;
 }
@@ -384,10 +526,20 @@ async fn a_lost_delivery_cancels_the_run_and_writes_nothing() {
     h.gate.entered.notified().await;
     // The broker takes the message back (visibility ran out, as after a long pause).
     assert_eq!(h.broker.expire_in_flight(), 1);
-    eventually("run cancelled", LONG, || w.worker.stats().count(Outcome::DeliveryLost) == 1).await;
-    assert_eq!(h.memory().write_count(handle.task_id()), 0, "the lost run wrote nothing");
+    eventually("run cancelled", LONG, || {
+        w.worker.stats().count(Outcome::DeliveryLost) == 1
+    })
+    .await;
+    assert_eq!(
+        h.memory().write_count(handle.task_id()),
+        0,
+        "the lost run wrote nothing"
+    );
     // The redelivered copy runs (the claim was released for it) and answers once.
-    eventually("second run", LONG, || h.oracle.starts(handle.task_id()) == 2).await;
+    eventually("second run", LONG, || {
+        h.oracle.starts(handle.task_id()) == 2
+    })
+    .await;
     h.gate.open();
     assert_eq!(handle.wait(LONG).await.unwrap(), "done on attempt 1");
     assert_eq!(h.oracle.finishes(handle.task_id()), 1);
@@ -402,8 +554,13 @@ async fn a_lost_claim_cancels_the_run_and_never_acks() {
     let handle = held::kiq(&h.client).await.unwrap();
     h.gate.entered.notified().await;
     // Another worker takes the claim over (this one was partitioned past its lease).
-    h.memory().take_over(handle.task_id(), Duration::from_secs(20)).unwrap();
-    eventually("run cancelled", LONG, || w.worker.stats().count(Outcome::ClaimLost) == 1).await;
+    h.memory()
+        .take_over(handle.task_id(), Duration::from_secs(20))
+        .unwrap();
+    eventually("run cancelled", LONG, || {
+        w.worker.stats().count(Outcome::ClaimLost) == 1
+    })
+    .await;
     assert_eq!(h.broker.stats().acked, 0, "released, never acked");
     assert_eq!(h.memory().write_count(handle.task_id()), 0);
     h.gate.open();
@@ -420,7 +577,10 @@ async fn store_unreachable_at_claim_releases_the_message_unrun() {
     h.store.set_failing(StoreOp::Claim, true);
     let w = h.start(h.worker(&[echo::NAME]));
     let handle = echo::kiq(&h.client, "later".into()).await.unwrap();
-    eventually("released", LONG, || w.worker.stats().count(Outcome::Released) >= 2).await;
+    eventually("released", LONG, || {
+        w.worker.stats().count(Outcome::Released) >= 2
+    })
+    .await;
     assert_eq!(h.oracle.distinct_started(), 0, "never run unclaimed");
     assert_eq!(h.broker.stats().acked, 0);
     h.store.set_failing(StoreOp::Claim, false);
@@ -434,12 +594,23 @@ async fn store_unreachable_at_complete_keeps_the_result_for_the_redelivery() {
     h.store.set_failing(StoreOp::Complete, true);
     let w = h.start(h.worker(&[echo::NAME]));
     let handle = echo::kiq(&h.client, "kept".into()).await.unwrap();
-    eventually("released with result kept", LONG, || w.worker.stats().count(Outcome::Released) >= 1).await;
+    eventually("released with result kept", LONG, || {
+        w.worker.stats().count(Outcome::Released) >= 1
+    })
+    .await;
     assert_eq!(h.oracle.starts(handle.task_id()), 1);
-    assert_eq!(h.broker.stats().acked, 0, "not acked before the result is durable");
+    assert_eq!(
+        h.broker.stats().acked,
+        0,
+        "not acked before the result is durable"
+    );
     h.store.set_failing(StoreOp::Complete, false);
     assert_eq!(handle.wait(LONG).await.unwrap(), "kept");
-    assert_eq!(h.oracle.starts(handle.task_id()), 1, "stored on the redelivery without a rerun");
+    assert_eq!(
+        h.oracle.starts(handle.task_id()),
+        1,
+        "stored on the redelivery without a rerun"
+    );
     assert_eq!(h.memory().write_count(handle.task_id()), 1);
     eventually("acked", LONG, || h.broker.stats().acked == 1).await;
     w.stop().await;
@@ -452,7 +623,10 @@ async fn a_lost_complete_reply_is_answered_by_already_stored() {
     h.store.set_failing(StoreOp::CompleteAfterWrite, true);
     let w = h.start(h.worker(&[echo::NAME]));
     let handle = echo::kiq(&h.client, "once".into()).await.unwrap();
-    eventually("released", LONG, || w.worker.stats().count(Outcome::Released) >= 1).await;
+    eventually("released", LONG, || {
+        w.worker.stats().count(Outcome::Released) >= 1
+    })
+    .await;
     h.store.set_failing(StoreOp::CompleteAfterWrite, false);
     assert_eq!(handle.wait(LONG).await.unwrap(), "once");
     eventually("acked", LONG, || h.broker.stats().acked == 1).await;
@@ -470,12 +644,23 @@ async fn drain_releases_leftovers_after_the_grace_period() {
     let start = Instant::now();
     let worker = w.worker.clone();
     w.stop().await;
-    assert!(start.elapsed() >= Duration::from_secs(5), "waited the grace period");
+    assert!(
+        start.elapsed() >= Duration::from_secs(5),
+        "waited the grace period"
+    );
     assert_eq!(worker.stats().count(Outcome::ShutdownReleased), 1);
     let depth = h.broker.depth().await.unwrap();
-    assert_eq!((depth.ready, depth.in_flight), (1, 0), "visible again at once");
+    assert_eq!(
+        (depth.ready, depth.in_flight),
+        (1, 0),
+        "visible again at once"
+    );
     // The claim was given back: the next worker runs it without waiting for a lease.
-    let again = h.memory().claim(handle.task_id(), "next", Duration::from_secs(30), None).await.unwrap();
+    let again = h
+        .memory()
+        .claim(handle.task_id(), "next", Duration::from_secs(30), None)
+        .await
+        .unwrap();
     assert!(matches!(again, ClaimOutcome::Run { .. }), "{again:?}");
     assert_eq!(h.memory().write_count(handle.task_id()), 0);
 }
@@ -502,11 +687,20 @@ async fn a_stale_complete_is_never_acked() {
     let handle = held::kiq(&h.client).await.unwrap();
     h.gate.entered.notified().await;
     // Taken over between heartbeats: only the fenced write can notice.
-    h.memory().take_over(handle.task_id(), Duration::from_secs(60)).unwrap();
+    h.memory()
+        .take_over(handle.task_id(), Duration::from_secs(60))
+        .unwrap();
     h.gate.open();
-    eventually("stale", LONG, || w.worker.stats().count(Outcome::Stale) == 1).await;
+    eventually("stale", LONG, || {
+        w.worker.stats().count(Outcome::Stale) == 1
+    })
+    .await;
     assert_eq!(h.broker.stats().acked, 0, "the new holder owns the message");
-    assert_eq!(h.memory().write_count(handle.task_id()), 0, "rejected by the store");
+    assert_eq!(
+        h.memory().write_count(handle.task_id()),
+        0,
+        "rejected by the store"
+    );
     // After the intruder's lease the message runs again and answers once.
     assert_eq!(handle.wait(LONG).await.unwrap(), "done on attempt 1");
     assert_eq!(h.memory().write_count(handle.task_id()), 1);
@@ -517,12 +711,20 @@ async fn a_stale_complete_is_never_acked() {
 async fn concurrency_is_bounded_and_prefetch_does_not_exceed_it() {
     let h = Harness::new();
     let w = h.start(h.worker(&[held::NAME]).concurrency(3));
-    let handles = h.client.enqueue_batch((0..10).map(|_| held::call())).await.unwrap();
+    let handles = h
+        .client
+        .enqueue_batch((0..10).map(|_| held::call()))
+        .await
+        .unwrap();
     eventually("three running", LONG, || h.oracle.distinct_started() == 3).await;
     tokio::time::sleep(Duration::from_secs(10)).await;
     assert_eq!(h.oracle.distinct_started(), 3);
     let depth = h.broker.depth().await.unwrap();
-    assert_eq!((depth.in_flight, depth.ready), (3, 7), "no message taken beyond the free slots");
+    assert_eq!(
+        (depth.in_flight, depth.ready),
+        (3, 7),
+        "no message taken beyond the free slots"
+    );
     h.gate.open();
     for handle in handles {
         handle.wait(LONG).await.unwrap();

@@ -8,8 +8,7 @@ use proc_macro2::TokenStream as TokenStream2;
 use quote::{format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::{
-    parse_macro_input, Error, FnArg, GenericArgument, ItemFn, Pat, PathArguments, ReturnType,
-    Type,
+    parse_macro_input, Error, FnArg, GenericArgument, ItemFn, Pat, PathArguments, ReturnType, Type,
 };
 
 mod options;
