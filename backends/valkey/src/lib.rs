@@ -1,1 +1,49 @@
-//! placeholder
+#![warn(missing_docs)]
+//! # ferriq-valkey
+//!
+//! ferriq's claims and results on Valkey (or Redis 7): the piece that turns at-least-once
+//! brokers into "runs once at a time, answers exactly once" (DESIGN §1, §5).
+//!
+//! - One Lua script per operation (claim, heartbeat, release, record_failure, complete,
+//!   revoke), loaded once and called by SHA, reloaded on `NOSCRIPT`. Every time comes from the
+//!   server's `TIME`.
+//! - Fencing tokens are `max(previous + 1, server time in µs)`: strictly increasing per task,
+//!   and larger after a restart of a Valkey without persistence than any token issued before.
+//! - Results are taskiq `TaskiqResult` JSON at `{prefix}:{task_id}` (taskiq-redis reads them with
+//!   `prefix_str=prefix` and `JSONSerializer`), written `NX` by the fenced `complete` script.
+//! - `wait` is woken by a pub/sub notification on this process's reply channel (one
+//!   subscriber connection for every waiter), with a slow re-check as a safety net.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), ferriq_valkey::ValkeyError> {
+//! use std::sync::Arc;
+//! let store = Arc::new(
+//!     ferriq_valkey::ValkeyStore::builder("redis://127.0.0.1:6379")
+//!         .prefix("myapp")
+//!         .connect()
+//!         .await?,
+//! );
+//! // Worker::builder().store(store.clone()) … ; Client::new(broker, store)
+//! # Ok(()) }
+//! ```
+//!
+//! ## Retention
+//! A claim must outlive every copy of its message that may still arrive, or a late duplicate
+//! runs again: `claim_ttl` (default 15 days) is longer than SQS's 14-day retention and is
+//! never shorter than `result_ttl` (default 7 days).
+//!
+//! ## Durability
+//! A Valkey restart without persistence forgets claims and results: tokens stay monotonic (they
+//! follow server time), a lost result makes its task run again (its result is stored then).
+//! Only AOF with `appendfsync always` keeps every written result.
+
+mod config;
+mod error;
+mod keys;
+mod scripts;
+mod store;
+mod waiters;
+
+pub use config::ValkeyStoreBuilder;
+pub use error::ValkeyError;
+pub use store::{ClaimState, ValkeyStore};

@@ -1,0 +1,172 @@
+//! Claim+complete pairs per second with 64 concurrent tasks, beside raw EVALSHA of a trivial
+//! script on the same pooled connections, measured in the same run (interleaved rounds).
+//!
+//! `cargo run --release -p ferriq-valkey --example bench [-- --url redis://… --secs 3 --rounds 3]`
+//!
+//! The last line is `claim_complete_per_s=… raw_evalsha_per_s=… ratio=…` (ratio = pairs/s ÷ raw
+//! calls/s; a pair is two scripts and a publish, so 0.5 would be parity per call).
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ferriq::store::{ClaimOutcome, ClaimStore, ResultStatus, ResultStore};
+use ferriq::wire::{TaskId, TaskResult};
+use ferriq_valkey::ValkeyStore;
+
+const CONCURRENCY: usize = 64;
+
+fn arg(name: &str, default: &str) -> String {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1).cloned())
+        .unwrap_or_else(|| default.to_owned())
+}
+
+/// Runs `op` from 64 tasks for `secs`; returns operations per second.
+async fn measure<F, Fut>(secs: f64, op: F) -> f64
+where
+    F: Fn(u64) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
+    let op = Arc::new(op);
+    let stop = Arc::new(AtomicBool::new(false));
+    let count = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..CONCURRENCY as u64)
+        .map(|t| {
+            let (op, stop, count) = (op.clone(), stop.clone(), count.clone());
+            tokio::spawn(async move {
+                let mut i = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    op(t * 1_000_000_000 + i).await;
+                    i += 1;
+                    count.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs_f64(secs)).await;
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        t.await.expect("bench task");
+    }
+    count.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let url = arg(
+        "--url",
+        &std::env::var("FERRIQ_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into()),
+    );
+    let secs: f64 = arg("--secs", "3").parse()?;
+    let rounds: usize = arg("--rounds", "3").parse()?;
+    let pool: usize = arg("--pool", "4").parse()?;
+    let prefix = format!("fqbench{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let store = Arc::new(
+        ValkeyStore::builder(url.as_str())
+            .prefix(prefix.as_str())
+            .pool_size(pool)
+            .result_ttl(Some(Duration::from_secs(120)))
+            .claim_ttl(Duration::from_secs(120))
+            .connect()
+            .await?,
+    );
+    let trivial = Arc::new(ValkeyStore::trivial_script());
+    store.raw_evalsha(&trivial).await?; // loads it
+    let result = Arc::new(TaskResult::success(
+        serde_json::json!(1),
+        0.0,
+        Default::default(),
+    ));
+    let reply_to = Arc::new(store.reply_channel().unwrap_or_default());
+
+    println!("valkey bench: {url_shown}, {CONCURRENCY} concurrent tasks, pool of {pool}, {rounds} rounds of {secs} s",
+        url_shown = ferriq::SecretUrl::new(url.clone()));
+    let (mut pairs, mut raws) = (Vec::new(), Vec::new());
+    for round in 1..=rounds {
+        let raw = {
+            let (store, trivial) = (store.clone(), trivial.clone());
+            measure(secs, move |_| {
+                let (store, trivial) = (store.clone(), trivial.clone());
+                async move {
+                    store.raw_evalsha(&trivial).await.expect("raw evalsha");
+                }
+            })
+            .await
+        };
+        let pair = {
+            let (store, result, reply_to) = (store.clone(), result.clone(), reply_to.clone());
+            measure(secs, move |_| {
+                let (store, result, reply_to) = (store.clone(), result.clone(), reply_to.clone());
+                async move {
+                    let id = TaskId::random();
+                    let ClaimOutcome::Run { token, .. } = store
+                        .claim(&id, "bench", Duration::from_secs(30), None)
+                        .await
+                        .expect("claim")
+                    else {
+                        panic!("fresh task not runnable")
+                    };
+                    store
+                        .complete(&id, token, Some(&result), Some(&reply_to))
+                        .await
+                        .expect("complete");
+                }
+            })
+            .await
+        };
+        println!("round {round}: raw EVALSHA {raw:>9.0}/s   claim+complete {pair:>9.0} pairs/s   ratio {:.3}", pair / raw);
+        raws.push(raw);
+        pairs.push(pair);
+    }
+
+    // Wake-up latency of wait(): complete, then time until the waiter returns.
+    let mut wake = Vec::new();
+    for _ in 0..200 {
+        let id = TaskId::random();
+        let ClaimOutcome::Run { token, .. } = store
+            .claim(&id, "bench", Duration::from_secs(30), None)
+            .await?
+        else {
+            panic!("fresh task not runnable")
+        };
+        let waiter = {
+            let (store, id) = (store.clone(), id.clone());
+            tokio::spawn(async move {
+                let r = store.wait(&id, Duration::from_secs(10)).await;
+                (Instant::now(), r)
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        store
+            .complete(&id, token, Some(&result), Some(&reply_to))
+            .await?;
+        let done = Instant::now();
+        let (woken, r) = waiter.await?;
+        assert!(matches!(r?, ResultStatus::Ready(_)));
+        wake.push(woken.saturating_duration_since(done).as_secs_f64() * 1e3);
+    }
+    wake.sort_by(|a, b| a.total_cmp(b));
+    println!(
+        "wait() wake-up after complete: p50 {:.3} ms, p99 {:.3} ms (n=200)",
+        wake[100], wake[198]
+    );
+    let (pair, raw) = (median(pairs), median(raws));
+    println!(
+        "claim_complete_per_s={pair:.0} raw_evalsha_per_s={raw:.0} ratio={:.3}",
+        pair / raw
+    );
+    // Leave the shared server as it was.
+    let purged = store.purge_prefix().await?;
+    eprintln!("removed {purged} benchmark keys");
+    store.close().await;
+    Ok(())
+}

@@ -1,0 +1,190 @@
+use std::time::Duration;
+
+use ferriq::SecretUrl;
+use fred::prelude::{Builder, Config, ReconnectPolicy};
+
+use crate::{ValkeyError, ValkeyStore};
+
+/// Settings for a [`ValkeyStore`], built from a URL.
+///
+/// Accepted URLs (fred's forms): `redis://`, `valkey://`, `rediss://`, `valkeys://` (TLS with
+/// certificate verification; needs this crate's `tls` feature), `redis-cluster://`,
+/// `valkey-cluster://` (`?node=host:port` for more seeds), `redis-sentinel://`,
+/// `valkey-sentinel://` (`?sentinelServiceName=…`). The password is never logged.
+///
+/// ```
+/// use std::time::Duration;
+/// let builder = ferriq_valkey::ValkeyStore::builder("redis://:s3cret@127.0.0.1:6379/0")
+///     .prefix("billing")
+///     .command_timeout(Duration::from_secs(1))
+///     .result_ttl(Some(Duration::from_secs(3600)));
+/// assert!(!format!("{builder:?}").contains("s3cret"));
+/// ```
+#[derive(Debug, Clone)]
+pub struct ValkeyStoreBuilder {
+    pub(crate) url: SecretUrl,
+    pub(crate) prefix: String,
+    pub(crate) pool_size: usize,
+    pub(crate) command_timeout: Duration,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) result_ttl: Option<Duration>,
+    pub(crate) claim_ttl: Duration,
+    pub(crate) recheck_interval: Duration,
+}
+
+impl ValkeyStoreBuilder {
+    pub(crate) fn new(url: impl Into<SecretUrl>) -> Self {
+        ValkeyStoreBuilder {
+            url: url.into(),
+            prefix: "ferriq".to_owned(),
+            pool_size: 4,
+            command_timeout: Duration::from_secs(2),
+            connect_timeout: Duration::from_secs(2),
+            result_ttl: Some(Duration::from_secs(7 * 24 * 3600)),
+            claim_ttl: Duration::from_secs(15 * 24 * 3600),
+            recheck_interval: Duration::from_secs(1),
+        }
+    }
+
+    /// Key prefix (default `ferriq`): results at `{prefix}:{task_id}`. Python taskiq-redis reads
+    /// them with `prefix_str` set to the same value.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// Connections in the command pool (default 4).
+    pub fn pool_size(mut self, n: usize) -> Self {
+        self.pool_size = n;
+        self
+    }
+
+    /// Longest wait for any one call, reconnects included (default 2 s): an unreachable Valkey
+    /// gives a `StoreError::Unavailable` within this time.
+    pub fn command_timeout(mut self, timeout: Duration) -> Self {
+        self.command_timeout = timeout;
+        self
+    }
+
+    /// Longest wait for a TCP/TLS connection (default 2 s).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// How long results are kept (default 7 days; `None` keeps them until deleted).
+    pub fn result_ttl(mut self, ttl: Option<Duration>) -> Self {
+        self.result_ttl = ttl;
+        self
+    }
+
+    /// How long a claim record is kept after its last change (default 15 days): longer than
+    /// any copy of the message may still arrive, and never shorter than `result_ttl`.
+    pub fn claim_ttl(mut self, ttl: Duration) -> Self {
+        self.claim_ttl = ttl;
+        self
+    }
+
+    /// How often a waiter re-reads the result if no notification came (default 1 s): covers
+    /// completions announced on another process's channel or lost during a reconnect.
+    pub fn recheck_interval(mut self, interval: Duration) -> Self {
+        self.recheck_interval = interval;
+        self
+    }
+
+    /// Checks the settings and the URL, connects the pool and the subscriber, loads the
+    /// scripts.
+    pub async fn connect(self) -> Result<ValkeyStore, ValkeyError> {
+        self.validate()?;
+        ValkeyStore::connect(self).await
+    }
+
+    fn validate(&self) -> Result<(), ValkeyError> {
+        if self.prefix.is_empty()
+            || self.prefix.contains(['{', '}'])
+            || self.prefix.contains(char::is_whitespace)
+        {
+            return Err(ValkeyError::Setting(format!(
+                "prefix {:?} must be non-empty, without spaces or braces (braces would break the cluster hash tag)",
+                self.prefix
+            )));
+        }
+        if self.pool_size == 0 || self.pool_size > 64 {
+            return Err(ValkeyError::Setting("pool_size must be 1 to 64".into()));
+        }
+        if self.command_timeout.is_zero() || self.connect_timeout.is_zero() {
+            return Err(ValkeyError::Setting(
+                "timeouts must be above zero: a call without one can hang while Valkey is down"
+                    .into(),
+            ));
+        }
+        if let Some(ttl) = self.result_ttl {
+            if ttl < Duration::from_secs(1) {
+                return Err(ValkeyError::Setting(
+                    "result_ttl must be at least 1 s".into(),
+                ));
+            }
+            if self.claim_ttl < ttl {
+                return Err(ValkeyError::Setting(format!(
+                    "claim_ttl ({:?}) is shorter than result_ttl ({ttl:?}): a late duplicate would run again",
+                    self.claim_ttl
+                )));
+            }
+        }
+        if self.claim_ttl < Duration::from_secs(60) {
+            return Err(ValkeyError::Setting(
+                "claim_ttl must be at least 60 s".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The fred builder for this URL, with timeouts and a reconnect policy that never gives up.
+    pub(crate) fn fred_builder(&self) -> Result<Builder, ValkeyError> {
+        let scheme = self.url.scheme();
+        const PLAIN: [&str; 6] = [
+            "redis",
+            "valkey",
+            "redis-cluster",
+            "valkey-cluster",
+            "redis-sentinel",
+            "valkey-sentinel",
+        ];
+        const TLS: [&str; 4] = ["rediss", "valkeys", "rediss-cluster", "valkeys-cluster"];
+        let bad = |reason: String| ValkeyError::Url {
+            url: self.url.redacted(),
+            reason,
+        };
+        if TLS.contains(&scheme.as_str()) {
+            // Without a TLS feature fred would connect in plain text: refuse instead.
+            if !cfg!(feature = "tls") {
+                return Err(bad(format!(
+                    "{scheme}:// needs TLS: enable the `tls` feature of ferriq-valkey"
+                )));
+            }
+        } else if !PLAIN.contains(&scheme.as_str()) {
+            return Err(bad(format!(
+                "unsupported scheme {scheme:?}; use redis://, rediss://, valkey://, valkeys:// or their -cluster/-sentinel forms"
+            )));
+        }
+        // fred's own error text may quote the URL: keep only its kind.
+        let config = Config::from_url(self.url.expose())
+            .map_err(|e| bad(format!("{:?} error while parsing", e.kind())))?;
+        let mut builder = Builder::from_config(config);
+        let (connect, command) = (self.connect_timeout, self.command_timeout);
+        builder
+            .with_connection_config(|c| {
+                c.connection_timeout = connect;
+                c.internal_command_timeout = connect;
+                // A dropped connection fails its in-flight calls at once rather than replaying
+                // them later: the worker then releases the message (DESIGN §6).
+                c.max_command_attempts = 1;
+            })
+            .with_performance_config(|p| {
+                p.default_command_timeout = command;
+                p.broadcast_channel_capacity = 4096;
+            })
+            .set_policy(ReconnectPolicy::new_exponential(0, 50, 2_000, 2));
+        Ok(builder)
+    }
+}

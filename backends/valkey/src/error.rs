@@ -1,0 +1,39 @@
+use thiserror::Error;
+
+/// Why a [`ValkeyStore`](crate::ValkeyStore) could not be built or connected.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum ValkeyError {
+    /// The URL is not a Valkey/Redis URL this build supports.
+    #[error("invalid Valkey URL {url}: {reason}")]
+    Url {
+        /// The URL with its password hidden.
+        url: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A setting is out of range or settings contradict each other.
+    #[error("invalid Valkey store setting: {0}")]
+    Setting(String),
+    /// The server did not answer or refused the connection.
+    #[error("cannot connect to Valkey at {url}: {reason}; check that it runs and the URL, password and TLS settings are right")]
+    Connect {
+        /// The URL with its password hidden.
+        url: String,
+        /// The client's error.
+        reason: String,
+    },
+}
+
+/// Maps a client error to the store error the worker acts on: anything that is not a clear
+/// configuration problem counts as "unavailable", so messages are released, never run unclaimed.
+pub(crate) fn store_error(e: fred::error::Error) -> ferriq::store::StoreError {
+    use fred::error::ErrorKind;
+    match e.kind() {
+        ErrorKind::Auth => ferriq::store::StoreError::Config(format!(
+            "Valkey refused the credentials: {}",
+            e.details()
+        )),
+        _ => ferriq::store::StoreError::Unavailable(format!("valkey: {e}")),
+    }
+}

@@ -1,0 +1,58 @@
+//! The key layout (DESIGN §5, STABILITY.md).
+
+use ferriq::wire::TaskId;
+
+/// Keys and channels under one prefix.
+#[derive(Debug, Clone)]
+pub(crate) struct Keys {
+    prefix: String,
+}
+
+impl Keys {
+    pub(crate) fn new(prefix: &str) -> Self {
+        Keys {
+            prefix: prefix.to_owned(),
+        }
+    }
+
+    /// `{prefix}:{task_id}`: the key taskiq-redis reads with `prefix_str=prefix`.
+    pub(crate) fn result(&self, id: &TaskId) -> String {
+        format!("{}:{}", self.prefix, id)
+    }
+
+    /// `{prefix}:claim:{{prefix}:{task_id}}`: hash-tagged on the result key, so one script can
+    /// touch both in Valkey Cluster.
+    pub(crate) fn claim(&self, id: &TaskId) -> String {
+        format!("{}:claim:{{{}:{}}}", self.prefix, self.prefix, id)
+    }
+
+    /// The channel a completion is announced on when the message named no `reply_to`.
+    pub(crate) fn done_channel(&self, id: &TaskId) -> String {
+        format!("{}:done:{}", self.prefix, id)
+    }
+
+    /// A fresh reply channel for one process's waiters.
+    pub(crate) fn reply_channel(&self) -> String {
+        format!("{}:reply:{}", self.prefix, uuid::Uuid::new_v4().simple())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn claim_and_result_share_a_cluster_slot() {
+        let keys = Keys::new("app");
+        let id = TaskId::parse("0123456789abcdef0123456789abcdef").unwrap();
+        assert_eq!(keys.result(&id), "app:0123456789abcdef0123456789abcdef");
+        assert_eq!(
+            keys.claim(&id),
+            "app:claim:{app:0123456789abcdef0123456789abcdef}"
+        );
+        assert_eq!(
+            fred::util::redis_keyslot(keys.claim(&id).as_bytes()),
+            fred::util::redis_keyslot(keys.result(&id).as_bytes())
+        );
+    }
+}

@@ -1,0 +1,183 @@
+//! One Lua script per operation, so each is atomic on the server (DESIGN §5).
+//!
+//! A claim is one string value, `state token lease_until failures holder`: state `r` running,
+//! `x` released, `d` done, `v` revoked; `lease_until` in server µs. One string (GET/SET with
+//! PX or KEEPTTL) costs the server less than a hash plus PEXPIRE on every claim. Numbers are
+//! written with `%.0f`: Lua 5.1's `tostring` keeps only 14 digits, which would corrupt µs
+//! timestamps and tokens.
+
+use fred::prelude::{Client, LuaInterface, Pool};
+use fred::types::scripts::Script;
+use fred::types::Value;
+
+/// Helpers shared by every script: the server clock and the claim codec.
+const PRELUDE: &str = r#"
+local function now_us()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+local function load(key)
+  local raw = redis.call('GET', key)
+  if not raw then return nil, 0, 0, 0, '' end
+  local s, t, l, f, h = string.match(raw, '^(%a) (%d+) (%d+) (%d+) ?(.*)$')
+  if not s then return nil, 0, 0, 0, '' end
+  return s, tonumber(t), tonumber(l), tonumber(f), h
+end
+local function encode(s, t, l, f, h)
+  return string.format('%s %.0f %.0f %.0f %s', s, t, l, f, h)
+end
+"#;
+
+/// KEYS: claim, result. ARGV: worker, lease ms, deadline (unix s, or ''), claim ttl ms.
+/// Returns {'run', token, failures} | {'expired', token} | {'defer', µs left} | {'done'} | {'revoked'}.
+const CLAIM: &str = r#"
+local state, token, lease_until, failures = load(KEYS[1])
+if state == 'd' then return {'done'} end
+if state == 'v' then return {'revoked'} end
+local now = now_us()
+if state == 'r' and lease_until > now then return {'defer', lease_until - now} end
+-- A result without a claim record (written by taskiq, or outliving its claim): done.
+if not state and redis.call('EXISTS', KEYS[2]) == 1 then return {'done'} end
+token = math.max(token + 1, now)
+redis.call('SET', KEYS[1], encode('r', token, now + tonumber(ARGV[2]) * 1000, failures, ARGV[1]), 'PX', ARGV[4])
+if ARGV[3] ~= '' and now > tonumber(ARGV[3]) * 1000000 then return {'expired', token} end
+return {'run', token, failures}
+"#;
+
+/// KEYS: claims. ARGV: lease ms, then one token per key. Returns 1 (kept) or 0 (lost) per key.
+const HEARTBEAT: &str = r#"
+local lease_until = now_us() + tonumber(ARGV[1]) * 1000
+local out = {}
+for i, key in ipairs(KEYS) do
+  local state, token, _, failures, holder = load(key)
+  if state == 'r' and token == tonumber(ARGV[i + 1]) then
+    redis.call('SET', key, encode('r', token, lease_until, failures, holder), 'KEEPTTL')
+    out[i] = 1
+  else
+    out[i] = 0
+  end
+end
+return out
+"#;
+
+/// KEYS: claim. ARGV: token. Returns 1 when released, 0 when the token was stale.
+const RELEASE: &str = r#"
+local state, token, lease_until, failures, holder = load(KEYS[1])
+if state ~= 'r' or token ~= tonumber(ARGV[1]) then return 0 end
+redis.call('SET', KEYS[1], encode('x', token, lease_until, failures, holder), 'KEEPTTL')
+return 1
+"#;
+
+/// KEYS: claim. ARGV: token. Returns the failure count, or -1 when the token was stale.
+const RECORD_FAILURE: &str = r#"
+local state, token, lease_until, failures, holder = load(KEYS[1])
+if state ~= 'r' or token ~= tonumber(ARGV[1]) then return -1 end
+redis.call('SET', KEYS[1], encode('x', token, lease_until, failures + 1, holder), 'KEEPTTL')
+return failures + 1
+"#;
+
+/// The fenced write. KEYS: claim, result. ARGV: token, store ('1'/'0'), result JSON, result
+/// ttl ms ('0' = none), claim ttl ms, channel, task id.
+/// Returns 'stored' | 'already' | 'stale'.
+const COMPLETE: &str = r#"
+local state, token, lease_until, failures, holder = load(KEYS[1])
+if token ~= tonumber(ARGV[1]) then return 'stale' end
+if state == 'd' then return 'already' end
+if state ~= 'r' then return 'stale' end
+local outcome = 'stored'
+if ARGV[2] == '1' then
+  local ok
+  if ARGV[4] ~= '0' then
+    ok = redis.call('SET', KEYS[2], ARGV[3], 'NX', 'PX', ARGV[4])
+  else
+    ok = redis.call('SET', KEYS[2], ARGV[3], 'NX')
+  end
+  if not ok then outcome = 'already' end
+end
+redis.call('SET', KEYS[1], encode('d', token, lease_until, failures, holder), 'PX', ARGV[5])
+redis.call('PUBLISH', ARGV[6], ARGV[7])
+return outcome
+"#;
+
+/// KEYS: claim, result. ARGV: result JSON, result ttl ms ('0' = none), claim ttl ms, channel,
+/// task id. Returns 1 when revoked, 0 when the task had already finished.
+const REVOKE: &str = r#"
+local state, token, lease_until, failures, holder = load(KEYS[1])
+if state == 'd' or state == 'v' or redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
+if ARGV[2] ~= '0' then
+  redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
+else
+  redis.call('SET', KEYS[2], ARGV[1])
+end
+-- A new token: a running holder's heartbeat and result write are now rejected.
+redis.call('SET', KEYS[1], encode('v', math.max(token + 1, now_us()), lease_until, failures, holder), 'PX', ARGV[3])
+redis.call('PUBLISH', ARGV[4], ARGV[5])
+return 1
+"#;
+
+/// A trivial script, for the benchmark's raw EVALSHA baseline.
+pub(crate) const TRIVIAL: &str = "return 1";
+
+/// The loaded scripts.
+#[derive(Debug)]
+pub(crate) struct Scripts {
+    pub(crate) claim: Script,
+    pub(crate) heartbeat: Script,
+    pub(crate) release: Script,
+    pub(crate) record_failure: Script,
+    pub(crate) complete: Script,
+    pub(crate) revoke: Script,
+}
+
+impl Scripts {
+    pub(crate) fn new() -> Self {
+        let script = |body: &str| Script::from_lua(format!("{PRELUDE}{body}"));
+        Scripts {
+            claim: script(CLAIM),
+            heartbeat: script(HEARTBEAT),
+            release: script(RELEASE),
+            record_failure: script(RECORD_FAILURE),
+            complete: script(COMPLETE),
+            revoke: script(REVOKE),
+        }
+    }
+
+    fn all(&self) -> [&Script; 6] {
+        [
+            &self.claim,
+            &self.heartbeat,
+            &self.release,
+            &self.record_failure,
+            &self.complete,
+            &self.revoke,
+        ]
+    }
+
+    /// Loads every script (on every primary of a cluster).
+    pub(crate) async fn load(&self, client: &Client) -> Result<(), fred::error::Error> {
+        for script in self.all() {
+            script.load(client).await?;
+        }
+        Ok(())
+    }
+}
+
+/// Calls a script by SHA on the next pooled connection, loading it again after `NOSCRIPT`
+/// (a restarted or flushed server). The arguments are built by `args`, so the common path
+/// moves them into the call instead of keeping copies for the rare retry.
+pub(crate) async fn call(
+    pool: &Pool,
+    script: &Script,
+    args: impl Fn() -> (Vec<String>, Vec<String>),
+) -> Result<Value, fred::error::Error> {
+    let client = pool.next();
+    let (keys, argv) = args();
+    match client.evalsha(script.sha1().clone(), keys, argv).await {
+        Err(e) if e.details().starts_with("NOSCRIPT") => {
+            script.load(client).await?;
+            let (keys, argv) = args();
+            client.evalsha(script.sha1().clone(), keys, argv).await
+        }
+        result => result,
+    }
+}

@@ -1,0 +1,529 @@
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use ferriq::store::{
+    ClaimOutcome, ClaimStore, CompleteOutcome, FailureRecord, ResultStatus, ResultStore,
+    StoreError, Token,
+};
+use ferriq::wire::{TaskId, TaskResult};
+use fred::clients::SubscriberClient;
+use fred::prelude::{ClientLike, KeysInterface, Pool, PubsubInterface};
+use fred::types::Value;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::error::store_error;
+use crate::keys::Keys;
+use crate::scripts::{self, Scripts};
+use crate::waiters::{spawn_dispatcher, Waiters};
+use crate::{ValkeyError, ValkeyStoreBuilder};
+
+/// Claims and results on Valkey/Redis: implements both [`ClaimStore`] and [`ResultStore`] over
+/// one connection pool, plus one subscriber connection for waiters. Cheap to clone.
+#[derive(Clone)]
+pub struct ValkeyStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pool: Pool,
+    subscriber: SubscriberClient,
+    scripts: Scripts,
+    keys: Keys,
+    waiters: Arc<Waiters>,
+    reply_channel: String,
+    settings: ValkeyStoreBuilder,
+    clustered: bool,
+    background: Vec<JoinHandle<()>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        for task in &self.background {
+            task.abort();
+        }
+        // Close the connections in the background when a runtime is still there.
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let (pool, subscriber) = (self.pool.clone(), self.subscriber.clone());
+            rt.spawn(async move {
+                let _ = subscriber.quit().await;
+                let _ = pool.quit().await;
+            });
+        }
+    }
+}
+
+/// A claim as stored, for operators and tests.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ClaimState {
+    /// No claim record.
+    Absent,
+    /// Running under `token` (its lease may have run out).
+    Running {
+        /// The current fencing token.
+        token: u64,
+        /// Failed attempts so far.
+        failures: u32,
+        /// The holder's worker id.
+        holder: String,
+    },
+    /// Released (after a failure or a drain); will run again on its next delivery.
+    Released {
+        /// Failed attempts so far.
+        failures: u32,
+    },
+    /// Finished; duplicates are acked.
+    Done,
+    /// Revoked.
+    Revoked,
+}
+
+impl ValkeyStore {
+    /// A builder for the store at `url`.
+    pub fn builder(url: impl Into<ferriq::SecretUrl>) -> ValkeyStoreBuilder {
+        ValkeyStoreBuilder::new(url)
+    }
+
+    pub(crate) async fn connect(settings: ValkeyStoreBuilder) -> Result<Self, ValkeyError> {
+        let builder = settings.fred_builder()?;
+        let url = settings.url.redacted();
+        let failed = |e: fred::error::Error| ValkeyError::Connect {
+            url: url.clone(),
+            reason: format!("{:?}: {}", e.kind(), e.details()),
+        };
+        let pool = builder.build_pool(settings.pool_size).map_err(failed)?;
+        let subscriber = builder.build_subscriber_client().map_err(failed)?;
+        let limit = settings.connect_timeout * 2 + Duration::from_secs(1);
+        let connecting = async {
+            pool.init().await?;
+            subscriber.init().await?;
+            Ok::<_, fred::error::Error>(())
+        };
+        match tokio::time::timeout(limit, connecting).await {
+            Ok(r) => r.map_err(failed)?,
+            Err(_) => {
+                return Err(ValkeyError::Connect {
+                    url: url.clone(),
+                    reason: format!("no answer within {limit:?}"),
+                })
+            }
+        }
+        let scripts = Scripts::new();
+        scripts.load(pool.next()).await.map_err(failed)?;
+        let keys = Keys::new(&settings.prefix);
+        let reply_channel = keys.reply_channel();
+        let waiters = Arc::new(Waiters::default());
+        let dispatcher = spawn_dispatcher(&subscriber, Arc::clone(&waiters));
+        subscriber
+            .subscribe(reply_channel.as_str())
+            .await
+            .map_err(failed)?;
+        let resubscriber = subscriber.manage_subscriptions();
+        let clustered = pool.next().is_clustered();
+        tracing::info!(url = %url, prefix = %settings.prefix, "valkey store connected");
+        Ok(ValkeyStore {
+            inner: Arc::new(Inner {
+                pool,
+                subscriber,
+                scripts,
+                keys,
+                waiters,
+                reply_channel,
+                settings,
+                clustered,
+                background: vec![dispatcher, resubscriber],
+            }),
+        })
+    }
+
+    /// Closes the connections now (they also close when the last clone is dropped).
+    pub async fn close(&self) {
+        let _ = self.inner.subscriber.quit().await;
+        let _ = self.inner.pool.quit().await;
+    }
+
+    /// The key prefix.
+    pub fn prefix(&self) -> &str {
+        &self.inner.settings.prefix
+    }
+
+    /// The key a task's result is stored at.
+    pub fn result_key(&self, id: &TaskId) -> String {
+        self.inner.keys.result(id)
+    }
+
+    /// Whether the store answers, for readiness probes.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        self.inner
+            .pool
+            .next()
+            .ping::<String>(None)
+            .await
+            .map(|_| ())
+            .map_err(store_error)
+    }
+
+    /// A task's claim as stored.
+    pub async fn claim_state(&self, id: &TaskId) -> Result<ClaimState, StoreError> {
+        let raw: Option<String> = self
+            .inner
+            .pool
+            .get(self.inner.keys.claim(id))
+            .await
+            .map_err(store_error)?;
+        let Some(raw) = raw else {
+            return Ok(ClaimState::Absent);
+        };
+        // `state token lease_until failures holder` (see the scripts).
+        let mut fields = raw.splitn(5, ' ');
+        let state = fields.next().unwrap_or_default().to_owned();
+        let token = fields.next().and_then(|t| t.parse().ok()).unwrap_or(0);
+        let _lease_until = fields.next();
+        let failures = fields.next().and_then(|f| f.parse().ok()).unwrap_or(0);
+        let holder = fields.next().unwrap_or_default().to_owned();
+        Ok(match state.as_str() {
+            "r" => ClaimState::Running {
+                token,
+                failures,
+                holder,
+            },
+            "d" => ClaimState::Done,
+            "v" => ClaimState::Revoked,
+            "x" => ClaimState::Released { failures },
+            _ => {
+                return Err(StoreError::Corrupt {
+                    task_id: id.to_string(),
+                    reason: format!("claim record {raw:?} is not in ferriq's format"),
+                })
+            }
+        })
+    }
+
+    /// Deletes every key under this store's prefix (results and claims), in batches; for
+    /// tests and benchmarks on shared servers. Returns how many keys were deleted.
+    pub async fn purge_prefix(&self) -> Result<u64, StoreError> {
+        let script = fred::types::scripts::Script::from_lua(
+            "local r = redis.call('SCAN', ARGV[1], 'MATCH', ARGV[2], 'COUNT', 1000) \
+             if #r[2] > 0 then redis.call('UNLINK', unpack(r[2])) end \
+             return {r[1], #r[2]}",
+        );
+        let pattern = format!("{}:*", self.inner.settings.prefix);
+        let (mut cursor, mut deleted) = ("0".to_owned(), 0u64);
+        loop {
+            let c = cursor.clone();
+            let v = scripts::call(&self.inner.pool, &script, || {
+                (vec![], vec![c.clone(), pattern.clone()])
+            })
+            .await
+            .map_err(store_error)?;
+            let (next, n): (String, u64) = v.convert().map_err(store_error)?;
+            deleted += n;
+            if next == "0" {
+                return Ok(deleted);
+            }
+            cursor = next;
+        }
+    }
+
+    /// Runs the trivial script `return 1` by SHA: the raw EVALSHA baseline for benchmarks.
+    #[doc(hidden)]
+    pub async fn raw_evalsha(
+        &self,
+        script: &fred::types::scripts::Script,
+    ) -> Result<i64, StoreError> {
+        let v = scripts::call(&self.inner.pool, script, || (vec![], vec![]))
+            .await
+            .map_err(store_error)?;
+        Ok(v.as_i64().unwrap_or(0))
+    }
+
+    /// The trivial script for [`ValkeyStore::raw_evalsha`].
+    #[doc(hidden)]
+    pub fn trivial_script() -> fred::types::scripts::Script {
+        fred::types::scripts::Script::from_lua(scripts::TRIVIAL)
+    }
+
+    fn ms(d: Duration) -> String {
+        d.as_millis().max(1).to_string()
+    }
+
+    fn result_ttl_ms(&self) -> String {
+        self.inner
+            .settings
+            .result_ttl
+            .map_or_else(|| "0".to_owned(), Self::ms)
+    }
+
+    async fn heartbeat_group(
+        &self,
+        claims: &[(TaskId, Token)],
+        lease: Duration,
+    ) -> Result<Vec<bool>, StoreError> {
+        let build = || {
+            let keys = claims
+                .iter()
+                .map(|(id, _)| self.inner.keys.claim(id))
+                .collect();
+            let mut args = vec![Self::ms(lease)];
+            args.extend(claims.iter().map(|(_, t)| t.0.to_string()));
+            (keys, args)
+        };
+        let v = scripts::call(&self.inner.pool, &self.inner.scripts.heartbeat, build)
+            .await
+            .map_err(store_error)?;
+        let kept: Vec<i64> = v.convert().map_err(store_error)?;
+        if kept.len() != claims.len() {
+            return Err(StoreError::Unavailable(format!(
+                "heartbeat answered {} entries for {}",
+                kept.len(),
+                claims.len()
+            )));
+        }
+        Ok(kept.into_iter().map(|k| k == 1).collect())
+    }
+}
+
+fn tag(v: &[Value]) -> Option<String> {
+    v.first().and_then(|t| t.as_string())
+}
+
+fn int(v: &[Value], i: usize) -> Option<i64> {
+    v.get(i).and_then(Value::as_i64)
+}
+
+fn unexpected(op: &str, v: impl std::fmt::Debug) -> StoreError {
+    StoreError::Unavailable(format!("unexpected {op} reply from valkey: {v:?}"))
+}
+
+#[async_trait]
+impl ClaimStore for ValkeyStore {
+    async fn claim(
+        &self,
+        id: &TaskId,
+        worker: &str,
+        lease: Duration,
+        deadline_at: Option<f64>,
+    ) -> Result<ClaimOutcome, StoreError> {
+        let build = || {
+            let deadline = deadline_at
+                .filter(|d| d.is_finite())
+                .map(|d| format!("{d:.3}"))
+                .unwrap_or_default();
+            let keys = vec![self.inner.keys.claim(id), self.inner.keys.result(id)];
+            let args = vec![
+                worker.to_owned(),
+                Self::ms(lease),
+                deadline,
+                Self::ms(self.inner.settings.claim_ttl),
+            ];
+            (keys, args)
+        };
+        let reply: Vec<Value> = scripts::call(&self.inner.pool, &self.inner.scripts.claim, build)
+            .await
+            .map_err(store_error)?
+            .convert()
+            .map_err(store_error)?;
+        let token = |i| int(&reply, i).map(|t| Token(t.max(0) as u64));
+        Ok(match tag(&reply).as_deref() {
+            Some("run") => ClaimOutcome::Run {
+                token: token(1).ok_or_else(|| unexpected("claim", &reply))?,
+                failures: int(&reply, 2).unwrap_or(0).clamp(0, i64::from(u32::MAX)) as u32,
+            },
+            Some("expired") => ClaimOutcome::Expired {
+                token: token(1).ok_or_else(|| unexpected("claim", &reply))?,
+            },
+            Some("defer") => ClaimOutcome::Defer {
+                retry_after: Duration::from_micros(int(&reply, 1).unwrap_or(0).max(0) as u64),
+            },
+            Some("done") => ClaimOutcome::Done,
+            Some("revoked") => ClaimOutcome::Revoked,
+            _ => return Err(unexpected("claim", &reply)),
+        })
+    }
+
+    async fn heartbeat(
+        &self,
+        claims: &[(TaskId, Token)],
+        lease: Duration,
+    ) -> Result<Vec<bool>, StoreError> {
+        if claims.is_empty() {
+            return Ok(Vec::new());
+        }
+        if !self.inner.clustered {
+            return self.heartbeat_group(claims, lease).await;
+        }
+        // In a cluster a script's keys must share a slot: one call per slot.
+        let mut by_slot: std::collections::BTreeMap<u16, Vec<usize>> = Default::default();
+        for (i, (id, _)) in claims.iter().enumerate() {
+            let slot = fred::util::redis_keyslot(self.inner.keys.claim(id).as_bytes());
+            by_slot.entry(slot).or_default().push(i);
+        }
+        let mut kept = vec![false; claims.len()];
+        for indexes in by_slot.values() {
+            let group: Vec<_> = indexes.iter().map(|i| claims[*i].clone()).collect();
+            for (i, k) in indexes
+                .iter()
+                .zip(self.heartbeat_group(&group, lease).await?)
+            {
+                kept[*i] = k;
+            }
+        }
+        Ok(kept)
+    }
+
+    async fn release(&self, id: &TaskId, token: Token) -> Result<bool, StoreError> {
+        let v = scripts::call(&self.inner.pool, &self.inner.scripts.release, || {
+            (vec![self.inner.keys.claim(id)], vec![token.0.to_string()])
+        })
+        .await
+        .map_err(store_error)?;
+        Ok(v.as_i64() == Some(1))
+    }
+
+    async fn record_failure(&self, id: &TaskId, token: Token) -> Result<FailureRecord, StoreError> {
+        let v = scripts::call(&self.inner.pool, &self.inner.scripts.record_failure, || {
+            (vec![self.inner.keys.claim(id)], vec![token.0.to_string()])
+        })
+        .await
+        .map_err(store_error)?;
+        Ok(match v.as_i64() {
+            Some(n) if n >= 0 => FailureRecord::Recorded {
+                failures: n.min(i64::from(u32::MAX)) as u32,
+            },
+            Some(_) => FailureRecord::Stale,
+            None => return Err(unexpected("record_failure", v)),
+        })
+    }
+}
+
+#[async_trait]
+impl ResultStore for ValkeyStore {
+    async fn complete(
+        &self,
+        id: &TaskId,
+        token: Token,
+        result: Option<&TaskResult>,
+        reply_to: Option<&str>,
+    ) -> Result<CompleteOutcome, StoreError> {
+        let json = match result {
+            Some(r) => serde_json::to_string(r).map_err(|e| StoreError::Corrupt {
+                task_id: id.to_string(),
+                reason: format!("result cannot be written as JSON: {e}"),
+            })?,
+            None => String::new(),
+        };
+        let build = || {
+            let channel = reply_to
+                .map(str::to_owned)
+                .unwrap_or_else(|| self.inner.keys.done_channel(id));
+            let args = vec![
+                token.0.to_string(),
+                if result.is_some() { "1" } else { "0" }.to_owned(),
+                json.clone(),
+                self.result_ttl_ms(),
+                Self::ms(self.inner.settings.claim_ttl),
+                channel,
+                id.to_string(),
+            ];
+            (
+                vec![self.inner.keys.claim(id), self.inner.keys.result(id)],
+                args,
+            )
+        };
+        let v = scripts::call(&self.inner.pool, &self.inner.scripts.complete, build)
+            .await
+            .map_err(store_error)?;
+        Ok(match v.as_string().as_deref() {
+            Some("stored") => CompleteOutcome::Stored,
+            Some("already") => CompleteOutcome::AlreadyStored,
+            Some("stale") => CompleteOutcome::Stale,
+            _ => return Err(unexpected("complete", v)),
+        })
+    }
+
+    async fn get(&self, id: &TaskId) -> Result<ResultStatus, StoreError> {
+        let raw: Option<String> = self
+            .inner
+            .pool
+            .get(self.inner.keys.result(id))
+            .await
+            .map_err(store_error)?;
+        match raw {
+            None => Ok(ResultStatus::Pending),
+            Some(raw) => serde_json::from_str(&raw)
+                .map(ResultStatus::Ready)
+                .map_err(|e| StoreError::Corrupt {
+                    task_id: id.to_string(),
+                    reason: format!(
+                        "not a taskiq JSON result ({e}); a Python writer must use JSONSerializer"
+                    ),
+                }),
+        }
+    }
+
+    async fn wait(&self, id: &TaskId, timeout: Duration) -> Result<ResultStatus, StoreError> {
+        let guard = self.inner.waiters.register(id.as_str());
+        let deadline = Instant::now() + timeout;
+        loop {
+            // Listen before reading, so a completion in between is not missed.
+            let notified = guard.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if let ResultStatus::Ready(r) = self.get(id).await? {
+                return Ok(ResultStatus::Ready(r));
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(ResultStatus::Pending);
+            }
+            let recheck = deadline.min(now + self.inner.settings.recheck_interval);
+            tokio::select! {
+                _ = &mut notified => {}
+                _ = tokio::time::sleep_until(recheck) => {}
+            }
+        }
+    }
+
+    async fn revoke(&self, id: &TaskId, result: &TaskResult) -> Result<bool, StoreError> {
+        let json = serde_json::to_string(result).map_err(|e| StoreError::Corrupt {
+            task_id: id.to_string(),
+            reason: e.to_string(),
+        })?;
+        let build = || {
+            let args = vec![
+                json.clone(),
+                self.result_ttl_ms(),
+                Self::ms(self.inner.settings.claim_ttl),
+                self.inner.keys.done_channel(id),
+                id.to_string(),
+            ];
+            (
+                vec![self.inner.keys.claim(id), self.inner.keys.result(id)],
+                args,
+            )
+        };
+        let v = scripts::call(&self.inner.pool, &self.inner.scripts.revoke, build)
+            .await
+            .map_err(store_error)?;
+        let revoked = v.as_i64() == Some(1);
+        if revoked {
+            self.inner.waiters.wake(id.as_str());
+        }
+        Ok(revoked)
+    }
+
+    fn reply_channel(&self) -> Option<String> {
+        Some(self.inner.reply_channel.clone())
+    }
+}
+
+impl std::fmt::Debug for ValkeyStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ValkeyStore")
+            .field("url", &self.inner.settings.url)
+            .field("prefix", &self.inner.settings.prefix)
+            .finish_non_exhaustive()
+    }
+}

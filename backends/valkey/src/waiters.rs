@@ -1,0 +1,104 @@
+//! Waiters of this process, woken by completions announced on one subscriber connection.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use fred::clients::SubscriberClient;
+use fred::prelude::EventInterface;
+use tokio::sync::broadcast::error::RecvError;
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+
+/// Task id → the waiters of that task.
+#[derive(Default)]
+pub(crate) struct Waiters {
+    entries: Mutex<HashMap<String, Entry>>,
+}
+
+struct Entry {
+    notify: Arc<Notify>,
+    count: usize,
+}
+
+/// One waiter's registration; unregisters on drop.
+pub(crate) struct WaiterGuard {
+    waiters: Arc<Waiters>,
+    id: String,
+    pub(crate) notify: Arc<Notify>,
+}
+
+impl Drop for WaiterGuard {
+    fn drop(&mut self) {
+        let mut entries = self.waiters.lock();
+        if let Some(e) = entries.get_mut(&self.id) {
+            e.count -= 1;
+            if e.count == 0 {
+                entries.remove(&self.id);
+            }
+        }
+    }
+}
+
+impl Waiters {
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, Entry>> {
+        self.entries.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn register(self: &Arc<Self>, id: &str) -> WaiterGuard {
+        let mut entries = self.lock();
+        let entry = entries.entry(id.to_owned()).or_insert_with(|| Entry {
+            notify: Arc::new(Notify::new()),
+            count: 0,
+        });
+        entry.count += 1;
+        WaiterGuard {
+            waiters: Arc::clone(self),
+            id: id.to_owned(),
+            notify: Arc::clone(&entry.notify),
+        }
+    }
+
+    pub(crate) fn wake(&self, id: &str) {
+        if let Some(e) = self.lock().get(id) {
+            e.notify.notify_waiters();
+        }
+    }
+
+    /// After a gap in notifications (lag, reconnect) every waiter re-reads its result.
+    pub(crate) fn wake_all(&self) {
+        for e in self.lock().values() {
+            e.notify.notify_waiters();
+        }
+    }
+}
+
+/// Reads completion messages and wakes the matching waiters; wakes all after a reconnect or
+/// when messages were dropped, since pub/sub does not replay what it missed.
+pub(crate) fn spawn_dispatcher(
+    subscriber: &SubscriberClient,
+    waiters: Arc<Waiters>,
+) -> JoinHandle<()> {
+    let mut messages = subscriber.message_rx();
+    let mut reconnects = subscriber.reconnect_rx();
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                msg = messages.recv() => match msg {
+                    Ok(msg) => match msg.value.as_str() {
+                        Some(id) => waiters.wake(&id),
+                        None => waiters.wake_all(),
+                    },
+                    Err(RecvError::Lagged(n)) => {
+                        tracing::warn!(missed = n, "completion notifications lagged; re-checking every waiter");
+                        waiters.wake_all();
+                    }
+                    Err(RecvError::Closed) => return,
+                },
+                r = reconnects.recv() => match r {
+                    Ok(_) | Err(RecvError::Lagged(_)) => waiters.wake_all(),
+                    Err(RecvError::Closed) => return,
+                },
+            }
+        }
+    })
+}

@@ -1,0 +1,355 @@
+//! The claim state machine and fencing, against the real Redis.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use ferriq::store::{
+    ClaimOutcome, ClaimStore, CompleteOutcome, FailureRecord, ResultStatus, ResultStore, Token,
+};
+use ferriq::wire::{ErrorKind, TaskId, TaskResult};
+use ferriq_valkey::ClaimState;
+use rand::{Rng, SeedableRng};
+use serde_json::json;
+
+const LEASE: Duration = Duration::from_secs(30);
+
+fn ok(v: serde_json::Value) -> TaskResult {
+    TaskResult::success(v, 0.1, Default::default())
+}
+
+fn run(outcome: ClaimOutcome) -> (Token, u32) {
+    match outcome {
+        ClaimOutcome::Run { token, failures } => (token, failures),
+        other => panic!("expected Run, got {other:?}"),
+    }
+}
+
+fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+#[tokio::test]
+async fn claim_runs_defers_takes_over_and_finishes() {
+    let store = common::store().await;
+    let id = TaskId::random();
+    assert_eq!(store.claim_state(&id).await.unwrap(), ClaimState::Absent);
+    let (t1, failures) = run(store
+        .claim(&id, "w1", Duration::from_millis(300), None)
+        .await
+        .unwrap());
+    assert_eq!(failures, 0);
+    assert!(
+        matches!(store.claim_state(&id).await.unwrap(), ClaimState::Running { token, ref holder, .. } if token == t1.0 && holder == "w1")
+    );
+
+    // A second delivery waits until the holder's lease ends.
+    match store.claim(&id, "w2", LEASE, None).await.unwrap() {
+        ClaimOutcome::Defer { retry_after } => {
+            assert!(
+                retry_after > Duration::ZERO && retry_after <= Duration::from_millis(300),
+                "{retry_after:?}"
+            )
+        }
+        other => panic!("expected Defer, got {other:?}"),
+    }
+    // The lease is what is under test here: let it run out on the server's clock.
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    let (t2, _) = run(store.claim(&id, "w2", LEASE, None).await.unwrap());
+    assert!(t2 > t1, "takeover token {t2} must exceed {t1}");
+
+    assert_eq!(
+        store
+            .complete(&id, t2, Some(&ok(json!(5))), None)
+            .await
+            .unwrap(),
+        CompleteOutcome::Stored
+    );
+    assert_eq!(
+        store.claim(&id, "w3", LEASE, None).await.unwrap(),
+        ClaimOutcome::Done
+    );
+    assert_eq!(store.claim_state(&id).await.unwrap(), ClaimState::Done);
+}
+
+#[tokio::test]
+async fn a_claim_after_the_deadline_expires_and_is_completed_once() {
+    let store = common::store().await;
+    let id = TaskId::random();
+    let token = match store
+        .claim(&id, "w1", LEASE, Some(unix_now() - 10.0))
+        .await
+        .unwrap()
+    {
+        ClaimOutcome::Expired { token } => token,
+        other => panic!("expected Expired, got {other:?}"),
+    };
+    let result = TaskResult::failure(
+        ErrorKind::DeadlineExceeded,
+        "late",
+        false,
+        0,
+        0.0,
+        Default::default(),
+    );
+    assert_eq!(
+        store
+            .complete(&id, token, Some(&result), None)
+            .await
+            .unwrap(),
+        CompleteOutcome::Stored
+    );
+    assert_eq!(
+        store.claim(&id, "w1", LEASE, None).await.unwrap(),
+        ClaimOutcome::Done
+    );
+    // A future deadline runs normally.
+    let other = TaskId::random();
+    run(store
+        .claim(&other, "w1", LEASE, Some(unix_now() + 60.0))
+        .await
+        .unwrap());
+}
+
+#[tokio::test]
+async fn revoke_stores_cancelled_and_fences_the_holder() {
+    let store = common::store().await;
+    let cancelled = TaskResult::failure(
+        ErrorKind::Cancelled,
+        "revoked",
+        false,
+        0,
+        0.0,
+        Default::default(),
+    );
+    // Not started: never runs.
+    let idle = TaskId::random();
+    assert!(store.revoke(&idle, &cancelled).await.unwrap());
+    assert_eq!(
+        store.claim(&idle, "w1", LEASE, None).await.unwrap(),
+        ClaimOutcome::Revoked
+    );
+    assert!(
+        !store.revoke(&idle, &cancelled).await.unwrap(),
+        "revoked once"
+    );
+    // Running: its heartbeat and result write are rejected.
+    let busy = TaskId::random();
+    let (t, _) = run(store.claim(&busy, "w1", LEASE, None).await.unwrap());
+    assert!(store.revoke(&busy, &cancelled).await.unwrap());
+    assert_eq!(
+        store.heartbeat(&[(busy.clone(), t)], LEASE).await.unwrap(),
+        [false]
+    );
+    assert_eq!(
+        store
+            .complete(&busy, t, Some(&ok(json!(1))), None)
+            .await
+            .unwrap(),
+        CompleteOutcome::Stale
+    );
+    match store.get(&busy).await.unwrap() {
+        ResultStatus::Ready(r) => assert_eq!(
+            r.failure_details().unwrap().kind,
+            Some(ErrorKind::Cancelled)
+        ),
+        other => panic!("{other:?}"),
+    }
+    // Finished: nothing to revoke, the success stays.
+    let done = TaskId::random();
+    let (t, _) = run(store.claim(&done, "w1", LEASE, None).await.unwrap());
+    store
+        .complete(&done, t, Some(&ok(json!("kept"))), None)
+        .await
+        .unwrap();
+    assert!(!store.revoke(&done, &cancelled).await.unwrap());
+}
+
+#[tokio::test]
+async fn failures_are_counted_and_release_hands_the_claim_back() {
+    let store = common::store().await;
+    let id = TaskId::random();
+    let (t1, _) = run(store.claim(&id, "w1", LEASE, None).await.unwrap());
+    assert_eq!(
+        store.record_failure(&id, t1).await.unwrap(),
+        FailureRecord::Recorded { failures: 1 }
+    );
+    assert_eq!(
+        store.claim_state(&id).await.unwrap(),
+        ClaimState::Released { failures: 1 }
+    );
+    let (t2, failures) = run(store.claim(&id, "w1", LEASE, None).await.unwrap());
+    assert_eq!(failures, 1);
+    assert_eq!(
+        store.record_failure(&id, t1).await.unwrap(),
+        FailureRecord::Stale
+    );
+    // Released: the next delivery runs at once, no lease to wait for.
+    assert!(store.release(&id, t2).await.unwrap());
+    assert!(
+        !store.release(&id, t2).await.unwrap(),
+        "only the current holder releases"
+    );
+    let (t3, failures) = run(store.claim(&id, "w2", LEASE, None).await.unwrap());
+    assert!(t3 > t2);
+    assert_eq!(failures, 1);
+}
+
+#[tokio::test]
+async fn heartbeat_extends_current_claims_and_reports_lost_ones_in_one_call() {
+    let store = common::store().await;
+    let (a, b, c) = (TaskId::random(), TaskId::random(), TaskId::random());
+    let (ta, _) = run(store
+        .claim(&a, "w1", Duration::from_millis(300), None)
+        .await
+        .unwrap());
+    let (tb, _) = run(store
+        .claim(&b, "w1", Duration::from_millis(100), None)
+        .await
+        .unwrap());
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    // b's lease ran out and another worker took it over.
+    run(store.claim(&b, "w2", LEASE, None).await.unwrap());
+    let kept = store
+        .heartbeat(
+            &[(a.clone(), ta), (b.clone(), tb), (c.clone(), Token(1))],
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+    assert_eq!(kept, [true, false, false]);
+    // a's lease now runs 5 s from the heartbeat, well past its original 300 ms.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(matches!(
+        store.claim(&a, "w2", LEASE, None).await.unwrap(),
+        ClaimOutcome::Defer { .. }
+    ));
+}
+
+#[tokio::test]
+async fn a_paused_holder_is_fenced_off_and_a_success_is_never_overwritten() {
+    let store = common::store().await;
+    let id = TaskId::random();
+    let (old, _) = run(store
+        .claim(&id, "paused", Duration::from_millis(100), None)
+        .await
+        .unwrap());
+    tokio::time::sleep(Duration::from_millis(150)).await; // the holder "pauses" past its lease
+    let (new, _) = run(store.claim(&id, "fresh", LEASE, None).await.unwrap());
+    assert_eq!(
+        store.heartbeat(&[(id.clone(), old)], LEASE).await.unwrap(),
+        [false]
+    );
+    assert_eq!(
+        store
+            .complete(&id, old, Some(&ok(json!("old"))), None)
+            .await
+            .unwrap(),
+        CompleteOutcome::Stale
+    );
+    assert_eq!(
+        store
+            .complete(&id, new, Some(&ok(json!("new"))), None)
+            .await
+            .unwrap(),
+        CompleteOutcome::Stored
+    );
+    // The same holder retrying after a lost reply: AlreadyStored, nothing written.
+    assert_eq!(
+        store
+            .complete(&id, new, Some(&ok(json!("again"))), None)
+            .await
+            .unwrap(),
+        CompleteOutcome::AlreadyStored
+    );
+    assert_eq!(
+        store
+            .complete(&id, old, Some(&ok(json!("old"))), None)
+            .await
+            .unwrap(),
+        CompleteOutcome::Stale
+    );
+    match store.get(&id).await.unwrap() {
+        ResultStatus::Ready(r) => assert_eq!(r.return_value, json!("new")),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn racing_completers_write_each_result_exactly_once() {
+    const TASKS: usize = 200;
+    const COMPLETERS: usize = 8;
+    let store = Arc::new(common::store().await);
+    let ids: Vec<TaskId> = (0..TASKS).map(|_| TaskId::random()).collect();
+    // (task index) -> completers whose write was Stored; plus takeovers seen.
+    let stored: Arc<Mutex<HashMap<usize, Vec<usize>>>> = Arc::default();
+    let stale = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut handles = Vec::new();
+    for c in 0..COMPLETERS {
+        let (store, ids, stored, stale) =
+            (store.clone(), ids.clone(), stored.clone(), stale.clone());
+        handles.push(tokio::spawn(async move {
+            let mut rng = rand::rngs::SmallRng::seed_from_u64(c as u64);
+            for (i, id) in ids.iter().enumerate() {
+                loop {
+                    // Short leases, and pauses that often outlast them: takeovers race writes.
+                    match store
+                        .claim(id, &format!("c{c}"), Duration::from_millis(15), None)
+                        .await
+                        .unwrap()
+                    {
+                        ClaimOutcome::Run { token, .. } => {
+                            tokio::time::sleep(Duration::from_millis(rng.random_range(0..30)))
+                                .await;
+                            match store
+                                .complete(id, token, Some(&ok(json!(c))), None)
+                                .await
+                                .unwrap()
+                            {
+                                CompleteOutcome::Stored => {
+                                    stored.lock().unwrap().entry(i).or_default().push(c);
+                                    break;
+                                }
+                                CompleteOutcome::AlreadyStored => {
+                                    panic!("a fresh token cannot find its own write")
+                                }
+                                _ => {
+                                    stale.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                                }
+                            }
+                        }
+                        ClaimOutcome::Defer { retry_after } => {
+                            tokio::time::sleep(retry_after).await
+                        }
+                        ClaimOutcome::Done => break,
+                        other => panic!("unexpected {other:?}"),
+                    }
+                }
+            }
+        }));
+    }
+    for h in handles {
+        h.await.unwrap();
+    }
+    let stored = stored.lock().unwrap().clone();
+    for (i, id) in ids.iter().enumerate() {
+        let writers = stored.get(&i).cloned().unwrap_or_default();
+        assert_eq!(writers.len(), 1, "task {i} written by {writers:?}");
+        match store.get(id).await.unwrap() {
+            ResultStatus::Ready(r) => assert_eq!(
+                r.return_value,
+                json!(writers[0]),
+                "the stored value is the winner's"
+            ),
+            other => panic!("task {i}: {other:?}"),
+        }
+    }
+    let stale = stale.load(std::sync::atomic::Ordering::Relaxed);
+    println!("tasks={TASKS} completers={COMPLETERS} stale_writes_rejected={stale}");
+    assert!(stale > 0, "takeovers really raced the writes");
+}

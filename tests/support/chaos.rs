@@ -1,0 +1,273 @@
+//! The exactly-once scenario of DESIGN §9, shared by the core tests (memory store) and the
+//! ferriq-valkey tests (Valkey store): 1,000 tasks, each message delivered twice, four workers,
+//! and a chaos loop that expires claim leases and broker visibility at random. Every task must
+//! end with exactly one result, written once.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use ferriq::broker::{Broker, OutgoingMessage};
+use ferriq::memory::MemoryBroker;
+use ferriq::store::{
+    ClaimOutcome, ClaimStore, CompleteOutcome, FailureRecord, ResultStatus, ResultStore,
+    StoreError, Token,
+};
+use ferriq::testing::{Oracle, RunningWorker};
+use ferriq::wire::{TaskId, TaskResult};
+use ferriq::worker::Outcome;
+use ferriq::{Client, Registry, State, TaskContext, Worker, WorkerConfig};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+#[ferriq::task(name = "chaos.double")]
+async fn double(oracle: State<Oracle>, ctx: TaskContext, n: u64, pause_ms: u64) -> u64 {
+    oracle.started(ctx.task_id());
+    tokio::time::sleep(Duration::from_millis(pause_ms)).await;
+    oracle.finished(ctx.task_id());
+    n * 2
+}
+
+/// Counts, per task, the result writes a store reports as `Stored`.
+pub struct CountingStore<S> {
+    inner: Arc<S>,
+    writes: Mutex<HashMap<TaskId, u32>>,
+}
+
+impl<S> CountingStore<S> {
+    pub fn new(inner: Arc<S>) -> Self {
+        CountingStore {
+            inner,
+            writes: Mutex::default(),
+        }
+    }
+    pub fn total_writes(&self) -> u64 {
+        self.writes
+            .lock()
+            .unwrap()
+            .values()
+            .map(|n| u64::from(*n))
+            .sum()
+    }
+    pub fn duplicate_writes(&self) -> Vec<TaskId> {
+        let writes = self.writes.lock().unwrap();
+        writes
+            .iter()
+            .filter(|(_, n)| **n > 1)
+            .map(|(id, _)| id.clone())
+            .collect()
+    }
+}
+
+#[async_trait]
+impl<S: ClaimStore> ClaimStore for CountingStore<S> {
+    async fn claim(
+        &self,
+        id: &TaskId,
+        w: &str,
+        lease: Duration,
+        d: Option<f64>,
+    ) -> Result<ClaimOutcome, StoreError> {
+        self.inner.claim(id, w, lease, d).await
+    }
+    async fn heartbeat(
+        &self,
+        c: &[(TaskId, Token)],
+        lease: Duration,
+    ) -> Result<Vec<bool>, StoreError> {
+        self.inner.heartbeat(c, lease).await
+    }
+    async fn release(&self, id: &TaskId, t: Token) -> Result<bool, StoreError> {
+        self.inner.release(id, t).await
+    }
+    async fn record_failure(&self, id: &TaskId, t: Token) -> Result<FailureRecord, StoreError> {
+        self.inner.record_failure(id, t).await
+    }
+}
+
+#[async_trait]
+impl<S: ResultStore> ResultStore for CountingStore<S> {
+    async fn complete(
+        &self,
+        id: &TaskId,
+        t: Token,
+        r: Option<&TaskResult>,
+        reply: Option<&str>,
+    ) -> Result<CompleteOutcome, StoreError> {
+        let outcome = self.inner.complete(id, t, r, reply).await?;
+        if outcome == CompleteOutcome::Stored {
+            *self.writes.lock().unwrap().entry(id.clone()).or_default() += 1;
+        }
+        Ok(outcome)
+    }
+    async fn get(&self, id: &TaskId) -> Result<ResultStatus, StoreError> {
+        self.inner.get(id).await
+    }
+    async fn wait(&self, id: &TaskId, timeout: Duration) -> Result<ResultStatus, StoreError> {
+        self.inner.wait(id, timeout).await
+    }
+    async fn revoke(&self, id: &TaskId, r: &TaskResult) -> Result<bool, StoreError> {
+        self.inner.revoke(id, r).await
+    }
+    fn reply_channel(&self) -> Option<String> {
+        self.inner.reply_channel()
+    }
+}
+
+/// Makes one task's claim lease run out now, as if its holder had paused.
+pub type ExpireLease =
+    Arc<dyn Fn(TaskId) -> Pin<Box<dyn Future<Output = bool> + Send>> + Send + Sync>;
+
+/// What the scenario saw.
+#[derive(Debug)]
+pub struct Report {
+    pub results: u64,
+    pub writes: u64,
+    pub duplicate_writes: usize,
+    pub duplicate_starts: u64,
+    pub fenced_off: u64,
+    pub expired_leases: usize,
+    pub expired_deliveries: usize,
+}
+
+fn config() -> WorkerConfig {
+    let mut config = WorkerConfig::default();
+    config.concurrency = 16;
+    config.lease = Duration::from_secs(3);
+    // Deferred copies come back every 20 ms, ready to take over an expired lease.
+    config.min_defer = Duration::from_millis(20);
+    config
+}
+
+/// Runs the scenario on `store` and asserts lost = 0 and duplicate result writes = 0.
+pub async fn exactly_once<S: ClaimStore + ResultStore>(
+    store: Arc<S>,
+    expire_lease: ExpireLease,
+    tasks: u64,
+) -> Report {
+    let broker = MemoryBroker::with_visibility(Duration::from_secs(3));
+    let store = Arc::new(CountingStore::new(store));
+    let oracle = Oracle::default();
+    let client = Client::new(Arc::new(broker.clone()), store.clone());
+
+    let mut rng = SmallRng::seed_from_u64(42);
+    let messages: Vec<_> = (0..tasks)
+        .map(|n| {
+            double::call(n, rng.random_range(20..200))
+                .into_message()
+                .unwrap()
+        })
+        .collect();
+    let ids: Vec<_> = messages.iter().map(|m| m.task_id.clone()).collect();
+    // Every message twice, side by side, so both copies are in flight together.
+    let doubled: Vec<_> = messages
+        .iter()
+        .map(|m| OutgoingMessage::from_message(m).unwrap())
+        .flat_map(|m| [m.clone(), m])
+        .collect();
+    broker.publish(doubled).await.unwrap();
+
+    let workers: Vec<RunningWorker> = (0..4)
+        .map(|i| {
+            RunningWorker::spawn(
+                Worker::builder()
+                    .broker(Arc::new(broker.clone()))
+                    .store(store.clone())
+                    .registry(
+                        Registry::from_inventory()
+                            .unwrap()
+                            .only(&[double::NAME])
+                            .unwrap(),
+                    )
+                    .state(oracle.clone())
+                    .config(config())
+                    .jitter_seed(i)
+                    .build()
+                    .unwrap(),
+            )
+        })
+        .collect();
+
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let chaos = {
+        let (broker, ids, done) = (broker.clone(), ids.clone(), done.clone());
+        tokio::spawn(async move {
+            let mut rng = SmallRng::seed_from_u64(7);
+            let (mut leases, mut deliveries) = (0usize, 0usize);
+            let mut round = 0u64;
+            while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                for _ in 0..100 {
+                    let id = ids[rng.random_range(0..ids.len())].clone();
+                    leases += usize::from(expire_lease(id).await);
+                }
+                if round % 50 == 0 {
+                    deliveries += broker.expire_in_flight();
+                }
+                round += 1;
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            (leases, deliveries)
+        })
+    };
+
+    for (n, id) in ids.iter().enumerate() {
+        let value: u64 = client
+            .handle(id.clone())
+            .wait(Duration::from_secs(180))
+            .await
+            .unwrap_or_else(|e| panic!("task {n} lost: {e}"));
+        assert_eq!(value, n as u64 * 2);
+    }
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    let (expired_leases, expired_deliveries) = chaos.await.unwrap();
+    // Every duplicate copy is acked as Done in the end: nothing left behind.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    while !broker.is_empty() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "copies left unsettled"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut fenced_off = 0;
+    for w in workers {
+        let stats = w.worker.stats();
+        fenced_off += stats.count(Outcome::Stale) + stats.count(Outcome::ClaimLost);
+        w.stop().await;
+    }
+    let report = Report {
+        results: ids.len() as u64,
+        writes: store.total_writes(),
+        duplicate_writes: store.duplicate_writes().len(),
+        duplicate_starts: oracle.duplicate_starts(),
+        fenced_off,
+        expired_leases,
+        expired_deliveries,
+    };
+    println!("exactly-once report: tasks={tasks} {report:?}");
+    assert_eq!(report.writes, tasks, "every result written once (lost = 0)");
+    assert_eq!(report.duplicate_writes, 0, "duplicate result writes");
+    assert_eq!(oracle.distinct_started() as u64, tasks);
+    assert!(
+        expired_leases > 0 && expired_deliveries > 0,
+        "the chaos really happened"
+    );
+    assert!(
+        report.duplicate_starts > 0 && fenced_off > 0,
+        "takeovers raced real runs"
+    );
+    report
+}
+
+/// Wraps an async lease-expiry function as an [`ExpireLease`].
+pub fn expire_with<F, Fut>(f: F) -> ExpireLease
+where
+    F: Fn(TaskId) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = bool> + Send + 'static,
+{
+    Arc::new(move |id| Box::pin(f(id)))
+}
