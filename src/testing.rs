@@ -338,3 +338,112 @@ impl Oracle {
         self.starts.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
 }
+
+/// Wraps any claim/result store and counts, per task, the result writes it reports as
+/// `Stored`: the oracle's "result writes" for exactly-once tests on real backends.
+///
+/// ```
+/// use std::sync::Arc;
+/// use ferriq::memory::MemoryStore;
+/// use ferriq::testing::CountingStore;
+/// let store = CountingStore::new(Arc::new(MemoryStore::new()));
+/// assert_eq!(store.total_writes(), 0);
+/// ```
+#[derive(Debug)]
+pub struct CountingStore<S> {
+    inner: Arc<S>,
+    writes: Mutex<HashMap<TaskId, u32>>,
+}
+
+impl<S> CountingStore<S> {
+    /// Wraps `inner`.
+    pub fn new(inner: Arc<S>) -> Self {
+        CountingStore {
+            inner,
+            writes: Mutex::default(),
+        }
+    }
+
+    /// The wrapped store.
+    pub fn inner(&self) -> &Arc<S> {
+        &self.inner
+    }
+
+    /// Writes reported as `Stored` for `id`.
+    pub fn writes(&self, id: &TaskId) -> u32 {
+        self.lock().get(id).copied().unwrap_or(0)
+    }
+
+    /// Writes over all tasks.
+    pub fn total_writes(&self) -> u64 {
+        self.lock().values().map(|n| u64::from(*n)).sum()
+    }
+
+    /// Tasks written more than once (must stay empty).
+    pub fn duplicate_writes(&self) -> Vec<TaskId> {
+        self.lock()
+            .iter()
+            .filter(|(_, n)| **n > 1)
+            .map(|(id, _)| id.clone())
+            .collect()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<TaskId, u32>> {
+        self.writes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[async_trait]
+impl<S: ClaimStore> ClaimStore for CountingStore<S> {
+    async fn claim(
+        &self,
+        id: &TaskId,
+        worker: &str,
+        lease: Duration,
+        deadline_at: Option<f64>,
+    ) -> Result<ClaimOutcome, StoreError> {
+        self.inner.claim(id, worker, lease, deadline_at).await
+    }
+    async fn heartbeat(
+        &self,
+        claims: &[(TaskId, Token)],
+        lease: Duration,
+    ) -> Result<Vec<bool>, StoreError> {
+        self.inner.heartbeat(claims, lease).await
+    }
+    async fn release(&self, id: &TaskId, token: Token) -> Result<bool, StoreError> {
+        self.inner.release(id, token).await
+    }
+    async fn record_failure(&self, id: &TaskId, token: Token) -> Result<FailureRecord, StoreError> {
+        self.inner.record_failure(id, token).await
+    }
+}
+
+#[async_trait]
+impl<S: ResultStore> ResultStore for CountingStore<S> {
+    async fn complete(
+        &self,
+        id: &TaskId,
+        token: Token,
+        result: Option<&TaskResult>,
+        reply_to: Option<&str>,
+    ) -> Result<CompleteOutcome, StoreError> {
+        let outcome = self.inner.complete(id, token, result, reply_to).await?;
+        if outcome == CompleteOutcome::Stored {
+            *self.lock().entry(id.clone()).or_default() += 1;
+        }
+        Ok(outcome)
+    }
+    async fn get(&self, id: &TaskId) -> Result<ResultStatus, StoreError> {
+        self.inner.get(id).await
+    }
+    async fn wait(&self, id: &TaskId, timeout: Duration) -> Result<ResultStatus, StoreError> {
+        self.inner.wait(id, timeout).await
+    }
+    async fn revoke(&self, id: &TaskId, result: &TaskResult) -> Result<bool, StoreError> {
+        self.inner.revoke(id, result).await
+    }
+    fn reply_channel(&self) -> Option<String> {
+        self.inner.reply_channel()
+    }
+}

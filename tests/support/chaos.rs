@@ -4,21 +4,16 @@
 //! end with exactly one result, written once.
 #![allow(dead_code)]
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use ferriq::broker::{Broker, OutgoingMessage};
 use ferriq::memory::MemoryBroker;
-use ferriq::store::{
-    ClaimOutcome, ClaimStore, CompleteOutcome, FailureRecord, ResultStatus, ResultStore,
-    StoreError, Token,
-};
-use ferriq::testing::{Oracle, RunningWorker};
-use ferriq::wire::{TaskId, TaskResult};
+use ferriq::store::{ClaimStore, ResultStore};
+use ferriq::testing::{CountingStore, Oracle, RunningWorker};
+use ferriq::wire::TaskId;
 use ferriq::worker::Outcome;
 use ferriq::{Client, Registry, State, TaskContext, Worker, WorkerConfig};
 use rand::rngs::SmallRng;
@@ -30,92 +25,6 @@ async fn double(oracle: State<Oracle>, ctx: TaskContext, n: u64, pause_ms: u64) 
     tokio::time::sleep(Duration::from_millis(pause_ms)).await;
     oracle.finished(ctx.task_id());
     n * 2
-}
-
-/// Counts, per task, the result writes a store reports as `Stored`.
-pub struct CountingStore<S> {
-    inner: Arc<S>,
-    writes: Mutex<HashMap<TaskId, u32>>,
-}
-
-impl<S> CountingStore<S> {
-    pub fn new(inner: Arc<S>) -> Self {
-        CountingStore {
-            inner,
-            writes: Mutex::default(),
-        }
-    }
-    pub fn total_writes(&self) -> u64 {
-        self.writes
-            .lock()
-            .unwrap()
-            .values()
-            .map(|n| u64::from(*n))
-            .sum()
-    }
-    pub fn duplicate_writes(&self) -> Vec<TaskId> {
-        let writes = self.writes.lock().unwrap();
-        writes
-            .iter()
-            .filter(|(_, n)| **n > 1)
-            .map(|(id, _)| id.clone())
-            .collect()
-    }
-}
-
-#[async_trait]
-impl<S: ClaimStore> ClaimStore for CountingStore<S> {
-    async fn claim(
-        &self,
-        id: &TaskId,
-        w: &str,
-        lease: Duration,
-        d: Option<f64>,
-    ) -> Result<ClaimOutcome, StoreError> {
-        self.inner.claim(id, w, lease, d).await
-    }
-    async fn heartbeat(
-        &self,
-        c: &[(TaskId, Token)],
-        lease: Duration,
-    ) -> Result<Vec<bool>, StoreError> {
-        self.inner.heartbeat(c, lease).await
-    }
-    async fn release(&self, id: &TaskId, t: Token) -> Result<bool, StoreError> {
-        self.inner.release(id, t).await
-    }
-    async fn record_failure(&self, id: &TaskId, t: Token) -> Result<FailureRecord, StoreError> {
-        self.inner.record_failure(id, t).await
-    }
-}
-
-#[async_trait]
-impl<S: ResultStore> ResultStore for CountingStore<S> {
-    async fn complete(
-        &self,
-        id: &TaskId,
-        t: Token,
-        r: Option<&TaskResult>,
-        reply: Option<&str>,
-    ) -> Result<CompleteOutcome, StoreError> {
-        let outcome = self.inner.complete(id, t, r, reply).await?;
-        if outcome == CompleteOutcome::Stored {
-            *self.writes.lock().unwrap().entry(id.clone()).or_default() += 1;
-        }
-        Ok(outcome)
-    }
-    async fn get(&self, id: &TaskId) -> Result<ResultStatus, StoreError> {
-        self.inner.get(id).await
-    }
-    async fn wait(&self, id: &TaskId, timeout: Duration) -> Result<ResultStatus, StoreError> {
-        self.inner.wait(id, timeout).await
-    }
-    async fn revoke(&self, id: &TaskId, r: &TaskResult) -> Result<bool, StoreError> {
-        self.inner.revoke(id, r).await
-    }
-    fn reply_channel(&self) -> Option<String> {
-        self.inner.reply_channel()
-    }
 }
 
 /// Makes one task's claim lease run out now, as if its holder had paused.

@@ -1,0 +1,553 @@
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use ferriq::broker::{
+    Broker, BrokerError, DeadLetter, Delivery, DeliveryHandle, Health, LeaseStatus,
+    OutgoingMessage, QueueDepth,
+};
+use lapin::options::{BasicAckOptions, BasicNackOptions, BasicPublishOptions, QueueDeclareOptions};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::{Acker, BasicProperties, Confirmation};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use crate::session::{Incoming, Session, Shared};
+use crate::{AmqpBrokerBuilder, AmqpError};
+
+/// Our receive count, carried on copies made by `release(after)` (a copy is a new message to
+/// RabbitMQ, so its own delivery count starts again).
+const RECEIVES_HEADER: &str = "x-ferriq-receives";
+
+/// A RabbitMQ broker for ferriq workers and clients. Cheap to clone; the connection closes when
+/// the last clone is dropped (or on [`AmqpBroker::close`]).
+#[derive(Clone)]
+pub struct AmqpBroker {
+    shared: Arc<Shared>,
+    receiver: Arc<tokio::sync::Mutex<mpsc::Receiver<Incoming>>>,
+    _owner: Arc<Owner>,
+}
+
+/// Stops the supervisor when the last broker handle goes.
+struct Owner(Arc<Shared>);
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        self.0.stop.cancel();
+    }
+}
+
+/// What a delivery's handle keeps: enough to ack it on its own channel, or copy it.
+struct Held {
+    generation: u64,
+    acker: Acker,
+    queue: String,
+    body: Vec<u8>,
+    headers: FieldTable,
+    receive_count: u32,
+}
+
+/// One message to publish, routed.
+struct Publication {
+    exchange: String,
+    routing_key: String,
+    body: Vec<u8>,
+    properties: BasicProperties,
+}
+
+enum PublishFailure {
+    /// The broker refused it: retrying will not help.
+    Rejected(String),
+    /// The connection or channel failed: publish again on the next session.
+    Connection(String),
+}
+
+fn long(s: &str) -> AMQPValue {
+    AMQPValue::LongString(LongString::from(s.as_bytes().to_vec()))
+}
+
+fn header_int(headers: &FieldTable, name: &str) -> Option<i64> {
+    match headers.inner().get(name)? {
+        AMQPValue::LongLongInt(n) => Some(*n),
+        AMQPValue::LongInt(n) => Some(i64::from(*n)),
+        AMQPValue::LongUInt(n) => Some(i64::from(*n)),
+        AMQPValue::ShortInt(n) => Some(i64::from(*n)),
+        AMQPValue::ShortShortInt(n) => Some(i64::from(*n)),
+        AMQPValue::ShortShortUInt(n) => Some(i64::from(*n)),
+        AMQPValue::ShortUInt(n) => Some(i64::from(*n)),
+        AMQPValue::LongString(s) => std::str::from_utf8(s.as_bytes()).ok()?.parse().ok(),
+        _ => None,
+    }
+}
+
+fn header_str(headers: &FieldTable, name: &str) -> Option<String> {
+    match headers.inner().get(name)? {
+        AMQPValue::LongString(s) => String::from_utf8(s.as_bytes().to_vec()).ok(),
+        AMQPValue::ShortString(s) => Some(s.as_str().to_owned()),
+        _ => None,
+    }
+}
+
+fn persistent(headers: FieldTable) -> BasicProperties {
+    BasicProperties::default()
+        .with_delivery_mode(2)
+        .with_content_type("application/json".into())
+        .with_headers(headers)
+}
+
+impl AmqpBroker {
+    /// A builder for the broker at `url`.
+    pub fn builder(url: impl Into<ferriq::SecretUrl>) -> AmqpBrokerBuilder {
+        AmqpBrokerBuilder::new(url)
+    }
+
+    pub(crate) async fn connect(config: AmqpBrokerBuilder) -> Result<Self, AmqpError> {
+        let capacity = usize::from(config.prefetch).max(1) * 2;
+        let (tx, rx) = mpsc::channel(capacity);
+        let url = config.url.redacted();
+        let shared = Arc::new(Shared::new(config, tx));
+        let first = shared
+            .connect_once()
+            .await
+            .map_err(|reason| AmqpError::Connect {
+                url: url.clone(),
+                reason,
+            })?;
+        tracing::info!(url = %url, "connected to RabbitMQ");
+        tokio::spawn(Arc::clone(&shared).supervise(first));
+        // The supervisor publishes the session; wait for it so the first call has one.
+        let mut sessions = shared.session.subscribe();
+        let _ = sessions.wait_for(Option::is_some).await;
+        Ok(AmqpBroker {
+            receiver: Arc::new(tokio::sync::Mutex::new(rx)),
+            _owner: Arc::new(Owner(Arc::clone(&shared))),
+            shared,
+        })
+    }
+
+    /// Closes the connection now. Unacked deliveries go back to their queues.
+    pub async fn close(&self) {
+        self.shared.stop.cancel();
+        let mut sessions = self.shared.session.subscribe();
+        let _ =
+            tokio::time::timeout(Duration::from_secs(5), sessions.wait_for(Option::is_none)).await;
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &AmqpBrokerBuilder {
+        &self.shared.config
+    }
+
+    /// The live session, waiting for a reconnect up to `deadline`.
+    async fn live_session(&self, deadline: Instant) -> Result<Arc<Session>, BrokerError> {
+        let mut sessions = self.shared.session.subscribe();
+        let live = tokio::time::timeout_at(deadline, async {
+            let session = sessions
+                .wait_for(|s| s.as_ref().is_some_and(|s| !s.dead.is_cancelled()))
+                .await
+                .ok()?;
+            session.as_ref().map(Arc::clone)
+        })
+        .await;
+        match live {
+            Ok(Some(session)) => Ok(session),
+            _ => Err(BrokerError::Unavailable(format!(
+                "no RabbitMQ connection: {}",
+                self.shared
+                    .last_error
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+            ))),
+        }
+    }
+
+    fn held<'a>(&self, handle: &'a DeliveryHandle) -> Result<&'a Held, BrokerError> {
+        handle
+            .downcast_ref::<Held>()
+            .ok_or(BrokerError::ForeignHandle)
+    }
+
+    /// Whether a delivery still belongs to the live channel: after a reconnect it never does,
+    /// and its tag must not be acked on the new channel.
+    fn is_current(&self, held: &Held) -> bool {
+        held.generation == self.shared.current_generation() && held.acker.usable()
+    }
+
+    fn route(&self, msg: &OutgoingMessage) -> Publication {
+        let config = &self.shared.config;
+        let lane = msg
+            .queue
+            .clone()
+            .unwrap_or_else(|| config.queues[0].clone());
+        let mut headers = FieldTable::default();
+        for (k, v) in &msg.headers {
+            headers.insert(k.as_str().into(), long(v));
+        }
+        let mut properties = persistent(headers).with_message_id(msg.task_id.as_str().into());
+        if let Some(p) = msg.priority {
+            properties = properties.with_priority(p);
+        }
+        match msg.delay {
+            Some(delay) if !delay.is_zero() => {
+                self.delayed(lane, delay, msg.body.clone(), properties)
+            }
+            _ => Publication {
+                exchange: config.exchange.clone(),
+                routing_key: lane,
+                body: msg.body.clone(),
+                properties,
+            },
+        }
+    }
+
+    /// A publication that waits `delay` in the lane's delay tier, then dead-letters back to it.
+    fn delayed(
+        &self,
+        lane: String,
+        delay: Duration,
+        body: Vec<u8>,
+        properties: BasicProperties,
+    ) -> Publication {
+        let config = &self.shared.config;
+        let tier = config.tier_for(delay);
+        if delay > tier {
+            tracing::warn!(?delay, ?tier, "delay longer than the largest tier: clamped");
+        }
+        let expiration = delay.min(tier).as_millis().max(1).to_string();
+        Publication {
+            exchange: String::new(),
+            routing_key: AmqpBrokerBuilder::delay_queue(&lane, tier),
+            body,
+            properties: properties.with_expiration(expiration.as_str().into()),
+        }
+    }
+
+    /// Publishes and waits for every confirm, again on a new connection if this one fails,
+    /// until the publish timeout.
+    async fn publish_all(&self, batch: &[Publication]) -> Result<(), BrokerError> {
+        let deadline = Instant::now() + self.shared.config.publish_timeout;
+        loop {
+            let session = self.live_session(deadline).await?;
+            match publish_on(&session, batch).await {
+                Ok(()) => return Ok(()),
+                Err(PublishFailure::Rejected(why)) => return Err(BrokerError::Rejected(why)),
+                Err(PublishFailure::Connection(why)) => {
+                    tracing::warn!(error = %why, "publish interrupted; publishing again after reconnecting");
+                    session.dead.cancel();
+                    if Instant::now() >= deadline {
+                        return Err(BrokerError::Unavailable(why));
+                    }
+                }
+            }
+        }
+    }
+
+    /// The headers of a copy: the original's, without RabbitMQ's bookkeeping, plus ours.
+    fn copy_headers(held: &Held) -> FieldTable {
+        let mut headers = FieldTable::default();
+        for (k, v) in held.headers.inner() {
+            if !matches!(
+                k.as_str(),
+                "x-death"
+                    | "x-delivery-count"
+                    | "x-first-death-exchange"
+                    | "x-first-death-queue"
+                    | "x-first-death-reason"
+                    | "x-last-death-exchange"
+                    | "x-last-death-queue"
+                    | "x-last-death-reason"
+            ) {
+                headers.insert(k.clone(), v.clone());
+            }
+        }
+        headers.insert(
+            RECEIVES_HEADER.into(),
+            AMQPValue::LongLongInt(i64::from(held.receive_count)),
+        );
+        headers
+    }
+
+    async fn ack_held(&self, held: &Held) -> Result<(), BrokerError> {
+        if held.generation != self.shared.current_generation() {
+            return Err(BrokerError::DeliveryLost);
+        }
+        match held.acker.ack(BasicAckOptions::default()).await {
+            Ok(true) => Ok(()),
+            // Already settled, or its channel is gone: the broker redelivers it.
+            Ok(false) => Err(BrokerError::DeliveryLost),
+            Err(e) => Err(BrokerError::Unavailable(e.to_string())),
+        }
+    }
+
+    fn to_delivery(&self, incoming: Incoming) -> Delivery {
+        let Incoming {
+            generation,
+            queue,
+            delivery,
+        } = incoming;
+        let headers = delivery.properties.headers().clone().unwrap_or_default();
+        let earlier = header_int(&headers, "x-delivery-count").unwrap_or(0)
+            + header_int(&headers, RECEIVES_HEADER).unwrap_or(0);
+        let receive_count = (earlier.max(0) + 1).min(i64::from(u32::MAX)) as u32;
+        let task_id = header_str(&headers, "task_id");
+        let held = Held {
+            generation,
+            acker: delivery.acker.clone(),
+            queue: queue.clone(),
+            body: delivery.data.clone(),
+            headers,
+            receive_count,
+        };
+        Delivery::new(
+            delivery.data,
+            task_id,
+            receive_count,
+            queue,
+            DeliveryHandle::new(held),
+        )
+    }
+}
+
+async fn publish_on(session: &Session, batch: &[Publication]) -> Result<(), PublishFailure> {
+    let connection_failed = |e: lapin::Error| PublishFailure::Connection(e.to_string());
+    let mut publisher = session.checkout().await.map_err(connection_failed)?;
+    let channel = publisher.channel.as_ref().expect("checked out");
+    // Pipelined: every message is written before the first confirm is awaited.
+    let mut confirms = Vec::with_capacity(batch.len());
+    for p in batch {
+        let confirm = channel
+            .basic_publish(
+                ShortString::from(p.exchange.as_str()),
+                ShortString::from(p.routing_key.as_str()),
+                BasicPublishOptions {
+                    mandatory: true,
+                    ..Default::default()
+                },
+                &p.body,
+                p.properties.clone(),
+            )
+            .await;
+        match confirm {
+            Ok(c) => confirms.push(c),
+            Err(e) => {
+                publisher.channel = None;
+                return Err(connection_failed(e));
+            }
+        }
+    }
+    let mut rejected = None;
+    for confirm in confirms {
+        match confirm.await {
+            Ok(Confirmation::Ack(None)) | Ok(Confirmation::NotRequested) => {}
+            Ok(Confirmation::Ack(Some(returned))) => {
+                rejected.get_or_insert_with(|| {
+                    format!(
+                        "unroutable: {} {} (routing key {:?}); is the queue declared?",
+                        returned.reply_code,
+                        returned.reply_text,
+                        returned.routing_key.as_str()
+                    )
+                });
+            }
+            Ok(Confirmation::Nack(_)) => {
+                rejected.get_or_insert_with(|| {
+                    "the broker nacked the message (queue full or failing)".to_owned()
+                });
+            }
+            Err(e) => {
+                publisher.channel = None;
+                return Err(connection_failed(e));
+            }
+        }
+    }
+    match rejected {
+        None => Ok(()),
+        Some(why) => Err(PublishFailure::Rejected(why)),
+    }
+}
+
+#[async_trait]
+impl Broker for AmqpBroker {
+    async fn publish(&self, batch: Vec<OutgoingMessage>) -> Result<(), BrokerError> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let publications: Vec<_> = batch.iter().map(|m| self.route(m)).collect();
+        self.publish_all(&publications).await
+    }
+
+    async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>, BrokerError> {
+        if !self.shared.consume.swap(true, Ordering::SeqCst) {
+            self.shared.start_consuming.notify_one();
+        }
+        let mut rx = self.receiver.lock().await;
+        let current = self.shared.current_generation();
+        let mut out = Vec::new();
+        let first = match tokio::time::timeout(wait, rx.recv()).await {
+            Ok(Some(incoming)) => incoming,
+            Ok(None) => return Err(BrokerError::Unavailable("the broker was closed".into())),
+            Err(_) => return Ok(out),
+        };
+        let mut next = Some(first);
+        while let Some(incoming) = next.take() {
+            // Deliveries of a dead channel are the broker's again; their copies come anew.
+            if incoming.generation == current
+                || incoming.generation == self.shared.current_generation()
+            {
+                out.push(self.to_delivery(incoming));
+            }
+            if out.len() < max.max(1) {
+                next = rx.try_recv().ok();
+            }
+        }
+        Ok(out)
+    }
+
+    async fn ack(&self, delivery: &DeliveryHandle) -> Result<(), BrokerError> {
+        let held = self.held(delivery)?;
+        self.ack_held(held).await
+    }
+
+    async fn release(&self, delivery: &DeliveryHandle, after: Duration) -> Result<(), BrokerError> {
+        let held = self.held(delivery)?;
+        if !self.is_current(held) {
+            return Err(BrokerError::DeliveryLost);
+        }
+        if after.is_zero() {
+            return match held
+                .acker
+                .nack(BasicNackOptions {
+                    requeue: true,
+                    multiple: false,
+                })
+                .await
+            {
+                Ok(true) => Ok(()),
+                Ok(false) => Err(BrokerError::DeliveryLost),
+                Err(e) => Err(BrokerError::Unavailable(e.to_string())),
+            };
+        }
+        // Copy first, original acked only once the copy is confirmed: a failure in between
+        // leaves two copies (the claims absorb that), never none.
+        let copy = self.delayed(
+            held.queue.clone(),
+            after,
+            held.body.clone(),
+            persistent(Self::copy_headers(held)),
+        );
+        self.publish_all(std::slice::from_ref(&copy)).await?;
+        self.ack_held(held).await
+    }
+
+    async fn extend(
+        &self,
+        deliveries: &[DeliveryHandle],
+        _lease: Duration,
+    ) -> Result<Vec<LeaseStatus>, BrokerError> {
+        // RabbitMQ holds a delivery for as long as its channel lives (up to consumer_timeout):
+        // there is no lease to extend, only whether the channel is still the live one.
+        deliveries
+            .iter()
+            .map(|d| {
+                let held = self.held(d)?;
+                Ok(if self.is_current(held) {
+                    LeaseStatus::Kept
+                } else {
+                    LeaseStatus::Lost
+                })
+            })
+            .collect()
+    }
+
+    async fn dead_letter(&self, delivery: &Delivery, why: &DeadLetter) -> Result<(), BrokerError> {
+        let held = self.held(&delivery.handle)?;
+        if !self.is_current(held) {
+            return Err(BrokerError::DeliveryLost);
+        }
+        let mut headers = Self::copy_headers(held);
+        headers.insert("x-ferriq-reason".into(), long(why.reason.as_str()));
+        let detail: String = why.detail.chars().take(2000).collect();
+        headers.insert("x-ferriq-detail".into(), long(&detail));
+        if let Some(name) = &why.task_name {
+            headers.insert("x-ferriq-task-name".into(), long(name));
+        }
+        headers.insert(
+            "x-ferriq-attempts".into(),
+            AMQPValue::LongLongInt(i64::from(why.attempts)),
+        );
+        let copy = Publication {
+            exchange: String::new(),
+            routing_key: AmqpBrokerBuilder::dead_letter_queue(&held.queue),
+            body: delivery.body.clone(),
+            properties: persistent(headers),
+        };
+        self.publish_all(std::slice::from_ref(&copy)).await?;
+        self.ack_held(held).await
+    }
+
+    async fn depth(&self) -> Result<QueueDepth, BrokerError> {
+        let session = self
+            .live_session(Instant::now() + Duration::from_secs(5))
+            .await?;
+        let unavailable = |e: lapin::Error| BrokerError::Unavailable(e.to_string());
+        // A scratch channel: a failed passive declare closes the channel it ran on.
+        let channel = session
+            .connection
+            .create_channel()
+            .await
+            .map_err(unavailable)?;
+        let config = &self.shared.config;
+        let count = |name: String| {
+            let channel = channel.clone();
+            async move {
+                channel
+                    .queue_declare(
+                        name.as_str().into(),
+                        QueueDeclareOptions::default().passive(),
+                        FieldTable::default(),
+                    )
+                    .await
+                    .map(|q| u64::from(q.message_count()))
+            }
+        };
+        let (mut ready, mut delayed) = (0, 0);
+        for queue in &config.queues {
+            ready += count(queue.clone()).await.map_err(unavailable)?;
+            for tier in &config.delay_tiers {
+                delayed += count(AmqpBrokerBuilder::delay_queue(queue, *tier))
+                    .await
+                    .map_err(unavailable)?;
+            }
+        }
+        let _ = channel.close(200, "depth read".into()).await;
+        // RabbitMQ's passive declare counts ready messages only; unacked ones are not reported.
+        Ok(QueueDepth::new(ready, 0, delayed))
+    }
+
+    async fn health(&self) -> Health {
+        let session = self.shared.session.borrow().clone();
+        match session {
+            Some(s) if !s.dead.is_cancelled() && s.connection.status().connected() => {
+                Health::Healthy
+            }
+            _ => Health::Unhealthy(format!(
+                "not connected to RabbitMQ: {}",
+                self.shared
+                    .last_error
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+            )),
+        }
+    }
+}
+
+impl std::fmt::Debug for AmqpBroker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AmqpBroker")
+            .field("url", &self.shared.config.url)
+            .field("exchange", &self.shared.config.exchange)
+            .field("queues", &self.shared.config.queues)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,220 @@
+use std::time::Duration;
+
+use ferriq::SecretUrl;
+
+use crate::{AmqpBroker, AmqpError};
+
+/// Settings for an [`AmqpBroker`], built from a URL (`amqp://` or `amqps://`; `amqps` verifies
+/// the server certificate and needs this crate's `tls` feature). The password is never logged.
+///
+/// ```
+/// let builder = ferriq_amqp::AmqpBroker::builder("amqp://app:s3cret@rabbit:5672/%2f")
+///     .exchange("billing")
+///     .queues(["billing", "billing.bulk"])
+///     .prefetch(16);
+/// assert!(!format!("{builder:?}").contains("s3cret"));
+/// ```
+#[derive(Debug, Clone)]
+pub struct AmqpBrokerBuilder {
+    pub(crate) url: SecretUrl,
+    pub(crate) exchange: String,
+    pub(crate) queues: Vec<String>,
+    pub(crate) prefetch: u16,
+    pub(crate) heartbeat_secs: u16,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) publish_timeout: Duration,
+    pub(crate) delivery_limit: Option<u32>,
+    pub(crate) delay_tiers: Vec<Duration>,
+    pub(crate) publisher_channels: usize,
+    pub(crate) connection_name: String,
+}
+
+impl AmqpBrokerBuilder {
+    pub(crate) fn new(url: impl Into<SecretUrl>) -> Self {
+        AmqpBrokerBuilder {
+            url: url.into(),
+            exchange: "taskiq".into(),
+            queues: vec!["taskiq".into()],
+            prefetch: 32,
+            heartbeat_secs: 5,
+            connect_timeout: Duration::from_secs(5),
+            publish_timeout: Duration::from_secs(30),
+            delivery_limit: None,
+            delay_tiers: [1, 5, 30, 120, 600, 3600, 6 * 3600, 24 * 3600]
+                .into_iter()
+                .map(Duration::from_secs)
+                .collect(),
+            publisher_channels: 4,
+            connection_name: "ferriq".into(),
+        }
+    }
+
+    /// The topic exchange messages are published to (default `taskiq`, taskiq-aio-pika's).
+    pub fn exchange(mut self, name: impl Into<String>) -> Self {
+        self.exchange = name.into();
+        self
+    }
+
+    /// The lanes: queues bound to the exchange by their own name. The first is where messages
+    /// without a `queue_name` label go, and a worker consumes all of them (default `taskiq`).
+    pub fn queues<I: IntoIterator<Item = S>, S: Into<String>>(mut self, queues: I) -> Self {
+        self.queues = queues.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Deliveries held unacked at once, in total over the lanes: set it to the worker's
+    /// concurrency (default 32).
+    pub fn prefetch(mut self, n: u16) -> Self {
+        self.prefetch = n;
+        self
+    }
+
+    /// AMQP heartbeat in seconds (default 5): a dead connection is noticed within about two.
+    /// A `heartbeat=` in the URL wins.
+    pub fn heartbeat_secs(mut self, secs: u16) -> Self {
+        self.heartbeat_secs = secs;
+        self
+    }
+
+    /// Longest wait for a connection (default 5 s).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Longest wait for a publish to be confirmed, reconnects included (default 30 s).
+    pub fn publish_timeout(mut self, timeout: Duration) -> Self {
+        self.publish_timeout = timeout;
+        self
+    }
+
+    /// `x-delivery-limit` on the lanes: RabbitMQ dead-letters a message delivered more often.
+    /// Off by default (see the crate docs: taskiq-aio-pika declares the queue without it).
+    pub fn delivery_limit(mut self, limit: Option<u32>) -> Self {
+        self.delivery_limit = limit;
+        self
+    }
+
+    /// The delay tiers (default 1 s, 5 s, 30 s, 2 min, 10 min, 1 h, 6 h, 24 h). A delay goes to
+    /// the smallest tier at least as long, with its exact time as the message's expiration;
+    /// longer delays are clamped to the largest tier.
+    pub fn delay_tiers(mut self, tiers: impl IntoIterator<Item = Duration>) -> Self {
+        self.delay_tiers = tiers.into_iter().collect();
+        self.delay_tiers.sort();
+        self.delay_tiers.dedup();
+        self
+    }
+
+    /// Confirm-mode channels for publishing, used one batch at a time (default 4).
+    pub fn publisher_channels(mut self, n: usize) -> Self {
+        self.publisher_channels = n;
+        self
+    }
+
+    /// The connection's name in RabbitMQ's management UI (default `ferriq`).
+    pub fn connection_name(mut self, name: impl Into<String>) -> Self {
+        self.connection_name = name.into();
+        self
+    }
+
+    /// Checks the settings, connects and declares the topology. Consumption starts with the
+    /// first `receive`, so a client that only publishes never takes messages.
+    pub async fn connect(self) -> Result<AmqpBroker, AmqpError> {
+        self.validate()?;
+        AmqpBroker::connect(self).await
+    }
+
+    fn validate(&self) -> Result<(), AmqpError> {
+        let bad_url = |reason: &str| AmqpError::Url {
+            url: self.url.redacted(),
+            reason: reason.to_owned(),
+        };
+        match self.url.scheme().as_str() {
+            "amqp" => {}
+            // Without a TLS feature lapin would fall back to plain TCP: refuse instead.
+            "amqps" if cfg!(feature = "tls") => {}
+            "amqps" => {
+                return Err(bad_url(
+                    "amqps:// needs TLS: enable the `tls` feature of ferriq-amqp",
+                ))
+            }
+            _ => return Err(bad_url("use amqp:// or amqps://")),
+        }
+        if self.url.expose().contains("://[") {
+            return Err(bad_url(
+                "IPv6 literal hosts are not supported by the AMQP client; use a host name",
+            ));
+        }
+        let name_ok = |n: &str| !n.is_empty() && n.len() <= 200;
+        if !name_ok(&self.exchange)
+            || self.queues.is_empty()
+            || !self.queues.iter().all(|q| name_ok(q))
+        {
+            return Err(AmqpError::Setting(
+                "exchange and queue names must be 1-200 bytes, and at least one queue is needed"
+                    .into(),
+            ));
+        }
+        if self.prefetch == 0 {
+            return Err(AmqpError::Setting("prefetch must be at least 1".into()));
+        }
+        if self.delay_tiers.is_empty() || self.delay_tiers[0].is_zero() {
+            return Err(AmqpError::Setting(
+                "at least one delay tier above zero is needed".into(),
+            ));
+        }
+        if self.publisher_channels == 0 || self.publisher_channels > 64 {
+            return Err(AmqpError::Setting(
+                "publisher_channels must be 1 to 64".into(),
+            ));
+        }
+        if self.connect_timeout.is_zero() || self.publish_timeout.is_zero() {
+            return Err(AmqpError::Setting("timeouts must be above zero".into()));
+        }
+        Ok(())
+    }
+
+    /// The URL handed to lapin, with the heartbeat added when the URL has none.
+    pub(crate) fn connect_url(&self) -> String {
+        let url = self.url.expose();
+        if url.contains("heartbeat=") {
+            return url.to_owned();
+        }
+        let sep = if url.contains('?') { '&' } else { '?' };
+        format!("{url}{sep}heartbeat={}", self.heartbeat_secs)
+    }
+
+    /// The dead-letter queue of a lane.
+    pub(crate) fn dead_letter_queue(queue: &str) -> String {
+        format!("{queue}.dead_letter")
+    }
+
+    /// The delay queue of a lane for one tier.
+    pub(crate) fn delay_queue(queue: &str, tier: Duration) -> String {
+        let ms = tier.as_millis();
+        let label = if ms % 3_600_000 == 0 {
+            format!("{}h", ms / 3_600_000)
+        } else if ms % 60_000 == 0 {
+            format!("{}m", ms / 60_000)
+        } else if ms % 1000 == 0 {
+            format!("{}s", ms / 1000)
+        } else {
+            format!("{ms}ms")
+        };
+        format!("{queue}.delay.{label}")
+    }
+
+    /// The tier a delay goes to: the smallest at least as long, else the largest.
+    pub(crate) fn tier_for(&self, delay: Duration) -> Duration {
+        self.delay_tiers
+            .iter()
+            .copied()
+            .find(|t| *t >= delay)
+            .unwrap_or_else(|| {
+                *self
+                    .delay_tiers
+                    .last()
+                    .expect("validated: tiers are not empty")
+            })
+    }
+}

@@ -1,0 +1,321 @@
+//! One connection and its channels, and the supervisor that replaces it when it dies.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use lapin::options::{BasicConsumeOptions, BasicQosOptions, ConfirmSelectOptions};
+use lapin::types::FieldTable;
+use lapin::{Channel, Connection, ConnectionProperties, Event};
+use tokio::sync::{mpsc, watch, Notify, OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
+
+use crate::{topology, AmqpBrokerBuilder};
+
+/// A delivery as a consumer task received it, tagged with its session.
+pub(crate) struct Incoming {
+    pub(crate) generation: u64,
+    pub(crate) queue: String,
+    pub(crate) delivery: lapin::message::Delivery,
+}
+
+/// A live connection: publisher channels in confirm mode, and a token cancelled when anything
+/// on it fails.
+pub(crate) struct Session {
+    pub(crate) generation: u64,
+    pub(crate) connection: Connection,
+    publishers: Mutex<Vec<Channel>>,
+    publisher_slots: Arc<Semaphore>,
+    pub(crate) dead: CancellationToken,
+    consuming: AtomicBool,
+}
+
+/// A publisher channel checked out for one batch: acks and returns on it belong to that batch.
+pub(crate) struct Publisher<'a> {
+    session: &'a Session,
+    pub(crate) channel: Option<Channel>,
+    _slot: OwnedSemaphorePermit,
+}
+
+impl Drop for Publisher<'_> {
+    fn drop(&mut self) {
+        if let Some(ch) = self.channel.take() {
+            if ch.status().connected() {
+                self.session
+                    .publishers
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(ch);
+            }
+        }
+    }
+}
+
+impl Session {
+    /// A confirm-mode channel for one batch, replacing a channel the broker closed.
+    pub(crate) async fn checkout(&self) -> Result<Publisher<'_>, lapin::Error> {
+        let slot = Arc::clone(&self.publisher_slots)
+            .acquire_owned()
+            .await
+            .expect("the semaphore is never closed");
+        let pooled = self
+            .publishers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pop();
+        let channel = match pooled {
+            Some(ch) if ch.status().connected() => ch,
+            _ => {
+                let ch = self.connection.create_channel().await?;
+                ch.confirm_select(ConfirmSelectOptions::default()).await?;
+                ch
+            }
+        };
+        Ok(Publisher {
+            session: self,
+            channel: Some(channel),
+            _slot: slot,
+        })
+    }
+}
+
+/// What the broker handle and the supervisor share.
+pub(crate) struct Shared {
+    pub(crate) config: AmqpBrokerBuilder,
+    pub(crate) session: watch::Sender<Option<Arc<Session>>>,
+    generation: AtomicU64,
+    pub(crate) consume: AtomicBool,
+    pub(crate) start_consuming: Notify,
+    pub(crate) deliveries: mpsc::Sender<Incoming>,
+    pub(crate) last_error: Mutex<String>,
+    pub(crate) stop: CancellationToken,
+}
+
+impl Shared {
+    pub(crate) fn new(config: AmqpBrokerBuilder, deliveries: mpsc::Sender<Incoming>) -> Self {
+        Shared {
+            config,
+            session: watch::channel(None).0,
+            generation: AtomicU64::new(0),
+            consume: AtomicBool::new(false),
+            start_consuming: Notify::new(),
+            deliveries,
+            last_error: Mutex::new(String::new()),
+            stop: CancellationToken::new(),
+        }
+    }
+
+    /// The generation of the live session (0 when none): deliveries of any other are stale.
+    pub(crate) fn current_generation(&self) -> u64 {
+        self.session
+            .borrow()
+            .as_ref()
+            .filter(|s| !s.dead.is_cancelled())
+            .map_or(0, |s| s.generation)
+    }
+
+    fn set_error(&self, e: impl std::fmt::Display) {
+        *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = e.to_string();
+    }
+
+    /// Connects, declares the topology and opens the publisher channels.
+    pub(crate) async fn connect_once(self: &Arc<Self>) -> Result<Arc<Session>, String> {
+        let config = &self.config;
+        let props = ConnectionProperties::default()
+            .with_connection_name(config.connection_name.clone().into());
+        let connection = tokio::time::timeout(
+            config.connect_timeout,
+            Connection::connect(&config.connect_url(), props),
+        )
+        .await
+        .map_err(|_| format!("no connection within {:?}", config.connect_timeout))?
+        // lapin's errors do not contain the URL.
+        .map_err(|e| e.to_string())?;
+        let events = connection.events_listener();
+        let setup = async {
+            let channel = connection.create_channel().await?;
+            topology::declare(&channel, config).await?;
+            let _ = channel.close(200, "topology declared".into()).await;
+            let mut publishers = Vec::with_capacity(config.publisher_channels);
+            for _ in 0..config.publisher_channels {
+                let ch = connection.create_channel().await?;
+                ch.confirm_select(ConfirmSelectOptions::default()).await?;
+                publishers.push(ch);
+            }
+            Ok::<_, lapin::Error>(publishers)
+        };
+        let publishers = match setup.await {
+            Ok(p) => p,
+            Err(e) => {
+                let _ = connection.close(200, "setup failed".into()).await;
+                return Err(format!("declaring the topology failed: {e}"));
+            }
+        };
+        let generation = self.generation.fetch_add(1, Ordering::SeqCst) + 1;
+        let session = Arc::new(Session {
+            generation,
+            connection,
+            publishers: Mutex::new(publishers),
+            publisher_slots: Arc::new(Semaphore::new(config.publisher_channels)),
+            dead: CancellationToken::new(),
+            consuming: AtomicBool::new(false),
+        });
+        watch_events(events, Arc::clone(&session), Arc::clone(self));
+        Ok(session)
+    }
+
+    /// Starts one consumer per lane on `session`, once.
+    async fn start_consumers(self: &Arc<Self>, session: &Arc<Session>) {
+        if session.consuming.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let lanes = self.config.queues.len() as u16;
+        // Quorum queues have no global prefetch: split it over the lanes.
+        let per_lane = self.config.prefetch.div_ceil(lanes).max(1);
+        for queue in &self.config.queues {
+            let started = async {
+                let channel = session.connection.create_channel().await?;
+                channel
+                    .basic_qos(per_lane, BasicQosOptions::default())
+                    .await?;
+                let tag = format!("ferriq-{}", uuid::Uuid::new_v4().simple());
+                let consumer = channel
+                    .basic_consume(
+                        queue.as_str().into(),
+                        tag.into(),
+                        BasicConsumeOptions::default(),
+                        FieldTable::default(),
+                    )
+                    .await?;
+                Ok::<_, lapin::Error>((channel, consumer))
+            };
+            match started.await {
+                Ok((channel, mut consumer)) => {
+                    let (shared, session, queue) =
+                        (Arc::clone(self), Arc::clone(session), queue.clone());
+                    tokio::spawn(async move {
+                        let _channel = channel; // keep it open while consuming
+                        loop {
+                            tokio::select! {
+                                _ = session.dead.cancelled() => return,
+                                item = consumer.next() => match item {
+                                    Some(Ok(delivery)) => {
+                                        let incoming = Incoming { generation: session.generation, queue: queue.clone(), delivery };
+                                        if shared.deliveries.send(incoming).await.is_err() {
+                                            return;
+                                        }
+                                    }
+                                    Some(Err(e)) => {
+                                        tracing::warn!(error = %e, queue, "consumer failed; reconnecting");
+                                        shared.set_error(&e);
+                                        session.dead.cancel();
+                                        return;
+                                    }
+                                    None => {
+                                        tracing::warn!(queue, "consumer cancelled by the broker; reconnecting");
+                                        session.dead.cancel();
+                                        return;
+                                    }
+                                },
+                            }
+                        }
+                    });
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, queue, "cannot start consuming; reconnecting");
+                    self.set_error(&e);
+                    session.dead.cancel();
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Keeps a live session: serves `first`, and whenever a session dies, reconnects with
+    /// backoff. Ends when the broker is dropped or closed.
+    pub(crate) async fn supervise(self: Arc<Self>, first: Arc<Session>) {
+        let mut next = Some(first);
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            let session = match next.take() {
+                Some(s) => s,
+                None => {
+                    tokio::select! {
+                        _ = self.stop.cancelled() => return,
+                        connected = self.connect_once() => match connected {
+                            Ok(s) => {
+                                tracing::info!(url = %self.config.url, "reconnected to RabbitMQ");
+                                s
+                            }
+                            Err(e) => {
+                                tracing::warn!(error = %e, retry_in = ?backoff, "cannot reconnect to RabbitMQ");
+                                self.set_error(&e);
+                                tokio::select! {
+                                    _ = self.stop.cancelled() => return,
+                                    _ = tokio::time::sleep(backoff) => {}
+                                }
+                                backoff = (backoff * 2).min(Duration::from_secs(5));
+                                continue;
+                            }
+                        },
+                    }
+                }
+            };
+            backoff = Duration::from_millis(100);
+            self.session.send_replace(Some(Arc::clone(&session)));
+            loop {
+                if self.consume.load(Ordering::SeqCst) {
+                    self.start_consumers(&session).await;
+                }
+                tokio::select! {
+                    _ = session.dead.cancelled() => break,
+                    _ = self.start_consuming.notified() => continue,
+                    _ = self.stop.cancelled() => {
+                        self.session.send_replace(None);
+                        let _ = session.connection.close(200, "closed by ferriq".into()).await;
+                        return;
+                    }
+                }
+            }
+            self.session.send_replace(None);
+            tracing::warn!(
+                error = %self.last_error.lock().unwrap_or_else(|p| p.into_inner()),
+                "RabbitMQ connection lost; held deliveries will be redelivered, reconnecting"
+            );
+            let _ = tokio::time::timeout(
+                Duration::from_secs(1),
+                session.connection.close(200, "reconnecting".into()),
+            )
+            .await;
+        }
+    }
+}
+
+/// Marks the session dead on the first connection error the connection reports.
+fn watch_events(
+    events: impl futures_util::Stream<Item = Event> + Send + 'static,
+    session: Arc<Session>,
+    shared: Arc<Shared>,
+) {
+    tokio::spawn(async move {
+        let mut events = std::pin::pin!(events);
+        loop {
+            tokio::select! {
+                _ = session.dead.cancelled() => return,
+                event = events.next() => match event {
+                    Some(Event::Error(e)) => {
+                        shared.set_error(&e);
+                        session.dead.cancel();
+                        return;
+                    }
+                    Some(_) => {}
+                    None => {
+                        session.dead.cancel();
+                        return;
+                    }
+                },
+            }
+        }
+    });
+}

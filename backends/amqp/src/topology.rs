@@ -1,0 +1,98 @@
+//! Declaring the exchange, lanes, dead-letter and delay queues (idempotent).
+
+use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
+use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::{Channel, ExchangeKind};
+
+use crate::AmqpBrokerBuilder;
+
+fn long(s: &str) -> AMQPValue {
+    AMQPValue::LongString(LongString::from(s.as_bytes().to_vec()))
+}
+
+/// Names are checked to be at most 200 bytes when the broker is built, so this cannot panic.
+fn short(s: &str) -> ShortString {
+    ShortString::from(s)
+}
+
+/// The arguments of a lane: exactly taskiq-aio-pika 0.6's, so both sides can declare it.
+pub(crate) fn lane_arguments(config: &AmqpBrokerBuilder, queue: &str) -> FieldTable {
+    let mut args = FieldTable::default();
+    args.insert("x-queue-type".into(), long("quorum"));
+    args.insert("x-dead-letter-exchange".into(), long(""));
+    args.insert(
+        "x-dead-letter-routing-key".into(),
+        long(&AmqpBrokerBuilder::dead_letter_queue(queue)),
+    );
+    if let Some(limit) = config.delivery_limit {
+        args.insert(
+            "x-delivery-limit".into(),
+            AMQPValue::LongLongInt(i64::from(limit)),
+        );
+    }
+    args
+}
+
+/// Declares everything; safe to run on every connect and from several processes.
+pub(crate) async fn declare(
+    channel: &Channel,
+    config: &AmqpBrokerBuilder,
+) -> Result<(), lapin::Error> {
+    channel
+        .exchange_declare(
+            short(&config.exchange),
+            ExchangeKind::Topic,
+            ExchangeDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await?;
+    for queue in &config.queues {
+        let dead = AmqpBrokerBuilder::dead_letter_queue(queue);
+        let mut dead_args = FieldTable::default();
+        dead_args.insert("x-queue-type".into(), long("quorum"));
+        channel
+            .queue_declare(short(&dead), QueueDeclareOptions::durable(), dead_args)
+            .await?;
+        channel
+            .queue_declare(
+                short(queue),
+                QueueDeclareOptions::durable(),
+                lane_arguments(config, queue),
+            )
+            .await?;
+        channel
+            .queue_bind(
+                short(queue),
+                short(&config.exchange),
+                short(queue),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await?;
+        for tier in &config.delay_tiers {
+            // Expired messages go back through the exchange to the lane. At-least-once
+            // dead-lettering: a broker crash mid-transfer must not lose a delayed retry.
+            let mut args = FieldTable::default();
+            args.insert("x-queue-type".into(), long("quorum"));
+            args.insert(
+                "x-message-ttl".into(),
+                AMQPValue::LongLongInt(tier.as_millis() as i64),
+            );
+            args.insert("x-dead-letter-exchange".into(), long(&config.exchange));
+            args.insert("x-dead-letter-routing-key".into(), long(queue));
+            args.insert("x-dead-letter-strategy".into(), long("at-least-once"));
+            args.insert("x-overflow".into(), long("reject-publish"));
+            channel
+                .queue_declare(
+                    short(&AmqpBrokerBuilder::delay_queue(queue, *tier)),
+                    QueueDeclareOptions::durable(),
+                    args,
+                )
+                .await?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,197 @@
+//! Helpers for tests against the real RabbitMQ and Redis: unique names, topology cleanup, a
+//! TCP proxy the test can cut.
+#![allow(dead_code)]
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ferriq_amqp::{AmqpBroker, AmqpBrokerBuilder};
+use ferriq_valkey::ValkeyStore;
+use lapin::options::{BasicGetOptions, QueueDeleteOptions};
+use lapin::{Connection, ConnectionProperties};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinHandle;
+
+pub fn amqp_url() -> String {
+    std::env::var("FERRIQ_TEST_AMQP_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
+}
+
+pub fn redis_url() -> String {
+    std::env::var("FERRIQ_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+}
+
+pub fn unique(kind: &str) -> String {
+    format!(
+        "fqt.{kind}.{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..10]
+    )
+}
+
+/// Short delay tiers keep retry tests fast.
+pub const TIERS: [Duration; 3] = [
+    Duration::from_millis(200),
+    Duration::from_secs(1),
+    Duration::from_secs(5),
+];
+
+/// A unique exchange and lane; every queue it implies is deleted when dropped.
+pub struct Topology {
+    pub exchange: String,
+    pub queue: String,
+}
+
+impl Topology {
+    pub fn new() -> Self {
+        let queue = unique("q");
+        Topology {
+            exchange: format!("{queue}.x"),
+            queue,
+        }
+    }
+
+    pub fn builder(&self, url: &str) -> AmqpBrokerBuilder {
+        AmqpBroker::builder(url)
+            .exchange(self.exchange.as_str())
+            .queues([self.queue.as_str()])
+            .delay_tiers(TIERS)
+    }
+
+    pub async fn broker(&self) -> AmqpBroker {
+        self.builder(&amqp_url())
+            .connect()
+            .await
+            .expect("connect to the test RabbitMQ")
+    }
+
+    pub fn dead_letter_queue(&self) -> String {
+        format!("{}.dead_letter", self.queue)
+    }
+
+    fn all_queues(&self) -> Vec<String> {
+        let mut names = vec![self.queue.clone(), self.dead_letter_queue()];
+        for (tier, label) in TIERS.iter().zip(["200ms", "1s", "5s"]) {
+            let _ = tier;
+            names.push(format!("{}.delay.{label}", self.queue));
+        }
+        names
+    }
+
+    /// Takes one message from the dead-letter queue, if any.
+    pub async fn take_dead_letter(&self) -> Option<lapin::message::BasicGetMessage> {
+        let conn = Connection::connect(&amqp_url(), ConnectionProperties::default())
+            .await
+            .unwrap();
+        let ch = conn.create_channel().await.unwrap();
+        let got = ch
+            .basic_get(
+                self.dead_letter_queue().as_str().into(),
+                BasicGetOptions { no_ack: true },
+            )
+            .await
+            .unwrap();
+        let _ = conn.close(200, "".into()).await;
+        got
+    }
+}
+
+impl Drop for Topology {
+    fn drop(&mut self) {
+        let (queues, exchange) = (self.all_queues(), self.exchange.clone());
+        // A fresh runtime on a thread of its own: Drop may run inside or outside one.
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let Ok(conn) =
+                    Connection::connect(&amqp_url(), ConnectionProperties::default()).await
+                else {
+                    return;
+                };
+                for q in queues {
+                    if let Ok(ch) = conn.create_channel().await {
+                        let _ = ch
+                            .queue_delete(q.as_str().into(), QueueDeleteOptions::default())
+                            .await;
+                    }
+                }
+                if let Ok(ch) = conn.create_channel().await {
+                    let _ = ch
+                        .exchange_delete(exchange.as_str().into(), Default::default())
+                        .await;
+                }
+                let _ = conn.close(200, "".into()).await;
+            });
+        })
+        .join();
+    }
+}
+
+pub async fn store(prefix: &str) -> ValkeyStore {
+    ValkeyStore::builder(redis_url())
+        .prefix(prefix)
+        .result_ttl(Some(Duration::from_secs(600)))
+        .claim_ttl(Duration::from_secs(600))
+        .connect()
+        .await
+        .expect("connect to the test Redis")
+}
+
+/// A TCP proxy to RabbitMQ whose connections the test can cut, as a network failure would.
+pub struct Proxy {
+    pub port: u16,
+    conns: Arc<Mutex<Vec<JoinHandle<()>>>>,
+    accept: JoinHandle<()>,
+}
+
+impl Proxy {
+    pub async fn start(target: &str) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let conns: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
+        let target = target.to_owned();
+        let accept = {
+            let conns = conns.clone();
+            tokio::spawn(async move {
+                while let Ok((mut inbound, _)) = listener.accept().await {
+                    let target = target.clone();
+                    let task = tokio::spawn(async move {
+                        if let Ok(mut outbound) = TcpStream::connect(target).await {
+                            let _ =
+                                tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                        }
+                    });
+                    conns.lock().unwrap().push(task);
+                }
+            })
+        };
+        Proxy {
+            port,
+            conns,
+            accept,
+        }
+    }
+
+    /// Drops every open connection at once; new ones are still accepted.
+    pub fn cut(&self) -> usize {
+        let mut conns = self.conns.lock().unwrap();
+        let n = conns.iter().filter(|t| !t.is_finished()).count();
+        for t in conns.drain(..) {
+            t.abort();
+        }
+        n
+    }
+
+    pub fn url(&self) -> String {
+        format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.port)
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.accept.abort();
+        self.cut();
+    }
+}

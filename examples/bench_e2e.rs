@@ -1,0 +1,428 @@
+//! End-to-end benchmark: producer and worker in separate processes (`--broker amqp`; the
+//! memory broker runs both in one), a no-op task with claims and results in Valkey (memory
+//! for `--broker memory`), then the raw broker with the same durability in the same run.
+//!
+//! ```text
+//! cargo run --release --example bench_e2e -- --broker amqp   [--n 10000] [--lat-n 1000]
+//! cargo run --release --example bench_e2e -- --broker memory
+//! ```
+//!
+//! Bulk: N tasks enqueued in batches of 1000 (publisher confirms), then every result awaited.
+//! Latency: sequential round trips (enqueue one, await its result). Raw: N persistent messages
+//! published with confirms in batches of 1000 to a quorum queue while a consumer (prefetch 64)
+//! acks each. The last line is
+//! `e2e_tasks_per_s=… raw_msgs_per_s=… ratio=… p50_ms=… p99_ms=… rss_mib=…`
+//! (rss = the worker process's peak resident set).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ferriq::broker::{Broker, OutgoingMessage};
+use ferriq::memory::{MemoryBroker, MemoryStore};
+use ferriq::store::ResultStore;
+use ferriq::wire::TaskMessage;
+use ferriq::{Client, Registry, Shutdown, Worker};
+use ferriq_amqp::AmqpBroker;
+use ferriq_valkey::ValkeyStore;
+use futures_util::StreamExt;
+
+#[ferriq::task(name = "bench.noop")]
+async fn noop(n: u64) -> u64 {
+    n
+}
+
+const CONCURRENCY: usize = 64;
+
+fn arg(name: &str, default: &str) -> String {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .rposition(|a| a == name)
+        .and_then(|i| args.get(i + 1).cloned())
+        .unwrap_or_else(|| default.to_owned())
+}
+
+fn amqp_url() -> String {
+    std::env::var("FERRIQ_TEST_AMQP_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
+}
+
+fn redis_url() -> String {
+    std::env::var("FERRIQ_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+}
+
+/// Peak resident set of a process, from /proc (MiB).
+fn peak_rss_mib(pid: u32) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<f64>().ok())
+        })
+        .map_or(f64::NAN, |kb| kb / 1024.0)
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil().max(1.0) as usize;
+    sorted[rank.min(sorted.len()) - 1]
+}
+
+async fn amqp(exchange: &str, queue: &str) -> AmqpBroker {
+    AmqpBroker::builder(amqp_url())
+        .exchange(exchange)
+        .queues([queue])
+        .prefetch(CONCURRENCY as u16)
+        .connect()
+        .await
+        .expect("RabbitMQ")
+}
+
+async fn valkey(prefix: &str) -> ValkeyStore {
+    ValkeyStore::builder(redis_url())
+        .prefix(prefix)
+        .result_ttl(Some(Duration::from_secs(600)))
+        .claim_ttl(Duration::from_secs(600))
+        .connect()
+        .await
+        .expect("Redis")
+}
+
+fn worker(
+    broker: Arc<dyn Broker>,
+    store: Arc<impl ferriq::store::ClaimStore + ResultStore>,
+) -> Worker {
+    Worker::builder()
+        .broker(broker)
+        .store(store)
+        .registry(
+            Registry::from_inventory()
+                .unwrap()
+                .only(&[noop::NAME])
+                .unwrap(),
+        )
+        .concurrency(CONCURRENCY)
+        .build()
+        .unwrap()
+}
+
+/// The worker process of `--broker amqp`: runs until its stdin closes.
+async fn worker_process(exchange: String, queue: String, prefix: String) {
+    let w = worker(
+        Arc::new(amqp(&exchange, &queue).await),
+        Arc::new(valkey(&prefix).await),
+    );
+    let shutdown = Shutdown::new();
+    let running = tokio::spawn({
+        let (w, s) = (w.clone(), shutdown.clone());
+        async move { w.run(s).await }
+    });
+    println!("ready");
+    let mut line = String::new();
+    let _ = tokio::task::spawn_blocking(move || std::io::stdin().read_line(&mut line)).await;
+    shutdown.drain();
+    let _ = running.await;
+}
+
+struct Figures {
+    enqueue_per_s: f64,
+    e2e_per_s: f64,
+    lat_ms: Vec<f64>,
+}
+
+async fn drive(client: &Client, n: u64, lat_n: usize) -> Figures {
+    let wait = Duration::from_secs(120);
+    // Readiness and warm-up (not recorded).
+    noop::kiq(client, 0)
+        .await
+        .unwrap()
+        .wait(wait)
+        .await
+        .expect("the worker answers");
+    let warm = client
+        .enqueue_batch((0..200).map(noop::call))
+        .await
+        .unwrap();
+    for h in warm {
+        h.wait(wait).await.unwrap();
+    }
+
+    let start = Instant::now();
+    let mut handles = Vec::with_capacity(n as usize);
+    let ids: Vec<u64> = (0..n).collect();
+    for chunk in ids.chunks(1000) {
+        handles.extend(
+            client
+                .enqueue_batch(chunk.iter().map(|i| noop::call(*i)))
+                .await
+                .unwrap(),
+        );
+    }
+    let enqueued = start.elapsed();
+    // Await every result, many at once (as taskiq's gather in batches of 1000).
+    let bad = Arc::new(AtomicU64::new(0));
+    futures_util::stream::iter(handles.into_iter().enumerate())
+        .for_each_concurrent(1000, |(i, h)| {
+            let bad = bad.clone();
+            async move {
+                if h.wait(wait).await.ok() != Some(i as u64) {
+                    bad.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        })
+        .await;
+    let e2e = start.elapsed();
+    assert_eq!(bad.load(Ordering::Relaxed), 0, "wrong or missing results");
+
+    let mut lat_ms = Vec::with_capacity(lat_n);
+    for i in 0..lat_n {
+        let t = Instant::now();
+        let v = noop::kiq(client, i as u64)
+            .await
+            .unwrap()
+            .wait(wait)
+            .await
+            .unwrap();
+        assert_eq!(v, i as u64);
+        lat_ms.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    lat_ms.sort_by(|a, b| a.total_cmp(b));
+    Figures {
+        enqueue_per_s: n as f64 / enqueued.as_secs_f64(),
+        e2e_per_s: n as f64 / e2e.as_secs_f64(),
+        lat_ms,
+    }
+}
+
+/// Raw lapin: persistent messages, confirms in batches of 1000, a prefetch-64 consumer acking
+/// each, on a quorum queue; publisher and consumer at once. Messages per second end to end.
+async fn raw_lapin(queue: &str, n: u64) -> f64 {
+    use lapin::options::*;
+    use lapin::types::{AMQPValue, FieldTable};
+    use lapin::{BasicProperties, Connection, ConnectionProperties};
+    let conn = Connection::connect(&amqp_url(), ConnectionProperties::default())
+        .await
+        .unwrap();
+    let ch = conn.create_channel().await.unwrap();
+    let mut args = FieldTable::default();
+    args.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString("quorum".into()),
+    );
+    ch.queue_declare(queue.into(), QueueDeclareOptions::durable(), args)
+        .await
+        .unwrap();
+    let consumer_ch = conn.create_channel().await.unwrap();
+    consumer_ch
+        .basic_qos(CONCURRENCY as u16, BasicQosOptions::default())
+        .await
+        .unwrap();
+    let mut consumer = consumer_ch
+        .basic_consume(
+            queue.into(),
+            "raw".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    ch.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    let body = TaskMessage::new("bench.noop").to_json().unwrap();
+    let start = Instant::now();
+    let consumed = tokio::spawn(async move {
+        let mut got = 0;
+        while got < n {
+            let d = consumer.next().await.unwrap().unwrap();
+            d.ack(BasicAckOptions::default()).await.unwrap();
+            got += 1;
+        }
+    });
+    let props = BasicProperties::default().with_delivery_mode(2);
+    for _ in 0..n.div_ceil(1000) {
+        let mut confirms = Vec::with_capacity(1000);
+        for _ in 0..1000 {
+            confirms.push(
+                ch.basic_publish(
+                    "".into(),
+                    queue.into(),
+                    BasicPublishOptions::default(),
+                    &body,
+                    props.clone(),
+                )
+                .await
+                .unwrap(),
+            );
+        }
+        for c in confirms {
+            assert!(c.await.unwrap().is_ack());
+        }
+    }
+    consumed.await.unwrap();
+    let rate = n as f64 / start.elapsed().as_secs_f64();
+    let _ = ch
+        .queue_delete(queue.into(), QueueDeleteOptions::default())
+        .await;
+    let _ = conn.close(200, "".into()).await;
+    rate
+}
+
+/// The same for the memory broker: publish in batches, receive and ack.
+async fn raw_memory(n: u64) -> f64 {
+    let broker = MemoryBroker::new();
+    let msg = OutgoingMessage::from_message(&TaskMessage::new("bench.noop")).unwrap();
+    let start = Instant::now();
+    let consumer = {
+        let broker = broker.clone();
+        tokio::spawn(async move {
+            let mut got = 0;
+            while got < n {
+                for d in broker
+                    .receive(CONCURRENCY, Duration::from_secs(1))
+                    .await
+                    .unwrap()
+                {
+                    broker.ack(&d.handle).await.unwrap();
+                    got += 1;
+                }
+            }
+        })
+    };
+    for _ in 0..n.div_ceil(1000) {
+        broker.publish(vec![msg.clone(); 1000]).await.unwrap();
+    }
+    consumer.await.unwrap();
+    n as f64 / start.elapsed().as_secs_f64()
+}
+
+async fn delete_topology(exchange: &str, queue: &str) {
+    use lapin::options::QueueDeleteOptions;
+    let Ok(conn) =
+        lapin::Connection::connect(&amqp_url(), lapin::ConnectionProperties::default()).await
+    else {
+        return;
+    };
+    let mut names = vec![queue.to_owned(), format!("{queue}.dead_letter")];
+    for tier in ["1s", "5s", "30s", "2m", "10m", "1h", "6h", "24h"] {
+        names.push(format!("{queue}.delay.{tier}"));
+    }
+    for name in names {
+        if let Ok(ch) = conn.create_channel().await {
+            let _ = ch
+                .queue_delete(name.as_str().into(), QueueDeleteOptions::default())
+                .await;
+        }
+    }
+    if let Ok(ch) = conn.create_channel().await {
+        let _ = ch
+            .exchange_delete(exchange.into(), Default::default())
+            .await;
+    }
+    let _ = conn.close(200, "".into()).await;
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    if arg("--role", "producer") == "worker" {
+        worker_process(
+            arg("--exchange", ""),
+            arg("--queue", ""),
+            arg("--prefix", ""),
+        )
+        .await;
+        return Ok(());
+    }
+    let broker_kind = arg("--broker", "amqp");
+    let n: u64 = arg("--n", "10000").parse()?;
+    let lat_n: usize = arg("--lat-n", "1000").parse()?;
+    let tag = &uuid::Uuid::new_v4().simple().to_string()[..8];
+
+    let (figures, raw, rss, what) = match broker_kind.as_str() {
+        "memory" => {
+            let broker = Arc::new(MemoryBroker::new());
+            let store = Arc::new(MemoryStore::new());
+            let w = worker(broker.clone(), store.clone());
+            let shutdown = Shutdown::new();
+            let running = tokio::spawn({
+                let (w, s) = (w.clone(), shutdown.clone());
+                async move { w.run(s).await }
+            });
+            let figures = drive(&Client::new(broker, store), n, lat_n).await;
+            shutdown.drain();
+            running.await?;
+            let raw = raw_memory(n).await;
+            (
+                figures,
+                raw,
+                peak_rss_mib(std::process::id()),
+                "memory broker + memory store, one process",
+            )
+        }
+        "amqp" => {
+            let (exchange, queue, prefix) = (
+                format!("fqbench.{tag}.x"),
+                format!("fqbench.{tag}"),
+                format!("fqbench{tag}"),
+            );
+            let store = Arc::new(valkey(&prefix).await);
+            let client = Client::new(Arc::new(amqp(&exchange, &queue).await), store.clone());
+            let mut child = tokio::process::Command::new(std::env::current_exe()?)
+                .args([
+                    "--role",
+                    "worker",
+                    "--exchange",
+                    &exchange,
+                    "--queue",
+                    &queue,
+                    "--prefix",
+                    &prefix,
+                ])
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .kill_on_drop(true)
+                .spawn()?;
+            let pid = child.id().unwrap_or(0);
+            let figures = drive(&client, n, lat_n).await;
+            let rss = peak_rss_mib(pid);
+            drop(child.stdin.take()); // the worker drains and exits
+            let _ = tokio::time::timeout(Duration::from_secs(30), child.wait()).await;
+            let raw = raw_lapin(&format!("fqbench.{tag}.raw"), n).await;
+            let _ = store.purge_prefix().await;
+            delete_topology(&exchange, &queue).await;
+            (figures, raw, rss, "RabbitMQ quorum queue (confirms, persistent) + Redis claims/results, worker in its own process")
+        }
+        other => return Err(format!("--broker must be amqp or memory, not {other}").into()),
+    };
+
+    let p = |q| percentile(&figures.lat_ms, q);
+    println!("ferriq bench_e2e: {what}; N={n}, concurrency {CONCURRENCY}, {lat_n} sequential round trips");
+    println!("| measure | value |");
+    println!("|---|---|");
+    println!(
+        "| enqueue (batches of 1000, confirmed) | {:.0} tasks/s |",
+        figures.enqueue_per_s
+    );
+    println!(
+        "| end to end (enqueue → every result) | {:.0} tasks/s |",
+        figures.e2e_per_s
+    );
+    println!("| raw broker publish+consume+ack, same durability | {raw:.0} msgs/s |");
+    println!(
+        "| round trip p50 / p90 / p99 / max | {:.2} / {:.2} / {:.2} / {:.2} ms |",
+        p(50.0),
+        p(90.0),
+        p(99.0),
+        p(100.0)
+    );
+    println!("| worker peak RSS | {rss:.1} MiB |");
+    println!(
+        "e2e_tasks_per_s={:.0} raw_msgs_per_s={raw:.0} ratio={:.3} p50_ms={:.2} p99_ms={:.2} rss_mib={rss:.1}",
+        figures.e2e_per_s,
+        figures.e2e_per_s / raw,
+        p(50.0),
+        p(99.0)
+    );
+    Ok(())
+}
