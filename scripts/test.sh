@@ -18,6 +18,9 @@ cargo fmt --all -- --check
 step "cargo clippy (all targets, warnings are errors)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
+step "cargo check: the backends' TLS features still build"
+cargo check --locked --quiet -p ferriq-valkey -p ferriq-amqp --features ferriq-valkey/tls,ferriq-amqp/tls
+
 step "cargo test (unit, integration, doc tests; real Redis and RabbitMQ)"
 cargo test --workspace --locked
 

@@ -233,3 +233,34 @@ async fn the_delivery_limit_backstop_parks_a_looping_message() {
         "receive counts follow x-delivery-count"
     );
 }
+
+#[tokio::test]
+async fn urls_are_checked_and_passwords_never_shown() {
+    let err = ferriq_amqp::AmqpBroker::builder("http://user:s3cret@localhost:5672")
+        .connect()
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("amqp://") && !err.contains("s3cret"), "{err}");
+    #[cfg(not(feature = "tls"))]
+    {
+        let err = ferriq_amqp::AmqpBroker::builder("amqps://user:s3cret@localhost:5671/%2f")
+            .connect()
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("tls") && !err.contains("s3cret"), "{err}");
+    }
+    // Wrong password: a clear error, without the password.
+    let err = ferriq_amqp::AmqpBroker::builder("amqp://guest:wrong-s3cret@127.0.0.1:5672/%2f")
+        .connect()
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("cannot connect") && !err.contains("wrong-s3cret"),
+        "{err}"
+    );
+    let broker = Topology::new().broker().await;
+    assert!(!format!("{broker:?}").contains("guest:guest"), "{broker:?}");
+}

@@ -62,9 +62,10 @@ return out
 
 /// KEYS: claim. ARGV: token. Returns 1 when released, 0 when the token was stale.
 const RELEASE: &str = r#"
-local state, token, lease_until, failures, holder = load(KEYS[1])
+local state, token = load(KEYS[1])
 if state ~= 'r' or token ~= tonumber(ARGV[1]) then return 0 end
-redis.call('SET', KEYS[1], encode('x', token, lease_until, failures, holder), 'KEEPTTL')
+-- The state is the record's first byte: overwrite it in place (keeps the TTL).
+redis.call('SETRANGE', KEYS[1], 0, 'x')
 return 1
 "#;
 
@@ -80,7 +81,7 @@ return failures + 1
 /// ttl ms ('0' = none), claim ttl ms, channel, task id.
 /// Returns 'stored' | 'already' | 'stale'.
 const COMPLETE: &str = r#"
-local state, token, lease_until, failures, holder = load(KEYS[1])
+local state, token = load(KEYS[1])
 if token ~= tonumber(ARGV[1]) then return 'stale' end
 if state == 'd' then return 'already' end
 if state ~= 'r' then return 'stale' end
@@ -94,7 +95,8 @@ if ARGV[2] == '1' then
   end
   if not ok then outcome = 'already' end
 end
-redis.call('SET', KEYS[1], encode('d', token, lease_until, failures, holder), 'PX', ARGV[5])
+redis.call('SETRANGE', KEYS[1], 0, 'd')
+redis.call('PEXPIRE', KEYS[1], ARGV[5])
 redis.call('PUBLISH', ARGV[6], ARGV[7])
 return outcome
 "#;
