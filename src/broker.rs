@@ -281,7 +281,8 @@ pub enum BrokerError {
 /// The contract (DESIGN §4, §7): `publish` returns only once the broker holds the messages
 /// durably; a delivery stays invisible to others while its lease (visibility) is extended;
 /// `release(after)` makes it visible again after `after`; `dead_letter` parks a copy with its
-/// reason and removes the original; `ack` removes it.
+/// reason and removes the original; `ack` removes it. `receive` must be cancel-safe: a worker
+/// drops a pending receive when it drains, and no message may be lost by that.
 #[async_trait]
 pub trait Broker: Send + Sync + 'static {
     /// Publishes a batch durably (confirmed) or fails; a failure may leave some published.
@@ -304,4 +305,8 @@ pub trait Broker: Send + Sync + 'static {
     async fn depth(&self) -> Result<QueueDepth, BrokerError>;
     /// Whether the broker is usable.
     async fn health(&self) -> Health;
+    /// The worker is draining and will not call `receive` again: a broker that pushes
+    /// deliveries should stop and give back the ones it buffered. Deliveries already handed out
+    /// stay settleable. The default does nothing (pull brokers hold nothing unasked).
+    async fn stop_receiving(&self) {}
 }

@@ -25,12 +25,15 @@ impl fmt::Display for Token {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ClaimOutcome {
-    /// Run it: the claim is ours under `token`. `failures` earlier attempts failed.
+    /// Run it: the claim is ours under `token`.
     Run {
         /// The fencing token for heartbeats and the result write.
         token: Token,
-        /// Failed attempts recorded so far.
+        /// Failed attempts so far: recorded failures, plus runs whose holder's lease ran out
+        /// before it finished (a crashed or stalled worker), so crash loops are bounded too.
         failures: u32,
+        /// Runs granted before this one, by any worker (0: the task never started anywhere).
+        starts: u32,
     },
     /// Another worker holds a live claim; try again after `retry_after`.
     Defer {
@@ -109,7 +112,7 @@ pub enum StoreError {
 #[async_trait]
 pub trait ClaimStore: Send + Sync + 'static {
     /// Tries to take the claim for `lease`. `deadline_at` (unix seconds) makes a late claim
-    /// `Expired`.
+    /// `Expired`. Taking over a running claim whose lease ran out counts one failure.
     async fn claim(
         &self,
         id: &TaskId,

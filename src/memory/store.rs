@@ -69,6 +69,7 @@ struct Claim {
     lease_until: Instant,
     holder: String,
     failures: u32,
+    starts: u32,
 }
 
 impl Default for MemoryStore {
@@ -185,6 +186,7 @@ impl ClaimStore for MemoryStore {
             lease_until: now,
             holder: String::new(),
             failures: 0,
+            starts: 0,
         });
         match claim.phase {
             Phase::Done => return Ok(ClaimOutcome::Done),
@@ -194,19 +196,24 @@ impl ClaimStore for MemoryStore {
                     retry_after: claim.lease_until - now,
                 })
             }
-            Phase::Running | Phase::Released => {}
+            // The holder's lease ran out before it finished: that attempt failed.
+            Phase::Running => claim.failures += 1,
+            Phase::Released => {}
         }
         claim.token += 1;
         claim.phase = Phase::Running;
         claim.lease_until = now + lease;
         claim.holder = worker.to_owned();
         let token = Token(claim.token);
+        let starts = claim.starts;
+        claim.starts += 1;
         Ok(if expired {
             ClaimOutcome::Expired { token }
         } else {
             ClaimOutcome::Run {
                 token,
                 failures: claim.failures,
+                starts,
             }
         })
     }
@@ -311,12 +318,27 @@ impl ResultStore for MemoryStore {
             return Ok(ResultStatus::Ready(r));
         }
         let _ = tokio::time::timeout(timeout, notified).await;
-        self.get(id).await
+        let status = self.get(id).await;
+        // Forget the waiter entry unless another waiter still holds it.
+        let mut state = self.lock();
+        if state
+            .waiters
+            .get(id)
+            .is_some_and(|w| Arc::ptr_eq(w, &waiter) && Arc::strong_count(w) <= 2)
+        {
+            state.waiters.remove(id);
+        }
+        status
     }
 
     async fn revoke(&self, id: &TaskId, result: &TaskResult) -> Result<bool, StoreError> {
         let mut state = self.lock();
-        if !Self::store_result(&mut state, id, result) {
+        // A finished task (with or without a stored result) is not revoked.
+        let finished = state
+            .claims
+            .get(id)
+            .is_some_and(|c| matches!(c.phase, Phase::Done | Phase::Revoked));
+        if finished || !Self::store_result(&mut state, id, result) {
             return Ok(false);
         }
         let claim = state.claims.entry(id.clone()).or_insert_with(|| Claim {
@@ -325,6 +347,7 @@ impl ResultStore for MemoryStore {
             lease_until: Instant::now(),
             holder: String::new(),
             failures: 0,
+            starts: 0,
         });
         // A new token: a running holder's heartbeat and result write are now rejected.
         claim.token += 1;

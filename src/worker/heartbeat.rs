@@ -1,7 +1,7 @@
 use std::sync::Arc;
 
 use tokio::task::JoinHandle;
-use tokio::time::MissedTickBehavior;
+use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 
 use super::running::StopReason;
@@ -76,6 +76,7 @@ async fn broker_beat(inner: Arc<Inner>) {
 }
 
 async fn claim_beat(inner: Arc<Inner>) {
+    inner.sweep_pending();
     let entries = inner.running.claims();
     if entries.is_empty() {
         return;
@@ -84,17 +85,34 @@ async fn claim_beat(inner: Arc<Inner>) {
         .iter()
         .map(|(_, id, token)| (id.clone(), *token))
         .collect();
+    let sent = Instant::now();
     match inner.claims.heartbeat(&claims, inner.config.lease).await {
         Ok(kept) => {
+            let mut renewed = Vec::with_capacity(entries.len());
             for ((key, id, _), kept) in entries.iter().zip(kept) {
-                if !kept {
+                if kept {
+                    renewed.push(*key);
+                } else {
                     tracing::warn!(task_id = %id, "claim lost to another worker: cancelling the run");
                     inner.running.stop(*key, StopReason::ClaimLost);
                 }
             }
+            inner.running.renewed(&renewed, sent);
         }
-        // Nobody else can take a claim from an unreachable store either; when it is back, a
-        // takeover shows up here as a lost claim.
-        Err(e) => tracing::warn!(error = %e, "claim heartbeat failed"),
+        Err(e) => {
+            // This worker may be the only one cut off from the store: a claim whose lease
+            // would run out before the next beat can be taken by another worker, so the run
+            // stops here first.
+            tracing::warn!(error = %e, "claim heartbeat failed");
+            let interval = inner.config.heartbeat_interval();
+            let horizon = Instant::now() + interval + interval / 2;
+            let Some(expiring) = horizon.checked_sub(inner.config.lease) else {
+                return;
+            };
+            for key in inner.running.unrenewed_since(expiring) {
+                tracing::warn!("claim lease may have run out while the store was unreachable: cancelling the run");
+                inner.running.stop(key, StopReason::ClaimLost);
+            }
+        }
     }
 }

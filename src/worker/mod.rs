@@ -4,7 +4,9 @@
 mod config;
 mod delivery;
 mod heartbeat;
+mod run;
 mod running;
+mod settle;
 mod shutdown;
 
 pub use config::{ConfigError, WorkerConfig};
@@ -311,6 +313,9 @@ impl Worker {
             }
         }
         tracker.close();
+        // Take no more deliveries: a broker that pushes them (RabbitMQ) hands buffered ones
+        // back for other workers.
+        inner.broker.stop_receiving().await;
         tracing::info!(in_flight = inner.running.len(), grace = ?inner.config.grace, "draining");
         tokio::select! {
             _ = tracker.wait() => {}

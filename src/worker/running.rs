@@ -2,6 +2,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::broker::DeliveryHandle;
@@ -26,55 +27,97 @@ pub(crate) struct Running {
     pub(crate) handle: DeliveryHandle,
     pub(crate) cancel: CancellationToken,
     pub(crate) reason: Arc<OnceLock<StopReason>>,
+    /// When the claim's lease was last known renewed (claimed, or a heartbeat kept it).
+    pub(crate) renewed_at: Instant,
 }
 
 /// The table of running deliveries, keyed by delivery handle key: the heartbeat loops read
 /// it in one pass instead of keeping a timer per task.
 #[derive(Default)]
 pub(crate) struct RunningTable {
-    entries: Mutex<HashMap<u64, Running>>,
+    entries: Mutex<Table>,
+}
+
+#[derive(Default)]
+struct Table {
+    runs: HashMap<u64, Running>,
+    /// Set by `stop_all`: a run that starts afterwards is stopped at once.
+    closed: Option<StopReason>,
 }
 
 impl RunningTable {
-    fn lock(&self) -> MutexGuard<'_, HashMap<u64, Running>> {
+    fn lock(&self) -> MutexGuard<'_, Table> {
         self.entries.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     pub(crate) fn insert(&self, entry: Running) {
-        self.lock().insert(entry.handle.key(), entry);
+        let mut table = self.lock();
+        if let Some(reason) = table.closed {
+            let _ = entry.reason.set(reason);
+            entry.cancel.cancel();
+        }
+        table.runs.insert(entry.handle.key(), entry);
     }
 
     pub(crate) fn remove(&self, key: u64) {
-        self.lock().remove(&key);
+        self.lock().runs.remove(&key);
     }
 
     pub(crate) fn len(&self) -> usize {
-        self.lock().len()
+        self.lock().runs.len()
     }
 
     /// Stops one run; the first reason wins.
     pub(crate) fn stop(&self, key: u64, reason: StopReason) {
-        if let Some(e) = self.lock().get(&key) {
+        if let Some(e) = self.lock().runs.get(&key) {
             let _ = e.reason.set(reason);
             e.cancel.cancel();
         }
     }
 
+    /// Stops every run, and every run that starts from now on.
     pub(crate) fn stop_all(&self, reason: StopReason) {
-        for e in self.lock().values() {
+        let mut table = self.lock();
+        table.closed = Some(reason);
+        for e in table.runs.values() {
             let _ = e.reason.set(reason);
             e.cancel.cancel();
         }
     }
 
     pub(crate) fn handles(&self) -> Vec<DeliveryHandle> {
-        self.lock().values().map(|e| e.handle.clone()).collect()
+        self.lock()
+            .runs
+            .values()
+            .map(|e| e.handle.clone())
+            .collect()
     }
 
     pub(crate) fn claims(&self) -> Vec<(u64, TaskId, Token)> {
         self.lock()
+            .runs
             .iter()
             .map(|(k, e)| (*k, e.task_id.clone(), e.token))
+            .collect()
+    }
+
+    /// Records that these runs' claims were renewed at `at`.
+    pub(crate) fn renewed(&self, keys: &[u64], at: Instant) {
+        let mut table = self.lock();
+        for k in keys {
+            if let Some(e) = table.runs.get_mut(k) {
+                e.renewed_at = at;
+            }
+        }
+    }
+
+    /// Runs whose claim was last renewed before `before`.
+    pub(crate) fn unrenewed_since(&self, before: Instant) -> Vec<u64> {
+        self.lock()
+            .runs
+            .iter()
+            .filter(|(_, e)| e.renewed_at < before)
+            .map(|(k, _)| *k)
             .collect()
     }
 }

@@ -19,7 +19,7 @@ use ferriq::{Client, Registry, State, TaskContext, Worker, WorkerConfig};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-#[ferriq::task(name = "chaos.double")]
+#[ferriq::task(name = "chaos.double", max_attempts = 1000)]
 async fn double(oracle: State<Oracle>, ctx: TaskContext, n: u64, pause_ms: u64) -> u64 {
     oracle.started(ctx.task_id());
     tokio::time::sleep(Duration::from_millis(pause_ms)).await;

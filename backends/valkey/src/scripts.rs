@@ -1,7 +1,8 @@
 //! One Lua script per operation, so each is atomic on the server (DESIGN §5).
 //!
-//! A claim is one string value, `state token lease_until failures holder`: state `r` running,
-//! `x` released, `d` done, `v` revoked; `lease_until` in server µs. One string (GET/SET with
+//! A claim is one string value, `state token lease_until failures starts holder`: state `r`
+//! running, `x` released, `d` done, `v` revoked; `lease_until` in server µs; `starts` counts the
+//! runs granted. One string (GET/SET with
 //! PX or KEEPTTL) costs the server less than a hash plus PEXPIRE on every claim. Numbers are
 //! written with `%.0f`: Lua 5.1's `tostring` keeps only 14 digits, which would corrupt µs
 //! timestamps and tokens.
@@ -18,30 +19,35 @@ local function now_us()
 end
 local function load(key)
   local raw = redis.call('GET', key)
-  if not raw then return nil, 0, 0, 0, '' end
-  local s, t, l, f, h = string.match(raw, '^(%a) (%d+) (%d+) (%d+) ?(.*)$')
-  if not s then return nil, 0, 0, 0, '' end
-  return s, tonumber(t), tonumber(l), tonumber(f), h
+  if not raw then return nil, 0, 0, 0, 0, '' end
+  local s, t, l, f, n, h = string.match(raw, '^(%a) (%d+) (%d+) (%d+) (%d+) ?(.*)$')
+  if not s then return nil, 0, 0, 0, 0, '' end
+  return s, tonumber(t), tonumber(l), tonumber(f), tonumber(n), h
 end
-local function encode(s, t, l, f, h)
-  return string.format('%s %.0f %.0f %.0f %s', s, t, l, f, h)
+local function encode(s, t, l, f, n, h)
+  return string.format('%s %.0f %.0f %.0f %.0f %s', s, t, l, f, n, h)
 end
 "#;
 
 /// KEYS: claim, result. ARGV: worker, lease ms, deadline (unix s, or ''), claim ttl ms.
-/// Returns {'run', token, failures} | {'expired', token} | {'defer', µs left} | {'done'} | {'revoked'}.
+/// Returns {'run', token, failures, starts} | {'expired', token} | {'defer', µs left} | {'done'}
+/// | {'revoked'}.
 const CLAIM: &str = r#"
-local state, token, lease_until, failures = load(KEYS[1])
+local state, token, lease_until, failures, starts = load(KEYS[1])
 if state == 'd' then return {'done'} end
 if state == 'v' then return {'revoked'} end
 local now = now_us()
-if state == 'r' and lease_until > now then return {'defer', lease_until - now} end
+if state == 'r' then
+  if lease_until > now then return {'defer', lease_until - now} end
+  -- The holder's lease ran out before it finished: that attempt failed.
+  failures = failures + 1
+end
 -- A result without a claim record (written by taskiq, or outliving its claim): done.
 if not state and redis.call('EXISTS', KEYS[2]) == 1 then return {'done'} end
 token = math.max(token + 1, now)
-redis.call('SET', KEYS[1], encode('r', token, now + tonumber(ARGV[2]) * 1000, failures, ARGV[1]), 'PX', ARGV[4])
+redis.call('SET', KEYS[1], encode('r', token, now + tonumber(ARGV[2]) * 1000, failures, starts + 1, ARGV[1]), 'PX', ARGV[4])
 if ARGV[3] ~= '' and now > tonumber(ARGV[3]) * 1000000 then return {'expired', token} end
-return {'run', token, failures}
+return {'run', token, failures, starts}
 "#;
 
 /// KEYS: claims. ARGV: lease ms, then one token per key. Returns 1 (kept) or 0 (lost) per key.
@@ -49,9 +55,9 @@ const HEARTBEAT: &str = r#"
 local lease_until = now_us() + tonumber(ARGV[1]) * 1000
 local out = {}
 for i, key in ipairs(KEYS) do
-  local state, token, _, failures, holder = load(key)
+  local state, token, _, failures, starts, holder = load(key)
   if state == 'r' and token == tonumber(ARGV[i + 1]) then
-    redis.call('SET', key, encode('r', token, lease_until, failures, holder), 'KEEPTTL')
+    redis.call('SET', key, encode('r', token, lease_until, failures, starts, holder), 'KEEPTTL')
     out[i] = 1
   else
     out[i] = 0
@@ -71,9 +77,9 @@ return 1
 
 /// KEYS: claim. ARGV: token. Returns the failure count, or -1 when the token was stale.
 const RECORD_FAILURE: &str = r#"
-local state, token, lease_until, failures, holder = load(KEYS[1])
+local state, token, lease_until, failures, starts, holder = load(KEYS[1])
 if state ~= 'r' or token ~= tonumber(ARGV[1]) then return -1 end
-redis.call('SET', KEYS[1], encode('x', token, lease_until, failures + 1, holder), 'KEEPTTL')
+redis.call('SET', KEYS[1], encode('x', token, lease_until, failures + 1, starts, holder), 'KEEPTTL')
 return failures + 1
 "#;
 
@@ -104,7 +110,7 @@ return outcome
 /// KEYS: claim, result. ARGV: result JSON, result ttl ms ('0' = none), claim ttl ms, channel,
 /// task id. Returns 1 when revoked, 0 when the task had already finished.
 const REVOKE: &str = r#"
-local state, token, lease_until, failures, holder = load(KEYS[1])
+local state, token, lease_until, failures, starts, holder = load(KEYS[1])
 if state == 'd' or state == 'v' or redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
 if ARGV[2] ~= '0' then
   redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
@@ -112,7 +118,7 @@ else
   redis.call('SET', KEYS[2], ARGV[1])
 end
 -- A new token: a running holder's heartbeat and result write are now rejected.
-redis.call('SET', KEYS[1], encode('v', math.max(token + 1, now_us()), lease_until, failures, holder), 'PX', ARGV[3])
+redis.call('SET', KEYS[1], encode('v', math.max(token + 1, now_us()), lease_until, failures, starts, holder), 'PX', ARGV[3])
 redis.call('PUBLISH', ARGV[4], ARGV[5])
 return 1
 "#;

@@ -176,12 +176,13 @@ impl ValkeyStore {
         let Some(raw) = raw else {
             return Ok(ClaimState::Absent);
         };
-        // `state token lease_until failures holder` (see the scripts).
-        let mut fields = raw.splitn(5, ' ');
+        // `state token lease_until failures starts holder` (see the scripts).
+        let mut fields = raw.splitn(6, ' ');
         let state = fields.next().unwrap_or_default().to_owned();
         let token = fields.next().and_then(|t| t.parse().ok()).unwrap_or(0);
         let _lease_until = fields.next();
         let failures = fields.next().and_then(|f| f.parse().ok()).unwrap_or(0);
+        let _starts = fields.next();
         let holder = fields.next().unwrap_or_default().to_owned();
         Ok(match state.as_str() {
             "r" => ClaimState::Running {
@@ -330,6 +331,7 @@ impl ClaimStore for ValkeyStore {
             Some("run") => ClaimOutcome::Run {
                 token: token(1).ok_or_else(|| unexpected("claim", &reply))?,
                 failures: int(&reply, 2).unwrap_or(0).clamp(0, i64::from(u32::MAX)) as u32,
+                starts: int(&reply, 3).unwrap_or(0).clamp(0, i64::from(u32::MAX)) as u32,
             },
             Some("expired") => ClaimOutcome::Expired {
                 token: token(1).ok_or_else(|| unexpected("claim", &reply))?,

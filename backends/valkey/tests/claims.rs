@@ -22,7 +22,9 @@ fn ok(v: serde_json::Value) -> TaskResult {
 
 fn run(outcome: ClaimOutcome) -> (Token, u32) {
     match outcome {
-        ClaimOutcome::Run { token, failures } => (token, failures),
+        ClaimOutcome::Run {
+            token, failures, ..
+        } => (token, failures),
         other => panic!("expected Run, got {other:?}"),
     }
 }

@@ -1,0 +1,266 @@
+//! Running one claimed task: timeout, cancellation, panics, retries with backoff.
+
+use std::future::pending;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use rand::Rng;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use super::delivery::Settle;
+use super::running::{Outcome, Running, StopReason};
+use super::Inner;
+use crate::broker::{DeadLetter, DeadLetterReason, Delivery};
+use crate::store::{FailureRecord, Token};
+use crate::task::{Invocation, TaskContext, TaskError, TaskOptions, TaskRegistration};
+use crate::wire::{ErrorKind, TaskId, TaskMessage, TaskResult};
+
+/// How a run ended.
+enum RunEnd {
+    Value(serde_json::Value),
+    Error(TaskError),
+    TimedOut(Duration),
+    Stopped(StopReason),
+}
+
+impl Inner {
+    /// Runs a claimed task under its timeout and cancellation, then settles the outcome.
+    pub(crate) async fn run(
+        &self,
+        d: &Delivery,
+        mut msg: TaskMessage,
+        task: &'static TaskRegistration,
+        token: Token,
+        failures: u32,
+    ) -> Outcome {
+        let opts = task.options();
+        // A message re-sent by taskiq's retry middleware carries its earlier failures.
+        let earlier = failures.max(msg.labels.retries().unwrap_or(0));
+        let attempt = earlier.saturating_add(1);
+        let max_attempts = msg.labels.max_retries().unwrap_or(opts.get_max_attempts());
+        let retry_allowed = msg
+            .labels
+            .retry_on_error()
+            .unwrap_or(opts.get_retry_on_error());
+        let timeout = msg.labels.timeout().or(opts.get_timeout());
+        tracing::Span::current().record("attempt", attempt);
+
+        if attempt > max_attempts {
+            // Earlier runs ended without finishing (their worker crashed or stalled past its
+            // lease): a crash loop ends here instead of running the task again.
+            let error = TaskError::retryable(format!(
+                "{earlier} earlier attempts ended without finishing (the worker crashed, stalled or timed out)"
+            ));
+            return self
+                .fail_for_good(d, &msg, token, error, earlier, 0.0)
+                .await;
+        }
+
+        // The task sees a child of the run's token: it may cancel its own, which must not
+        // look like the worker stopping it.
+        let cancel = CancellationToken::new();
+        let reason = Arc::new(OnceLock::new());
+        self.running.insert(Running {
+            task_id: msg.task_id.clone(),
+            token,
+            handle: d.handle.clone(),
+            cancel: cancel.clone(),
+            reason: Arc::clone(&reason),
+            renewed_at: tokio::time::Instant::now(),
+        });
+        self.counters.started();
+        let ctx = TaskContext::new(
+            msg.task_id.clone(),
+            msg.task_name.clone(),
+            attempt,
+            max_attempts,
+            d.receive_count,
+            msg.labels.clone(),
+            msg.labels.deadline_at(),
+            cancel.child_token(),
+        );
+        let invocation = Invocation::new(
+            ctx,
+            std::mem::take(&mut msg.args),
+            std::mem::take(&mut msg.kwargs),
+            Arc::clone(&self.state),
+        );
+        let started = Instant::now();
+        // A separate task, so a panic is caught as a JoinError and the worker keeps running.
+        let mut join = tokio::spawn((task.run)(invocation).in_current_span());
+        let mut end = tokio::select! {
+            // A run that finished wins over a stop that came at the same moment.
+            biased;
+            joined = &mut join => match joined {
+                Ok(Ok(value)) => RunEnd::Value(value),
+                Ok(Err(e)) => RunEnd::Error(e),
+                Err(e) if e.is_panic() => RunEnd::Error(TaskError::retryable(format!(
+                    "the task panicked: {}", panic_message(e.into_panic())
+                ))),
+                Err(_) => RunEnd::Stopped(StopReason::Shutdown),
+            },
+            _ = cancel.cancelled() => RunEnd::Stopped(reason.get().copied().unwrap_or(StopReason::Shutdown)),
+            _ = sleep_or_never(timeout) => RunEnd::TimedOut(timeout.unwrap_or_default()),
+        };
+        if !join.is_finished() {
+            // The run must be over before the message or claim is given back, or a second run
+            // could overlap it.
+            cancel.cancel();
+            join.abort();
+            let _ = (&mut join).await;
+        }
+        self.running.remove(d.handle.key());
+        // An error returned because the worker stopped the run is the stop, not a failure.
+        if let (Some(why), RunEnd::Error(_) | RunEnd::TimedOut(_)) = (reason.get(), &end) {
+            end = RunEnd::Stopped(*why);
+        }
+        let elapsed = started.elapsed();
+        self.counters.ran_for(elapsed.as_micros() as u64);
+        let secs = elapsed.as_secs_f64();
+
+        let error = match end {
+            RunEnd::Value(value) => {
+                let result = opts
+                    .get_store_result()
+                    .then(|| TaskResult::success(value, secs, msg.labels.to_json_map()));
+                return self
+                    .finish(d, &msg, token, result, Settle::Ack, Outcome::Succeeded)
+                    .await;
+            }
+            RunEnd::Stopped(why) => return self.stopped(d, &msg.task_id, token, why).await,
+            RunEnd::Error(e) => e,
+            RunEnd::TimedOut(limit) => TaskError::with_kind(
+                ErrorKind::Timeout,
+                format!("the run exceeded its {limit:?} timeout"),
+                true,
+            ),
+        };
+
+        if error.is_retryable() && retry_allowed && attempt < max_attempts {
+            let delay = self.backoff(opts, attempt);
+            tracing::info!(error = %error, attempt, max_attempts, retry_in = ?delay, "run failed; will retry");
+            return match self.claims.record_failure(&msg.task_id, token).await {
+                Ok(FailureRecord::Recorded { .. }) => {
+                    self.release(d, delay, Outcome::Retried).await
+                }
+                Ok(_) => {
+                    self.release(d, self.config.min_defer, Outcome::ClaimLost)
+                        .await
+                }
+                Err(e) => {
+                    // The attempt goes uncounted (its lease runs out: the takeover counts it).
+                    tracing::warn!(error = %e, "could not record the failure; releasing anyway");
+                    self.release(d, delay, Outcome::Retried).await
+                }
+            };
+        }
+        let error = if error.is_retryable() && !retry_allowed {
+            TaskError::with_kind(error.kind(), error.message(), false)
+        } else {
+            error
+        };
+        self.fail_for_good(d, &msg, token, error, attempt, secs)
+            .await
+    }
+
+    /// Stores the error result and parks the message (non-retryable, or attempts exhausted).
+    async fn fail_for_good(
+        &self,
+        d: &Delivery,
+        msg: &TaskMessage,
+        token: Token,
+        error: TaskError,
+        attempts: u32,
+        secs: f64,
+    ) -> Outcome {
+        let (kind, reason) = if error.is_retryable() {
+            let kind = match error.kind() {
+                ErrorKind::Timeout => ErrorKind::Timeout,
+                _ => ErrorKind::RetriesExhausted,
+            };
+            (kind, DeadLetterReason::RetriesExhausted)
+        } else {
+            (error.kind(), DeadLetterReason::NonRetryable)
+        };
+        tracing::warn!(error = %error, attempts, "run failed for good");
+        let result = TaskResult::failure(
+            kind,
+            error.message(),
+            error.is_retryable(),
+            attempts,
+            secs,
+            msg.labels.to_json_map(),
+        );
+        let why = DeadLetter::new(
+            reason,
+            error.message(),
+            Some(msg.task_name.clone()),
+            attempts,
+        );
+        self.finish(
+            d,
+            msg,
+            token,
+            Some(result),
+            Settle::DeadLetter(why),
+            Outcome::Failed,
+        )
+        .await
+    }
+
+    /// A run stopped from outside (DESIGN §6 heartbeat and shutdown rows).
+    async fn stopped(&self, d: &Delivery, id: &TaskId, token: Token, why: StopReason) -> Outcome {
+        match why {
+            StopReason::DeliveryLost => {
+                // The message is someone else's now: write nothing, free the claim for them.
+                self.release_claim(id, token).await;
+                Outcome::DeliveryLost
+            }
+            StopReason::ClaimLost => {
+                self.release(d, self.config.min_defer, Outcome::ClaimLost)
+                    .await
+            }
+            StopReason::Shutdown => {
+                // Claim first, so the worker that takes the message next runs it at once
+                // instead of deferring to this worker's lease.
+                let released =
+                    tokio::time::timeout(Duration::from_secs(2), self.release_claim(id, token));
+                if released.await.is_err() {
+                    tracing::warn!("claim release timed out; the next worker waits for its lease");
+                }
+                self.release_now(d, Outcome::ShutdownReleased).await
+            }
+        }
+    }
+
+    /// Exponential backoff from the task's initial delay, capped, with jitter in [50 %, 100 %].
+    fn backoff(&self, opts: &TaskOptions, attempt: u32) -> Duration {
+        let exp = attempt.saturating_sub(1).min(30) as i32;
+        let base = opts.get_backoff_initial().as_secs_f64() * 2f64.powi(exp);
+        let capped = base.min(opts.get_backoff_max().as_secs_f64());
+        let factor: f64 = self
+            .rng
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .random_range(0.5..=1.0);
+        Duration::from_secs_f64(capped * factor)
+    }
+}
+
+async fn sleep_or_never(limit: Option<Duration>) {
+    match limit {
+        Some(limit) => tokio::time::sleep(limit).await,
+        None => pending().await,
+    }
+}
+
+fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "(non-string panic payload)".to_owned()
+    }
+}

@@ -1,0 +1,231 @@
+//! Settling a delivery: the fenced result write, then ack / release / dead-letter; and the
+//! error results of messages that cannot run.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::delivery::{PendingResult, Settle};
+use super::running::Outcome;
+use super::Inner;
+use crate::broker::{BrokerError, DeadLetter, DeadLetterReason, Delivery};
+use crate::store::{ClaimOutcome, CompleteOutcome, ResultStatus, StoreError, Token};
+use crate::wire::{ErrorKind, TaskId, TaskMessage, TaskResult};
+
+/// Why writing an error result for an unrunnable message did not happen now.
+enum NotWritten {
+    /// A valid copy of the task is running elsewhere; try again later.
+    Busy(Duration),
+    /// The store failed.
+    Store(StoreError),
+}
+
+impl Inner {
+    /// The fenced result write, then the message's settlement.
+    pub(crate) async fn finish(
+        &self,
+        d: &Delivery,
+        msg: &TaskMessage,
+        token: Token,
+        result: Option<TaskResult>,
+        settle: Settle,
+        outcome: Outcome,
+    ) -> Outcome {
+        let reply_to = msg.labels.reply_to();
+        match self
+            .results
+            .complete(&msg.task_id, token, result.as_ref(), reply_to)
+            .await
+        {
+            Ok(CompleteOutcome::Stored | CompleteOutcome::AlreadyStored) => {
+                self.settle_message(d, &settle, outcome).await
+            }
+            Ok(_) => {
+                // Fenced off: another holder owns the task and its message now.
+                tracing::warn!("result write rejected: the claim was taken over; not acking");
+                self.release(d, self.config.min_defer, Outcome::Stale).await
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "result store unreachable: keeping the result for the redelivery");
+                self.keep_pending(
+                    &msg.task_id,
+                    PendingResult {
+                        token,
+                        result,
+                        settle,
+                        outcome,
+                        kept_at: Instant::now(),
+                    },
+                );
+                self.release(d, self.config.store_retry_after, Outcome::Released)
+                    .await
+            }
+        }
+    }
+
+    /// A copy of a finished task: acked, unless the task failed for good, in which case the
+    /// copy is parked too. A failed task's first copy may never have reached the dead-letter
+    /// queue (the worker died between the result write and the dead-letter).
+    pub(crate) async fn duplicate_of_finished(&self, d: &Delivery, id: &TaskId) -> Outcome {
+        let failure = match self.results.get(id).await {
+            Ok(ResultStatus::Ready(r)) => r.failure_details(),
+            Ok(_) => None,
+            Err(e) => {
+                tracing::warn!(error = %e, "result store unreachable: releasing the duplicate");
+                return self
+                    .release(d, self.config.store_retry_after, Outcome::Released)
+                    .await;
+            }
+        };
+        let park = failure.filter(|f| {
+            !matches!(
+                f.kind,
+                Some(ErrorKind::Cancelled | ErrorKind::DeadlineExceeded)
+            )
+        });
+        match park {
+            Some(f) => {
+                let reason = match f.kind {
+                    Some(ErrorKind::RetriesExhausted | ErrorKind::Timeout) => {
+                        DeadLetterReason::RetriesExhausted
+                    }
+                    Some(ErrorKind::InvalidMessage) => DeadLetterReason::InvalidMessage,
+                    Some(ErrorKind::UnknownTask) => DeadLetterReason::UnknownTask,
+                    _ => DeadLetterReason::NonRetryable,
+                };
+                let name = TaskMessage::peek_task_name(&d.body);
+                let why = DeadLetter::new(reason, f.message, name, f.attempts);
+                match self.broker.dead_letter(d, &why).await {
+                    Ok(()) => Outcome::Duplicate,
+                    Err(e) => self.broker_failed("dead-letter", e),
+                }
+            }
+            None => self.ack(d, Outcome::Duplicate).await,
+        }
+    }
+
+    /// Writes an error result through the claim (so it is written once) and dead-letters the
+    /// message. While the store is down or a valid copy runs elsewhere, the message is
+    /// released to try again, up to twice the unroutable limit; then it is parked without a
+    /// result rather than looped.
+    pub(crate) async fn reject_with_result(
+        &self,
+        d: &Delivery,
+        id: Option<TaskId>,
+        reason: DeadLetterReason,
+        kind: ErrorKind,
+        detail: String,
+        task_name: Option<String>,
+    ) -> Outcome {
+        if let Some(id) = id {
+            let result =
+                TaskResult::failure(kind, detail.clone(), false, 0, 0.0, Default::default());
+            let retries_left =
+                d.receive_count < self.config.max_unroutable_receives.saturating_mul(2);
+            match self.write_unclaimed_failure(&id, &result).await {
+                Ok(()) => {}
+                Err(NotWritten::Busy(after)) if retries_left => {
+                    return self.release(d, after, Outcome::Deferred).await;
+                }
+                Err(NotWritten::Store(e)) if retries_left => {
+                    tracing::warn!(error = %e, "store unreachable: releasing to write the error result later");
+                    return self
+                        .release(d, self.config.store_retry_after, Outcome::Released)
+                        .await;
+                }
+                Err(_) => {
+                    tracing::error!("could not write the error result; dead-lettering without it")
+                }
+            }
+        }
+        let why = DeadLetter::new(reason, detail, task_name, 0);
+        self.dead_letter(d, &why).await
+    }
+
+    async fn write_unclaimed_failure(
+        &self,
+        id: &TaskId,
+        result: &TaskResult,
+    ) -> Result<(), NotWritten> {
+        let claim = self
+            .claims
+            .claim(id, &self.config.worker_id, self.config.lease, None)
+            .await
+            .map_err(NotWritten::Store)?;
+        match claim {
+            ClaimOutcome::Run { token, .. } | ClaimOutcome::Expired { token } => {
+                if let Err(e) = self.results.complete(id, token, Some(result), None).await {
+                    // Do not leave our claim in the way of the next try.
+                    self.release_claim(id, token).await;
+                    return Err(NotWritten::Store(e));
+                }
+                Ok(())
+            }
+            ClaimOutcome::Defer { retry_after } => Err(NotWritten::Busy(retry_after)),
+            // Already answered.
+            ClaimOutcome::Done | ClaimOutcome::Revoked => Ok(()),
+        }
+    }
+
+    pub(crate) async fn settle_message(
+        &self,
+        d: &Delivery,
+        settle: &Settle,
+        outcome: Outcome,
+    ) -> Outcome {
+        match settle {
+            Settle::Ack => self.ack(d, outcome).await,
+            Settle::DeadLetter(why) => match self.broker.dead_letter(d, why).await {
+                Ok(()) => outcome,
+                Err(e) => self.broker_failed("dead-letter", e),
+            },
+        }
+    }
+
+    pub(crate) async fn ack(&self, d: &Delivery, outcome: Outcome) -> Outcome {
+        match self.broker.ack(&d.handle).await {
+            Ok(()) => outcome,
+            Err(e) => self.broker_failed("ack", e),
+        }
+    }
+
+    /// Gives the message back after `after`, never sooner than `min_defer`: every receive
+    /// costs (SQS counts it toward the redrive limit), so nothing is released for 0 s except a
+    /// drain's hand-back.
+    pub(crate) async fn release(&self, d: &Delivery, after: Duration, outcome: Outcome) -> Outcome {
+        self.release_after(d, after.max(self.config.min_defer), outcome)
+            .await
+    }
+
+    /// Gives the message back visible at once (a drain's leftovers, for another worker).
+    pub(crate) async fn release_now(&self, d: &Delivery, outcome: Outcome) -> Outcome {
+        self.release_after(d, Duration::ZERO, outcome).await
+    }
+
+    async fn release_after(&self, d: &Delivery, after: Duration, outcome: Outcome) -> Outcome {
+        match self.broker.release(&d.handle, after).await {
+            Ok(()) => outcome,
+            Err(e) => self.broker_failed("release", e),
+        }
+    }
+
+    pub(crate) async fn dead_letter(&self, d: &Delivery, why: &DeadLetter) -> Outcome {
+        match self.broker.dead_letter(d, why).await {
+            Ok(()) => Outcome::DeadLettered,
+            Err(e) => self.broker_failed("dead-letter", e),
+        }
+    }
+
+    fn broker_failed(&self, op: &str, e: BrokerError) -> Outcome {
+        // Nothing is lost: an unsettled message comes back (its lease runs out, or its broker
+        // puts it back).
+        tracing::warn!(error = %e, op, "broker call failed; the message will be redelivered");
+        Outcome::BrokerError
+    }
+
+    pub(crate) async fn release_claim(&self, id: &TaskId, token: Token) {
+        if let Err(e) = self.claims.release(id, token).await {
+            tracing::warn!(error = %e, "could not release the claim; it expires with its lease");
+        }
+    }
+}
