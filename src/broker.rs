@@ -305,8 +305,8 @@ pub trait Broker: Send + Sync + 'static {
     async fn depth(&self) -> Result<QueueDepth, BrokerError>;
     /// Whether the broker is usable.
     async fn health(&self) -> Health;
-    /// The worker is draining and will not call `receive` again: a broker that pushes
-    /// deliveries should stop and give back the ones it buffered. Deliveries already handed out
-    /// stay settleable. The default does nothing (pull brokers hold nothing unasked).
+    /// The worker has drained (every delivery it took is settled) and will not call `receive`
+    /// again: a broker that pushes deliveries gives back the ones it buffered. The default
+    /// does nothing (pull brokers hold nothing unasked).
     async fn stop_receiving(&self) {}
 }

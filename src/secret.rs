@@ -11,6 +11,9 @@ use std::fmt;
 /// assert!(!format!("{url:?}").contains("s3cret"));
 /// assert_eq!(url.expose(), "amqp://app:s3cret@rabbit:5672/%2f");
 /// assert_eq!(url.scheme(), "amqp");
+/// // Malformed URLs never show the password either.
+/// assert_eq!(SecretUrl::new("redis://:ab/cd@host:6379").to_string(), "redis://:***@host:6379");
+/// assert_eq!(SecretUrl::new("redis://s3cret@host").to_string(), "redis://***@host");
 /// ```
 #[derive(Clone, PartialEq, Eq)]
 pub struct SecretUrl(String);
@@ -35,23 +38,27 @@ impl SecretUrl {
     }
 
     /// The URL with any password (and any `password=`/secret query values) replaced by `***`.
+    /// A URL that does not split cleanly loses more than its password, never less.
     pub fn redacted(&self) -> String {
         let Some((scheme, rest)) = self.0.split_once("://") else {
             return "***".to_owned();
         };
-        let (authority, tail) = match rest.find(['/', '?', '#']) {
-            Some(i) => rest.split_at(i),
-            None => (rest, ""),
+        // The user info ends at the last '@' before any query or fragment: a malformed
+        // password may itself contain '/', which would end the authority early.
+        let query_at = rest.find(['?', '#']).unwrap_or(rest.len());
+        let (userinfo, after) = match rest[..query_at].rfind('@') {
+            Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
+            None => (None, rest),
         };
-        let authority = match authority.rsplit_once('@') {
-            Some((userinfo, host)) => match userinfo.split_once(':') {
-                Some((user, _)) => format!("{user}:***@{host}"),
-                None => format!("{userinfo}@{host}"),
+        let userinfo = match userinfo {
+            // `user:password@` keeps the user; a lone `secret@` may be a password (redis).
+            Some(info) => match info.split_once(':') {
+                Some((user, _)) if !user.contains('/') => format!("{user}:***@"),
+                _ => "***@".to_owned(),
             },
-            None => authority.to_owned(),
+            None => String::new(),
         };
-        let tail = redact_query(tail);
-        format!("{scheme}://{authority}{tail}")
+        format!("{scheme}://{userinfo}{}", redact_query(after))
     }
 }
 

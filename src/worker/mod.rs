@@ -313,9 +313,6 @@ impl Worker {
             }
         }
         tracker.close();
-        // Take no more deliveries: a broker that pushes them (RabbitMQ) hands buffered ones
-        // back for other workers.
-        inner.broker.stop_receiving().await;
         tracing::info!(in_flight = inner.running.len(), grace = ?inner.config.grace, "draining");
         tokio::select! {
             _ = tracker.wait() => {}
@@ -331,6 +328,9 @@ impl Worker {
             tracker.wait().await;
         }
         heartbeats.stop().await;
+        // Every delivery is settled: a broker that pushes deliveries (RabbitMQ) hands the ones
+        // it buffered back to the queue for other workers.
+        inner.broker.stop_receiving().await;
         tracing::info!("worker stopped");
     }
 }

@@ -174,21 +174,31 @@ impl AmqpBroker {
         held.generation == self.shared.current_generation() && held.acker.usable()
     }
 
-    fn route(&self, msg: &OutgoingMessage) -> Publication {
+    fn route(&self, msg: &OutgoingMessage) -> Result<Publication, BrokerError> {
         let config = &self.shared.config;
         let lane = msg
             .queue
             .clone()
             .unwrap_or_else(|| config.queues[0].clone());
+        if lane.is_empty() || lane.len() > 200 {
+            return Err(BrokerError::Rejected(format!(
+                "queue name of {} bytes: RabbitMQ routing keys are 1-255 bytes",
+                lane.len()
+            )));
+        }
         let mut headers = FieldTable::default();
         for (k, v) in &msg.headers {
-            headers.insert(k.as_str().into(), long(v));
+            // A header name must fit an AMQP short string; a label that does not is kept in
+            // the body (taskiq reads labels from there) and left out of the headers.
+            if let Ok(name) = ShortString::try_new(k.as_str()) {
+                headers.insert(name, long(v));
+            }
         }
         let mut properties = persistent(headers).with_message_id(msg.task_id.as_str().into());
         if let Some(p) = msg.priority {
             properties = properties.with_priority(p);
         }
-        match msg.delay {
+        Ok(match msg.delay {
             Some(delay) if !delay.is_zero() => {
                 self.delayed(lane, delay, msg.body.clone(), properties)
             }
@@ -198,7 +208,7 @@ impl AmqpBroker {
                 body: msg.body.clone(),
                 properties,
             },
-        }
+        })
     }
 
     /// A publication that waits `delay` in the lane's delay tier, then dead-letters back to it.
@@ -226,18 +236,28 @@ impl AmqpBroker {
     /// Publishes and waits for every confirm, again on a new connection if this one fails,
     /// until the publish timeout.
     async fn publish_all(&self, batch: &[Publication]) -> Result<(), BrokerError> {
-        let deadline = Instant::now() + self.shared.config.publish_timeout;
+        let deadline = Instant::now()
+            .checked_add(self.shared.config.publish_timeout)
+            .unwrap_or_else(|| Instant::now() + Duration::from_secs(86_400));
         loop {
             let session = self.live_session(deadline).await?;
-            match publish_on(&session, batch).await {
-                Ok(()) => return Ok(()),
-                Err(PublishFailure::Rejected(why)) => return Err(BrokerError::Rejected(why)),
-                Err(PublishFailure::Connection(why)) => {
+            // Bounded: a blocked connection (a RabbitMQ resource alarm) never confirms.
+            let attempt = tokio::time::timeout_at(deadline, publish_on(&session, batch)).await;
+            match attempt {
+                Ok(Ok(())) => return Ok(()),
+                Ok(Err(PublishFailure::Rejected(why))) => return Err(BrokerError::Rejected(why)),
+                Ok(Err(PublishFailure::Connection(why))) => {
                     tracing::warn!(error = %why, "publish interrupted; publishing again after reconnecting");
                     session.dead.cancel();
                     if Instant::now() >= deadline {
                         return Err(BrokerError::Unavailable(why));
                     }
+                }
+                Err(_) => {
+                    return Err(BrokerError::Unavailable(format!(
+                        "no publisher confirm within {:?} (is RabbitMQ blocking publishers?)",
+                        self.shared.config.publish_timeout
+                    )))
                 }
             }
         }
@@ -268,6 +288,23 @@ impl AmqpBroker {
         headers
     }
 
+    /// Publishes `copy`, then acks the original. If the copy cannot be published, the
+    /// original goes back to its queue now: a delivery left unsettled on a live channel would
+    /// be held until the channel closes.
+    async fn publish_copy_then_ack(
+        &self,
+        held: &Held,
+        copy: Publication,
+    ) -> Result<(), BrokerError> {
+        if let Err(e) = self.publish_all(std::slice::from_ref(&copy)).await {
+            if self.is_current(held) {
+                crate::session::requeue(&held.acker).await;
+            }
+            return Err(e);
+        }
+        self.ack_held(held).await
+    }
+
     async fn ack_held(&self, held: &Held) -> Result<(), BrokerError> {
         if held.generation != self.shared.current_generation() {
             return Err(BrokerError::DeliveryLost);
@@ -287,9 +324,15 @@ impl AmqpBroker {
             delivery,
         } = incoming;
         let headers = delivery.properties.headers().clone().unwrap_or_default();
-        let earlier = header_int(&headers, "x-delivery-count").unwrap_or(0)
-            + header_int(&headers, RECEIVES_HEADER).unwrap_or(0);
-        let receive_count = (earlier.max(0) + 1).min(i64::from(u32::MAX)) as u32;
+        let earlier = header_int(&headers, "x-delivery-count")
+            .unwrap_or(0)
+            .clamp(0, i64::from(u32::MAX))
+            .saturating_add(
+                header_int(&headers, RECEIVES_HEADER)
+                    .unwrap_or(0)
+                    .clamp(0, i64::from(u32::MAX)),
+            );
+        let receive_count = earlier.saturating_add(1).min(i64::from(u32::MAX)) as u32;
         let task_id = header_str(&headers, "task_id");
         let held = Held {
             generation,
@@ -310,7 +353,15 @@ impl AmqpBroker {
 }
 
 async fn publish_on(session: &Session, batch: &[Publication]) -> Result<(), PublishFailure> {
-    let connection_failed = |e: lapin::Error| PublishFailure::Connection(e.to_string());
+    // A soft error is the broker closing this channel over this batch (404, 406): retrying it
+    // will not help. Anything else is the connection.
+    let connection_failed = |e: lapin::Error| {
+        if e.is_amqp_soft_error() {
+            PublishFailure::Rejected(format!("RabbitMQ refused the publish: {e}"))
+        } else {
+            PublishFailure::Connection(e.to_string())
+        }
+    };
     let mut publisher = session.checkout().await.map_err(connection_failed)?;
     let channel = publisher.channel.as_ref().expect("checked out");
     // Pipelined: every message is written before the first confirm is awaited.
@@ -318,8 +369,8 @@ async fn publish_on(session: &Session, batch: &[Publication]) -> Result<(), Publ
     for p in batch {
         let confirm = channel
             .basic_publish(
-                ShortString::from(p.exchange.as_str()),
-                ShortString::from(p.routing_key.as_str()),
+                p.exchange.as_str().into(),
+                p.routing_key.as_str().into(),
                 BasicPublishOptions {
                     mandatory: true,
                     ..Default::default()
@@ -361,6 +412,7 @@ async fn publish_on(session: &Session, batch: &[Publication]) -> Result<(), Publ
             }
         }
     }
+    publisher.settled = true;
     match rejected {
         None => Ok(()),
         Some(why) => Err(PublishFailure::Rejected(why)),
@@ -373,7 +425,10 @@ impl Broker for AmqpBroker {
         if batch.is_empty() {
             return Ok(());
         }
-        let publications: Vec<_> = batch.iter().map(|m| self.route(m)).collect();
+        let publications = batch
+            .iter()
+            .map(|m| self.route(m))
+            .collect::<Result<Vec<_>, _>>()?;
         self.publish_all(&publications).await
     }
 
@@ -382,7 +437,6 @@ impl Broker for AmqpBroker {
             self.shared.start_consuming.notify_one();
         }
         let mut rx = self.receiver.lock().await;
-        let current = self.shared.current_generation();
         let mut out = Vec::new();
         let first = match tokio::time::timeout(wait, rx.recv()).await {
             Ok(Some(incoming)) => incoming,
@@ -392,9 +446,7 @@ impl Broker for AmqpBroker {
         let mut next = Some(first);
         while let Some(incoming) = next.take() {
             // Deliveries of a dead channel are the broker's again; their copies come anew.
-            if incoming.generation == current
-                || incoming.generation == self.shared.current_generation()
-            {
+            if incoming.generation == self.shared.current_generation() {
                 out.push(self.to_delivery(incoming));
             }
             if out.len() < max.max(1) {
@@ -436,8 +488,7 @@ impl Broker for AmqpBroker {
             held.body.clone(),
             persistent(Self::copy_headers(held)),
         );
-        self.publish_all(std::slice::from_ref(&copy)).await?;
-        self.ack_held(held).await
+        self.publish_copy_then_ack(held, copy).await
     }
 
     async fn extend(
@@ -482,8 +533,7 @@ impl Broker for AmqpBroker {
             body: delivery.body.clone(),
             properties: persistent(headers),
         };
-        self.publish_all(std::slice::from_ref(&copy)).await?;
-        self.ack_held(held).await
+        self.publish_copy_then_ack(held, copy).await
     }
 
     async fn depth(&self) -> Result<QueueDepth, BrokerError> {
@@ -523,6 +573,16 @@ impl Broker for AmqpBroker {
         let _ = channel.close(200, "depth read".into()).await;
         // RabbitMQ's passive declare counts ready messages only; unacked ones are not reported.
         Ok(QueueDepth::new(ready, 0, delayed))
+    }
+
+    async fn stop_receiving(&self) {
+        // Called once the worker's runs are settled: closing the consumer channels puts what
+        // was buffered for it back in the queue. (Cancelling a quorum consumer earlier would
+        // also hand away the deliveries of runs still finishing.)
+        self.shared.consume.store(false, Ordering::SeqCst);
+        self.shared.close_consumers().await;
+        let mut rx = self.receiver.lock().await;
+        while rx.try_recv().is_ok() {} // their channel is closed: they are the queue's again
     }
 
     async fn health(&self) -> Health {

@@ -140,7 +140,15 @@ impl AmqpBrokerBuilder {
             }
             _ => return Err(bad_url("use amqp:// or amqps://")),
         }
-        if self.url.expose().contains("://[") {
+        let authority = self
+            .url
+            .expose()
+            .split_once("://")
+            .map_or("", |(_, rest)| rest);
+        let host = authority
+            .rsplit_once('@')
+            .map_or(authority, |(_, host)| host);
+        if host.starts_with('[') {
             return Err(bad_url(
                 "IPv6 literal hosts are not supported by the AMQP client; use a host name",
             ));

@@ -29,19 +29,28 @@ pub(crate) struct Session {
     publisher_slots: Arc<Semaphore>,
     pub(crate) dead: CancellationToken,
     consuming: AtomicBool,
+    /// The consumer channels, closed when the worker has drained.
+    consumer_channels: Mutex<Vec<Channel>>,
 }
 
 /// A publisher channel checked out for one batch: acks and returns on it belong to that batch.
 pub(crate) struct Publisher<'a> {
     session: &'a Session,
     pub(crate) channel: Option<Channel>,
+    /// Set once every confirm of the batch arrived: only then may the channel serve another
+    /// batch (a late return or ack would be paired with the next batch's publishes).
+    pub(crate) settled: bool,
     _slot: OwnedSemaphorePermit,
 }
 
 impl Drop for Publisher<'_> {
     fn drop(&mut self) {
         if let Some(ch) = self.channel.take() {
-            if ch.status().connected() {
+            if !self.settled {
+                tokio::spawn(async move {
+                    let _ = ch.close(200, "abandoned batch".into()).await;
+                });
+            } else if ch.status().connected() {
                 self.session
                     .publishers
                     .lock()
@@ -75,6 +84,7 @@ impl Session {
         Ok(Publisher {
             session: self,
             channel: Some(channel),
+            settled: false,
             _slot: slot,
         })
     }
@@ -145,11 +155,18 @@ impl Shared {
             }
             Ok::<_, lapin::Error>(publishers)
         };
-        let publishers = match setup.await {
-            Ok(p) => p,
-            Err(e) => {
+        let publishers = match tokio::time::timeout(config.connect_timeout, setup).await {
+            Ok(Ok(p)) => p,
+            Ok(Err(e)) => {
                 let _ = connection.close(200, "setup failed".into()).await;
                 return Err(format!("declaring the topology failed: {e}"));
+            }
+            Err(_) => {
+                let _ = connection.close(200, "setup timed out".into()).await;
+                return Err(format!(
+                    "declaring the topology took over {:?}",
+                    config.connect_timeout
+                ));
             }
         };
         let generation = self.generation.fetch_add(1, Ordering::SeqCst) + 1;
@@ -160,6 +177,7 @@ impl Shared {
             publisher_slots: Arc::new(Semaphore::new(config.publisher_channels)),
             dead: CancellationToken::new(),
             consuming: AtomicBool::new(false),
+            consumer_channels: Mutex::new(Vec::new()),
         });
         watch_events(events, Arc::clone(&session), Arc::clone(self));
         Ok(session)
@@ -183,15 +201,20 @@ impl Shared {
                 let consumer = channel
                     .basic_consume(
                         queue.as_str().into(),
-                        tag.into(),
+                        tag.as_str().into(),
                         BasicConsumeOptions::default(),
                         FieldTable::default(),
                     )
                     .await?;
-                Ok::<_, lapin::Error>((channel, consumer))
+                Ok::<_, lapin::Error>((channel, tag, consumer))
             };
             match started.await {
-                Ok((channel, mut consumer)) => {
+                Ok((channel, _tag, mut consumer)) => {
+                    session
+                        .consumer_channels
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push(channel.clone());
                     let (shared, session, queue) =
                         (Arc::clone(self), Arc::clone(session), queue.clone());
                     tokio::spawn(async move {
@@ -206,6 +229,8 @@ impl Shared {
                                             return;
                                         }
                                     }
+                                    // Closed on purpose after a drain.
+                                    None | Some(Err(_)) if !shared.consume.load(Ordering::SeqCst) => return,
                                     Some(Err(e)) => {
                                         tracing::warn!(error = %e, queue, "consumer failed; reconnecting");
                                         shared.set_error(&e);
@@ -232,6 +257,25 @@ impl Shared {
         }
     }
 
+    /// Closes the live session's consumer channels: RabbitMQ puts every delivery still
+    /// unacked on them back in its queue (those buffered for a worker that stopped).
+    pub(crate) async fn close_consumers(&self) {
+        let session = self.session.borrow().clone();
+        let Some(session) = session else {
+            return;
+        };
+        let channels = std::mem::take(
+            &mut *session
+                .consumer_channels
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()),
+        );
+        for channel in channels {
+            let _ = channel.close(200, "worker drained".into()).await;
+        }
+        session.consuming.store(false, Ordering::SeqCst);
+    }
+
     /// Keeps a live session: serves `first`, and whenever a session dies, reconnects with
     /// backoff. Ends when the broker is dropped or closed.
     pub(crate) async fn supervise(self: Arc<Self>, first: Arc<Session>) {
@@ -251,18 +295,16 @@ impl Shared {
                             Err(e) => {
                                 tracing::warn!(error = %e, retry_in = ?backoff, "cannot reconnect to RabbitMQ");
                                 self.set_error(&e);
-                                tokio::select! {
-                                    _ = self.stop.cancelled() => return,
-                                    _ = tokio::time::sleep(backoff) => {}
+                                if !self.pause(&mut backoff).await {
+                                    return;
                                 }
-                                backoff = (backoff * 2).min(Duration::from_secs(5));
                                 continue;
                             }
                         },
                     }
                 }
             };
-            backoff = Duration::from_millis(100);
+            let connected_at = tokio::time::Instant::now();
             self.session.send_replace(Some(Arc::clone(&session)));
             loop {
                 if self.consume.load(Ordering::SeqCst) {
@@ -273,7 +315,12 @@ impl Shared {
                     _ = self.start_consuming.notified() => continue,
                     _ = self.stop.cancelled() => {
                         self.session.send_replace(None);
-                        let _ = session.connection.close(200, "closed by ferriq".into()).await;
+                        session.dead.cancel();
+                        let _ = tokio::time::timeout(
+                            Duration::from_secs(5),
+                            session.connection.close(200, "closed by ferriq".into()),
+                        )
+                        .await;
                         return;
                     }
                 }
@@ -288,8 +335,36 @@ impl Shared {
                 session.connection.close(200, "reconnecting".into()),
             )
             .await;
+            // A session that died at once (a refused consumer, a failing declare) must not turn
+            // into a tight reconnect loop: back off unless it lived a while.
+            if connected_at.elapsed() > Duration::from_secs(10) {
+                backoff = Duration::from_millis(100);
+            }
+            if !self.pause(&mut backoff).await {
+                return;
+            }
         }
     }
+
+    /// Sleeps the backoff (doubling it, up to 5 s); `false` when the broker was closed meanwhile.
+    async fn pause(&self, backoff: &mut Duration) -> bool {
+        let wait = *backoff;
+        *backoff = (*backoff * 2).min(Duration::from_secs(5));
+        tokio::select! {
+            _ = self.stop.cancelled() => false,
+            _ = tokio::time::sleep(wait) => true,
+        }
+    }
+}
+
+/// Puts a delivery back in its queue at once.
+pub(crate) async fn requeue(acker: &lapin::Acker) {
+    let _ = acker
+        .nack(lapin::options::BasicNackOptions {
+            requeue: true,
+            multiple: false,
+        })
+        .await;
 }
 
 /// Marks the session dead on the first connection error the connection reports.
@@ -304,6 +379,11 @@ fn watch_events(
             tokio::select! {
                 _ = session.dead.cancelled() => return,
                 event = events.next() => match event {
+                    // A channel closed by the broker (a refused publish, a missing queue) is that
+                    // channel's problem; only a connection-level error ends the session.
+                    Some(Event::Error(e)) if e.is_amqp_soft_error() => {
+                        tracing::warn!(error = %e, "a RabbitMQ channel was closed by the broker");
+                    }
                     Some(Event::Error(e)) => {
                         shared.set_error(&e);
                         session.dead.cancel();

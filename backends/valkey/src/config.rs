@@ -78,8 +78,9 @@ impl ValkeyStoreBuilder {
         self
     }
 
-    /// How long a claim record is kept after its last change (default 15 days): longer than
-    /// any copy of the message may still arrive, and never shorter than `result_ttl`.
+    /// How long a claim record is kept after it was last claimed, renewed, released or
+    /// completed (default 15 days): longer than any copy of the message may still arrive, and
+    /// never shorter than `result_ttl`.
     pub fn claim_ttl(mut self, ttl: Duration) -> Self {
         self.claim_ttl = ttl;
         self
@@ -111,6 +112,11 @@ impl ValkeyStoreBuilder {
         }
         if self.pool_size == 0 || self.pool_size > 64 {
             return Err(ValkeyError::Setting("pool_size must be 1 to 64".into()));
+        }
+        if self.recheck_interval.is_zero() {
+            return Err(ValkeyError::Setting(
+                "recheck_interval must be above zero".into(),
+            ));
         }
         if self.command_timeout.is_zero() || self.connect_timeout.is_zero() {
             return Err(ValkeyError::Setting(

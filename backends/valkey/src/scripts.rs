@@ -50,14 +50,15 @@ if ARGV[3] ~= '' and now > tonumber(ARGV[3]) * 1000000 then return {'expired', t
 return {'run', token, failures, starts}
 "#;
 
-/// KEYS: claims. ARGV: lease ms, then one token per key. Returns 1 (kept) or 0 (lost) per key.
+/// KEYS: claims. ARGV: lease ms, claim ttl ms, then one token per key. Returns 1 (kept) or 0
+/// (lost) per key. The record's TTL restarts: a live claim never expires under its holder.
 const HEARTBEAT: &str = r#"
 local lease_until = now_us() + tonumber(ARGV[1]) * 1000
 local out = {}
 for i, key in ipairs(KEYS) do
   local state, token, _, failures, starts, holder = load(key)
-  if state == 'r' and token == tonumber(ARGV[i + 1]) then
-    redis.call('SET', key, encode('r', token, lease_until, failures, starts, holder), 'KEEPTTL')
+  if state == 'r' and token == tonumber(ARGV[i + 2]) then
+    redis.call('SET', key, encode('r', token, lease_until, failures, starts, holder), 'PX', ARGV[2])
     out[i] = 1
   else
     out[i] = 0
@@ -66,20 +67,22 @@ end
 return out
 "#;
 
-/// KEYS: claim. ARGV: token. Returns 1 when released, 0 when the token was stale.
+/// KEYS: claim. ARGV: token, claim ttl ms. Returns 1 when released, 0 when the token was stale.
 const RELEASE: &str = r#"
 local state, token = load(KEYS[1])
 if state ~= 'r' or token ~= tonumber(ARGV[1]) then return 0 end
--- The state is the record's first byte: overwrite it in place (keeps the TTL).
+-- The state is the record's first byte: overwrite it in place.
 redis.call('SETRANGE', KEYS[1], 0, 'x')
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return 1
 "#;
 
-/// KEYS: claim. ARGV: token. Returns the failure count, or -1 when the token was stale.
+/// KEYS: claim. ARGV: token, claim ttl ms. Returns the failure count, or -1 when the token was
+/// stale.
 const RECORD_FAILURE: &str = r#"
 local state, token, lease_until, failures, starts, holder = load(KEYS[1])
 if state ~= 'r' or token ~= tonumber(ARGV[1]) then return -1 end
-redis.call('SET', KEYS[1], encode('x', token, lease_until, failures + 1, starts, holder), 'KEEPTTL')
+redis.call('SET', KEYS[1], encode('x', token, lease_until, failures + 1, starts, holder), 'PX', ARGV[2])
 return failures + 1
 "#;
 

@@ -95,32 +95,39 @@ impl ValkeyStore {
         };
         let pool = builder.build_pool(settings.pool_size).map_err(failed)?;
         let subscriber = builder.build_subscriber_client().map_err(failed)?;
-        let limit = settings.connect_timeout * 2 + Duration::from_secs(1);
-        let connecting = async {
-            pool.init().await?;
-            subscriber.init().await?;
-            Ok::<_, fred::error::Error>(())
-        };
-        match tokio::time::timeout(limit, connecting).await {
-            Ok(r) => r.map_err(failed)?,
-            Err(_) => {
-                return Err(ValkeyError::Connect {
-                    url: url.clone(),
-                    reason: format!("no answer within {limit:?}"),
-                })
-            }
-        }
-        let scripts = Scripts::new();
-        scripts.load(pool.next()).await.map_err(failed)?;
+        let waiters = Arc::new(Waiters::default());
         let keys = Keys::new(&settings.prefix);
         let reply_channel = keys.reply_channel();
-        let waiters = Arc::new(Waiters::default());
-        let dispatcher = spawn_dispatcher(&subscriber, Arc::clone(&waiters));
-        subscriber
-            .subscribe(reply_channel.as_str())
-            .await
-            .map_err(failed)?;
-        let resubscriber = subscriber.manage_subscriptions();
+        let scripts = Scripts::new();
+        let limit = settings.connect_timeout.saturating_mul(2) + Duration::from_secs(1);
+        let mut background = Vec::new();
+        let setup = async {
+            pool.init().await?;
+            subscriber.init().await?;
+            scripts.load(pool.next()).await?;
+            background.push(spawn_dispatcher(&subscriber, Arc::clone(&waiters)));
+            // Resubscribing after reconnects starts before the first subscription, so a drop
+            // right after it is covered too.
+            background.push(subscriber.manage_subscriptions());
+            subscriber.subscribe(reply_channel.as_str()).await?;
+            Ok::<_, fred::error::Error>(())
+        };
+        let outcome = match tokio::time::timeout(limit, setup).await {
+            Ok(r) => r.map_err(failed),
+            Err(_) => Err(ValkeyError::Connect {
+                url: url.clone(),
+                reason: format!("no answer within {limit:?}"),
+            }),
+        };
+        if let Err(e) = outcome {
+            // Nothing may keep reconnecting in the background for a store that was never made.
+            for task in &background {
+                task.abort();
+            }
+            let _ = subscriber.quit().await;
+            let _ = pool.quit().await;
+            return Err(e);
+        }
         let clustered = pool.next().is_clustered();
         tracing::info!(url = %url, prefix = %settings.prefix, "valkey store connected");
         Ok(ValkeyStore {
@@ -133,7 +140,7 @@ impl ValkeyStore {
                 reply_channel,
                 settings,
                 clustered,
-                background: vec![dispatcher, resubscriber],
+                background,
             }),
         })
     }
@@ -267,7 +274,7 @@ impl ValkeyStore {
                 .iter()
                 .map(|(id, _)| self.inner.keys.claim(id))
                 .collect();
-            let mut args = vec![Self::ms(lease)];
+            let mut args = vec![Self::ms(lease), Self::ms(self.inner.settings.claim_ttl)];
             args.extend(claims.iter().map(|(_, t)| t.0.to_string()));
             (keys, args)
         };
@@ -377,7 +384,11 @@ impl ClaimStore for ValkeyStore {
 
     async fn release(&self, id: &TaskId, token: Token) -> Result<bool, StoreError> {
         let v = scripts::call(&self.inner.pool, &self.inner.scripts.release, || {
-            (vec![self.inner.keys.claim(id)], vec![token.0.to_string()])
+            let ttl = Self::ms(self.inner.settings.claim_ttl);
+            (
+                vec![self.inner.keys.claim(id)],
+                vec![token.0.to_string(), ttl],
+            )
         })
         .await
         .map_err(store_error)?;
@@ -386,7 +397,11 @@ impl ClaimStore for ValkeyStore {
 
     async fn record_failure(&self, id: &TaskId, token: Token) -> Result<FailureRecord, StoreError> {
         let v = scripts::call(&self.inner.pool, &self.inner.scripts.record_failure, || {
-            (vec![self.inner.keys.claim(id)], vec![token.0.to_string()])
+            let ttl = Self::ms(self.inner.settings.claim_ttl);
+            (
+                vec![self.inner.keys.claim(id)],
+                vec![token.0.to_string(), ttl],
+            )
         })
         .await
         .map_err(store_error)?;
@@ -467,23 +482,37 @@ impl ResultStore for ValkeyStore {
 
     async fn wait(&self, id: &TaskId, timeout: Duration) -> Result<ResultStatus, StoreError> {
         let guard = self.inner.waiters.register(id.as_str());
-        let deadline = Instant::now() + timeout;
+        let now = Instant::now();
+        let deadline = now
+            .checked_add(timeout)
+            .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 86_400));
+        // Completions announced on this process's reply channel wake the waiter at once. A
+        // task enqueued by another process (or by Python) is announced elsewhere: re-reads
+        // find it, first soon, then at the configured interval.
+        let mut recheck = Duration::from_millis(100).min(self.inner.settings.recheck_interval);
         loop {
             // Listen before reading, so a completion in between is not missed.
             let notified = guard.notify.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if let ResultStatus::Ready(r) = self.get(id).await? {
-                return Ok(ResultStatus::Ready(r));
+            match self.get(id).await {
+                Ok(ResultStatus::Ready(r)) => return Ok(ResultStatus::Ready(r)),
+                Ok(_) => {}
+                // A blip of the store is not the end of a long wait: keep trying.
+                Err(StoreError::Unavailable(e)) if Instant::now() < deadline => {
+                    tracing::debug!(error = %e, "result read failed while waiting; retrying");
+                }
+                Err(e) => return Err(e),
             }
             let now = Instant::now();
             if now >= deadline {
                 return Ok(ResultStatus::Pending);
             }
-            let recheck = deadline.min(now + self.inner.settings.recheck_interval);
             tokio::select! {
                 _ = &mut notified => {}
-                _ = tokio::time::sleep_until(recheck) => {}
+                _ = tokio::time::sleep_until(deadline.min(now + recheck)) => {
+                    recheck = (recheck * 2).min(self.inner.settings.recheck_interval);
+                }
             }
         }
     }

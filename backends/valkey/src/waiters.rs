@@ -80,6 +80,7 @@ pub(crate) fn spawn_dispatcher(
 ) -> JoinHandle<()> {
     let mut messages = subscriber.message_rx();
     let mut reconnects = subscriber.reconnect_rx();
+    let subscriber = subscriber.clone();
     tokio::spawn(async move {
         loop {
             tokio::select! {
@@ -95,7 +96,14 @@ pub(crate) fn spawn_dispatcher(
                     Err(RecvError::Closed) => return,
                 },
                 r = reconnects.recv() => match r {
-                    Ok(_) | Err(RecvError::Lagged(_)) => waiters.wake_all(),
+                    Ok(_) | Err(RecvError::Lagged(_)) => {
+                        // Subscribed again before the re-reads: a completion between the two
+                        // is then either announced or already stored.
+                        if let Err(e) = subscriber.resubscribe_all().await {
+                            tracing::warn!(error = %e, "resubscribing after a reconnect failed");
+                        }
+                        waiters.wake_all();
+                    }
                     Err(RecvError::Closed) => return,
                 },
             }
