@@ -168,6 +168,9 @@ pub enum DeadLetterReason {
     NonRetryable,
     /// Every attempt failed.
     RetriesExhausted,
+    /// The broker's own redrive limit (SQS `maxReceiveCount`, quorum `x-delivery-limit`, the
+    /// memory broker's `max_receives`) moved it: a backstop, not the worker's decision.
+    RedriveLimit,
 }
 
 impl DeadLetterReason {
@@ -180,6 +183,7 @@ impl DeadLetterReason {
             DeadLetterReason::UnknownTask => "unknown_task",
             DeadLetterReason::NonRetryable => "non_retryable",
             DeadLetterReason::RetriesExhausted => "retries_exhausted",
+            DeadLetterReason::RedriveLimit => "redrive_limit",
         }
     }
 }

@@ -262,3 +262,27 @@ async fn revoking_a_finished_task_without_a_result_does_nothing() {
         .unwrap()
         .is_none());
 }
+
+#[tokio::test(start_paused = true)]
+async fn the_memory_brokers_redrive_limit_parks_a_message_it_keeps_getting_back() {
+    use ferriq::memory::MemoryBroker;
+    let broker = MemoryBroker::with_settings(Duration::from_secs(1), Some(3));
+    broker
+        .publish(vec![OutgoingMessage::raw(b"{}".to_vec())])
+        .await
+        .unwrap();
+    let mut receives = 0;
+    // A consumer that never settles: the visibility timeout gives it back every second.
+    for _ in 0..10 {
+        receives += broker
+            .receive(1, Duration::from_secs(2))
+            .await
+            .unwrap()
+            .len();
+    }
+    assert_eq!(receives, 3);
+    let dead = broker.dead_letters();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].why.reason, DeadLetterReason::RedriveLimit);
+    assert!(broker.is_empty());
+}

@@ -47,6 +47,7 @@ struct Shared {
     notify: Notify,
     default_queue: String,
     visibility: Duration,
+    max_receives: Option<u32>,
 }
 
 #[derive(Default)]
@@ -132,6 +133,14 @@ impl MemoryBroker {
     /// A broker with the given visibility timeout (how long a received, un-extended message
     /// stays invisible).
     pub fn with_visibility(visibility: Duration) -> Self {
+        Self::with_settings(visibility, None)
+    }
+
+    /// A broker with the given visibility timeout and, like SQS's `maxReceiveCount`, a redrive
+    /// limit: a message received `max_receives` times is moved to the dead-letter queue (reason
+    /// `RedriveLimit`) instead of being delivered again. A backstop for loops the worker cannot
+    /// see; `None` (the default) never redrives.
+    pub fn with_settings(visibility: Duration, max_receives: Option<u32>) -> Self {
         static NEXT: AtomicU64 = AtomicU64::new(1);
         MemoryBroker {
             shared: Arc::new(Shared {
@@ -140,6 +149,7 @@ impl MemoryBroker {
                 notify: Notify::new(),
                 default_queue: DEFAULT_QUEUE.to_owned(),
                 visibility,
+                max_receives,
             }),
             queues: Arc::from(vec![DEFAULT_QUEUE.to_owned()]),
         }
@@ -286,6 +296,7 @@ impl MemoryBroker {
                 queues,
                 next_receipt,
                 stats,
+                dead,
                 ..
             } = &mut *state;
             let Some(q) = queues.get_mut(queue) else {
@@ -299,6 +310,26 @@ impl MemoryBroker {
                     break;
                 }
                 let mut stored = entry.remove();
+                if self
+                    .shared
+                    .max_receives
+                    .is_some_and(|max| stored.receive_count >= max)
+                {
+                    // SQS moves it on the receive after the limit: parked, never delivered.
+                    let why = DeadLetter::new(
+                        crate::broker::DeadLetterReason::RedriveLimit,
+                        format!("received {} times", stored.receive_count),
+                        None,
+                        0,
+                    );
+                    dead.push(DeadLettered {
+                        body: stored.body,
+                        why,
+                        queue: queue.clone(),
+                    });
+                    stats.dead_lettered += 1;
+                    continue;
+                }
                 stored.receive_count += 1;
                 *next_receipt += 1;
                 let handle = Handle {

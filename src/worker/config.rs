@@ -71,6 +71,10 @@ pub struct WorkerConfig {
     pub broker_url: Option<SecretUrl>,
     /// The claim/result store URL (`FERRIQ_VALKEY_URL`).
     pub valkey_url: Option<SecretUrl>,
+    /// Where [`Worker::run_until_signal`](crate::Worker::run_until_signal) serves the probes
+    /// (`/livez`, `/readyz`, `/metrics`) (`FERRIQ_PROBE_ADDR`, e.g. `0.0.0.0:9090`; none by
+    /// default).
+    pub probe_addr: Option<std::net::SocketAddr>,
 }
 
 impl Default for WorkerConfig {
@@ -90,6 +94,7 @@ impl Default for WorkerConfig {
             max_pending_results: 10_000,
             broker_url: None,
             valkey_url: None,
+            probe_addr: None,
         }
     }
 }
@@ -136,6 +141,14 @@ impl WorkerConfig {
                 }
                 "FERRIQ_BROKER_URL" => c.broker_url = Some(SecretUrl::new(value)),
                 "FERRIQ_VALKEY_URL" => c.valkey_url = Some(SecretUrl::new(value)),
+                "FERRIQ_PROBE_ADDR" if !value.is_empty() => {
+                    c.probe_addr =
+                        Some(value.trim().parse().map_err(|_| ConfigError::InvalidVar {
+                            name: "FERRIQ_PROBE_ADDR",
+                            value: value.to_owned(),
+                            reason: "expected an address like 0.0.0.0:9090",
+                        })?)
+                }
                 _ => {}
             }
         }

@@ -4,12 +4,14 @@
 mod config;
 mod delivery;
 mod heartbeat;
+mod probes;
 mod run;
 mod running;
 mod settle;
 mod shutdown;
 
 pub use config::{ConfigError, WorkerConfig};
+pub use probes::ProbeServer;
 pub use running::{Outcome, WorkerStats};
 pub use shutdown::Shutdown;
 
@@ -234,8 +236,21 @@ impl Worker {
     }
 
     /// Runs until SIGTERM or SIGINT, then drains (see [`Worker::run`]); a second signal
-    /// cancels the leftovers at once.
+    /// cancels the leftovers at once. Serves the probes too when `probe_addr` is set.
     pub async fn run_until_signal(&self) {
+        let _probes = match self.inner.config.probe_addr {
+            Some(addr) => match self.serve_probes(addr).await {
+                Ok(server) => {
+                    tracing::info!(%addr, "serving /livez, /readyz and /metrics");
+                    Some(server)
+                }
+                Err(e) => {
+                    tracing::error!(%addr, error = %e, "cannot serve the probes");
+                    None
+                }
+            },
+            None => None,
+        };
         let shutdown = Shutdown::new();
         let watcher = shutdown.clone();
         let signals = tokio::spawn(async move {

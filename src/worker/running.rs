@@ -177,7 +177,7 @@ impl Outcome {
         }
     }
 
-    const ALL: [Outcome; 14] = [
+    pub(crate) const ALL: [Outcome; 14] = [
         Outcome::Succeeded,
         Outcome::Failed,
         Outcome::Retried,
@@ -201,7 +201,14 @@ pub(crate) struct Counters {
     outcomes: [AtomicU64; 14],
     started: AtomicU64,
     run_micros: AtomicU64,
+    /// Run durations, counted per bucket of [`RUN_SECONDS_BUCKETS`] (the last is +Inf).
+    run_buckets: [AtomicU64; RUN_SECONDS_BUCKETS.len() + 1],
 }
+
+/// Upper bounds (seconds) of the run-duration histogram's buckets.
+pub(crate) const RUN_SECONDS_BUCKETS: [f64; 12] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 60.0, 300.0,
+];
 
 impl Counters {
     pub(crate) fn record(&self, outcome: Outcome) {
@@ -215,6 +222,12 @@ impl Counters {
 
     pub(crate) fn ran_for(&self, micros: u64) {
         self.run_micros.fetch_add(micros, Ordering::Relaxed);
+        let secs = micros as f64 / 1e6;
+        let bucket = RUN_SECONDS_BUCKETS
+            .iter()
+            .position(|b| secs <= *b)
+            .unwrap_or(RUN_SECONDS_BUCKETS.len());
+        self.run_buckets[bucket].fetch_add(1, Ordering::Relaxed);
     }
 
     pub(crate) fn snapshot(&self, in_flight: usize) -> WorkerStats {
@@ -227,6 +240,11 @@ impl Counters {
             in_flight,
             run_seconds: self.run_micros.load(Ordering::Relaxed) as f64 / 1e6,
             outcomes: Outcome::ALL.iter().map(|o| (*o, get(*o))).collect(),
+            run_histogram: self
+                .run_buckets
+                .iter()
+                .map(|b| b.load(Ordering::Relaxed))
+                .collect(),
         }
     }
 }
@@ -243,6 +261,9 @@ pub struct WorkerStats {
     pub run_seconds: f64,
     /// Deliveries per outcome.
     pub outcomes: Vec<(Outcome, u64)>,
+    /// Runs per duration bucket (not cumulative), for the upper bounds in seconds
+    /// 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10, 60, 300 and +Inf.
+    pub run_histogram: Vec<u64>,
 }
 
 impl WorkerStats {
