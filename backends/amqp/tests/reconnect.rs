@@ -19,8 +19,25 @@ async fn slow(n: u64) -> u64 {
     n
 }
 
+#[derive(Clone, Copy, Debug)]
+enum Fault {
+    /// Closed at once.
+    Cut,
+    /// Open but silent: only the AMQP heartbeat notices.
+    Stall,
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cut_connection_is_replaced_and_every_task_completes_once() {
+    survives(Fault::Cut).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_connection_is_noticed_by_heartbeat_and_replaced() {
+    survives(Fault::Stall).await;
+}
+
+async fn survives(fault: Fault) {
     const TASKS: u64 = 1_000;
     let topology = Topology::new();
     let prefix = topology.queue.replace('.', "_");
@@ -61,9 +78,13 @@ async fn a_cut_connection_is_replaced_and_every_task_completes_once() {
         assert!(Instant::now() < deadline, "worker made no progress");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let cut = proxy.cut();
-    assert!(cut >= 1, "a live connection was cut");
+    let faulted = match fault {
+        Fault::Cut => proxy.cut(),
+        Fault::Stall => proxy.stall(),
+    };
+    assert!(faulted >= 1, "a live connection was hit");
     let at_cut = store.total_writes();
+    let hit = tokio::time::Instant::now();
 
     for (n, h) in handles.iter().enumerate() {
         let v: u64 = h
@@ -76,7 +97,8 @@ async fn a_cut_connection_is_replaced_and_every_task_completes_once() {
     let stats = worker.worker.stats();
     worker.stop().await;
     println!(
-        "results at cut: {at_cut}; lost deliveries: {}; broker errors: {}; duplicates acked: {}",
+        "{fault:?}: results at the fault: {at_cut}; all done {:?} later; lost deliveries: {}; broker errors: {}; duplicates acked: {}",
+        hit.elapsed(),
         stats.count(Outcome::DeliveryLost),
         stats.count(Outcome::BrokerError),
         stats.count(Outcome::Duplicate)

@@ -264,3 +264,63 @@ async fn urls_are_checked_and_passwords_never_shown() {
     let broker = Topology::new().broker().await;
     assert!(!format!("{broker:?}").contains("guest:guest"), "{broker:?}");
 }
+
+#[tokio::test]
+async fn a_worker_serves_several_lanes() {
+    let (first, second) = (Topology::new(), Topology::new());
+    let prefix = first.queue.replace('.', "_");
+    let store = Arc::new(common::store(&prefix).await);
+    let lanes = |url: &str| {
+        ferriq_amqp::AmqpBroker::builder(url)
+            .exchange(first.exchange.as_str())
+            .queues([first.queue.as_str(), second.queue.as_str()])
+            .delay_tiers(common::TIERS)
+    };
+    let worker_broker = Arc::new(lanes(&common::amqp_url()).connect().await.unwrap());
+    let client_broker = Arc::new(lanes(&common::amqp_url()).connect().await.unwrap());
+    let client = Client::new(client_broker.clone(), store.clone());
+    // The first lane is the default; the second is chosen per call (label `queue_name`).
+    let on_first = add::kiq(&client, 1, 1).await.unwrap();
+    let on_second = client
+        .enqueue(add::call(2, 2).with_queue(second.queue.as_str()))
+        .await
+        .unwrap();
+    let delayed_second = client
+        .enqueue(
+            add::call(3, 3)
+                .with_queue(second.queue.as_str())
+                .with_delay(Duration::from_millis(300)),
+        )
+        .await
+        .unwrap();
+    let only_second = ferriq_amqp::AmqpBroker::builder(common::amqp_url())
+        .exchange(first.exchange.as_str())
+        .queues([second.queue.as_str()])
+        .delay_tiers(common::TIERS)
+        .connect()
+        .await
+        .unwrap();
+    let depth = only_second.depth().await.unwrap();
+    assert_eq!(
+        (depth.ready, depth.delayed),
+        (1, 1),
+        "routed to the second lane"
+    );
+    let worker = RunningWorker::spawn(
+        Worker::builder()
+            .broker(worker_broker)
+            .store(store)
+            .registry(
+                Registry::from_inventory()
+                    .unwrap()
+                    .only(&[add::NAME])
+                    .unwrap(),
+            )
+            .build()
+            .unwrap(),
+    );
+    assert_eq!(on_first.wait(WAIT).await.unwrap(), 2);
+    assert_eq!(on_second.wait(WAIT).await.unwrap(), 4);
+    assert_eq!(delayed_second.wait(WAIT).await.unwrap(), 6);
+    worker.stop().await;
+}

@@ -139,10 +139,11 @@ pub async fn store(prefix: &str) -> ValkeyStore {
         .expect("connect to the test Redis")
 }
 
-/// A TCP proxy to RabbitMQ whose connections the test can cut, as a network failure would.
+/// A TCP proxy to RabbitMQ whose connections the test can cut (closed at once, as a crash
+/// or reset would) or stall (kept open but silent, as a partition would).
 pub struct Proxy {
     pub port: u16,
-    conns: Arc<Mutex<Vec<JoinHandle<()>>>>,
+    conns: Arc<Mutex<Vec<(JoinHandle<()>, Arc<tokio::sync::Notify>)>>>,
     accept: JoinHandle<()>,
 }
 
@@ -150,20 +151,28 @@ impl Proxy {
     pub async fn start(target: &str) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
-        let conns: Arc<Mutex<Vec<JoinHandle<()>>>> = Arc::default();
+        let conns: Arc<Mutex<Vec<(JoinHandle<()>, Arc<tokio::sync::Notify>)>>> = Arc::default();
         let target = target.to_owned();
         let accept = {
             let conns = conns.clone();
             tokio::spawn(async move {
                 while let Ok((mut inbound, _)) = listener.accept().await {
                     let target = target.clone();
+                    let stall = Arc::new(tokio::sync::Notify::new());
+                    let stalled = stall.clone();
                     let task = tokio::spawn(async move {
-                        if let Ok(mut outbound) = TcpStream::connect(target).await {
-                            let _ =
-                                tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                        let Ok(mut outbound) = TcpStream::connect(target).await else {
+                            return;
+                        };
+                        tokio::select! {
+                            _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                            _ = stalled.notified() => {
+                                // Silent but open: only heartbeats can tell.
+                                std::future::pending::<()>().await;
+                            }
                         }
                     });
-                    conns.lock().unwrap().push(task);
+                    conns.lock().unwrap().push((task, stall));
                 }
             })
         };
@@ -177,10 +186,23 @@ impl Proxy {
     /// Drops every open connection at once; new ones are still accepted.
     pub fn cut(&self) -> usize {
         let mut conns = self.conns.lock().unwrap();
-        let n = conns.iter().filter(|t| !t.is_finished()).count();
-        for t in conns.drain(..) {
+        let n = conns.iter().filter(|(t, _)| !t.is_finished()).count();
+        for (t, _) in conns.drain(..) {
             t.abort();
         }
+        n
+    }
+
+    /// Stops forwarding on every open connection without closing it; new connections work.
+    pub fn stall(&self) -> usize {
+        let mut conns = self.conns.lock().unwrap();
+        let live: Vec<_> = conns.drain(..).filter(|(t, _)| !t.is_finished()).collect();
+        for (_, stall) in &live {
+            stall.notify_one();
+        }
+        let n = live.len();
+        // Keep them (open and silent) until the proxy is dropped.
+        conns.extend(live);
         n
     }
 
