@@ -139,11 +139,14 @@ pub async fn store(prefix: &str) -> ValkeyStore {
         .expect("connect to the test Redis")
 }
 
+/// The proxy's open connections: each forwarding task and its stall switch.
+type Connections = Arc<Mutex<Vec<(JoinHandle<()>, Arc<tokio::sync::Notify>)>>>;
+
 /// A TCP proxy to RabbitMQ whose connections the test can cut (closed at once, as a crash
 /// or reset would) or stall (kept open but silent, as a partition would).
 pub struct Proxy {
     pub port: u16,
-    conns: Arc<Mutex<Vec<(JoinHandle<()>, Arc<tokio::sync::Notify>)>>>,
+    conns: Connections,
     accept: JoinHandle<()>,
 }
 
@@ -151,7 +154,7 @@ impl Proxy {
     pub async fn start(target: &str) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
-        let conns: Arc<Mutex<Vec<(JoinHandle<()>, Arc<tokio::sync::Notify>)>>> = Arc::default();
+        let conns: Connections = Arc::default();
         let target = target.to_owned();
         let accept = {
             let conns = conns.clone();
