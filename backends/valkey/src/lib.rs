@@ -37,9 +37,11 @@
 //! follow server time), a lost result makes its task run again (its result is stored then).
 //! Only AOF with `appendfsync always` keeps every written result.
 
+mod batch;
 mod config;
 mod error;
 mod keys;
+mod ops;
 mod scripts;
 mod store;
 mod waiters;

@@ -29,25 +29,34 @@ local function encode(s, t, l, f, n, h)
 end
 "#;
 
-/// KEYS: claim, result. ARGV: worker, lease ms, deadline (unix s, or ''), claim ttl ms.
-/// Returns {'run', token, failures, starts} | {'expired', token} | {'defer', µs left} | {'done'}
-/// | {'revoked'}.
+/// Claims one task or many at once (the store batches concurrent calls into one round trip).
+/// KEYS: claim and result of each task, in pairs. ARGV: claim ttl ms, then per task: worker,
+/// lease ms, deadline (unix s, or ''). Returns per task one of {'run', token, failures,
+/// starts} | {'expired', token} | {'defer', µs left} | {'done'} | {'revoked'}.
 const CLAIM: &str = r#"
-local state, token, lease_until, failures, starts = load(KEYS[1])
-if state == 'd' then return {'done'} end
-if state == 'v' then return {'revoked'} end
-local now = now_us()
-if state == 'r' then
-  if lease_until > now then return {'defer', lease_until - now} end
-  -- The holder's lease ran out before it finished: that attempt failed.
-  failures = failures + 1
+local function claim(ck, rk, worker, lease_ms, deadline, ttl, now)
+  local state, token, lease_until, failures, starts = load(ck)
+  if state == 'd' then return {'done'} end
+  if state == 'v' then return {'revoked'} end
+  if state == 'r' then
+    if lease_until > now then return {'defer', lease_until - now} end
+    -- The holder's lease ran out before it finished: that attempt failed.
+    failures = failures + 1
+  end
+  -- A result without a claim record (written by taskiq, or outliving its claim): done.
+  if not state and redis.call('EXISTS', rk) == 1 then return {'done'} end
+  token = math.max(token + 1, now)
+  redis.call('SET', ck, encode('r', token, now + tonumber(lease_ms) * 1000, failures, starts + 1, worker), 'PX', ttl)
+  if deadline ~= '' and now > tonumber(deadline) * 1000000 then return {'expired', token} end
+  return {'run', token, failures, starts}
 end
--- A result without a claim record (written by taskiq, or outliving its claim): done.
-if not state and redis.call('EXISTS', KEYS[2]) == 1 then return {'done'} end
-token = math.max(token + 1, now)
-redis.call('SET', KEYS[1], encode('r', token, now + tonumber(ARGV[2]) * 1000, failures, starts + 1, ARGV[1]), 'PX', ARGV[4])
-if ARGV[3] ~= '' and now > tonumber(ARGV[3]) * 1000000 then return {'expired', token} end
-return {'run', token, failures, starts}
+local now = now_us()
+local out = {}
+for i = 1, #KEYS / 2 do
+  local a = 2 + (i - 1) * 3
+  out[i] = claim(KEYS[2 * i - 1], KEYS[2 * i], ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[1], now)
+end
+return out
 "#;
 
 /// KEYS: claims. ARGV: lease ms, claim ttl ms, then one token per key. Returns 1 (kept) or 0
@@ -86,28 +95,36 @@ redis.call('SET', KEYS[1], encode('x', token, lease_until, failures + 1, starts,
 return failures + 1
 "#;
 
-/// The fenced write. KEYS: claim, result. ARGV: token, store ('1'/'0'), result JSON, result
-/// ttl ms ('0' = none), claim ttl ms, channel, task id.
-/// Returns 'stored' | 'already' | 'stale'.
+/// The fenced write, for one task or many at once. KEYS: claim and result of each task, in
+/// pairs. ARGV: result ttl ms ('0' = none), claim ttl ms, then per task: token, store
+/// ('1'/'0'), result JSON, channel, task id. Returns per task 'stored' | 'already' | 'stale'.
 const COMPLETE: &str = r#"
-local state, token = load(KEYS[1])
-if token ~= tonumber(ARGV[1]) then return 'stale' end
-if state == 'd' then return 'already' end
-if state ~= 'r' then return 'stale' end
-local outcome = 'stored'
-if ARGV[2] == '1' then
-  local ok
-  if ARGV[4] ~= '0' then
-    ok = redis.call('SET', KEYS[2], ARGV[3], 'NX', 'PX', ARGV[4])
-  else
-    ok = redis.call('SET', KEYS[2], ARGV[3], 'NX')
+local function complete(ck, rk, tok, store, json, channel, id, result_ttl, claim_ttl)
+  local state, token = load(ck)
+  if token ~= tonumber(tok) then return 'stale' end
+  if state == 'd' then return 'already' end
+  if state ~= 'r' then return 'stale' end
+  local outcome = 'stored'
+  if store == '1' then
+    local ok
+    if result_ttl ~= '0' then
+      ok = redis.call('SET', rk, json, 'NX', 'PX', result_ttl)
+    else
+      ok = redis.call('SET', rk, json, 'NX')
+    end
+    if not ok then outcome = 'already' end
   end
-  if not ok then outcome = 'already' end
+  redis.call('SETRANGE', ck, 0, 'd')
+  redis.call('PEXPIRE', ck, claim_ttl)
+  redis.call('PUBLISH', channel, id)
+  return outcome
 end
-redis.call('SETRANGE', KEYS[1], 0, 'd')
-redis.call('PEXPIRE', KEYS[1], ARGV[5])
-redis.call('PUBLISH', ARGV[6], ARGV[7])
-return outcome
+local out = {}
+for i = 1, #KEYS / 2 do
+  local a = 3 + (i - 1) * 5
+  out[i] = complete(KEYS[2 * i - 1], KEYS[2 * i], ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[1], ARGV[2])
+end
+return out
 "#;
 
 /// KEYS: claim, result. ARGV: result JSON, result ttl ms ('0' = none), claim ttl ms, channel,

@@ -8,13 +8,14 @@ use ferriq::store::{
 };
 use ferriq::wire::{TaskId, TaskResult};
 use fred::clients::SubscriberClient;
-use fred::prelude::{ClientLike, KeysInterface, Pool, PubsubInterface};
-use fred::types::Value;
+use fred::prelude::{ClientLike, KeysInterface, PubsubInterface};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use crate::batch::Batcher;
 use crate::error::store_error;
 use crate::keys::Keys;
+use crate::ops::{ClaimCall, CompleteCall, Core};
 use crate::scripts::{self, Scripts};
 use crate::waiters::{spawn_dispatcher, Waiters};
 use crate::{ValkeyError, ValkeyStoreBuilder};
@@ -27,16 +28,20 @@ pub struct ValkeyStore {
 }
 
 struct Inner {
-    pool: Pool,
+    core: Arc<Core>,
     subscriber: SubscriberClient,
-    scripts: Scripts,
-    keys: Keys,
     waiters: Arc<Waiters>,
     reply_channel: String,
-    settings: ValkeyStoreBuilder,
     clustered: bool,
+    /// Concurrent claims and completes, gathered into one script run per round trip (off
+    /// in a cluster, where one script may only touch one slot).
+    claims: Option<Batcher<ClaimCall, ClaimOutcome>>,
+    completes: Option<Batcher<CompleteCall, CompleteOutcome>>,
     background: Vec<JoinHandle<()>>,
 }
+
+/// Calls gathered into one script run at most.
+const MAX_BATCH: usize = 64;
 
 impl Drop for Inner {
     fn drop(&mut self) {
@@ -45,7 +50,7 @@ impl Drop for Inner {
         }
         // Close the connections in the background when a runtime is still there.
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let (pool, subscriber) = (self.pool.clone(), self.subscriber.clone());
+            let (pool, subscriber) = (self.core.pool.clone(), self.subscriber.clone());
             rt.spawn(async move {
                 let _ = subscriber.quit().await;
                 let _ = pool.quit().await;
@@ -130,16 +135,39 @@ impl ValkeyStore {
         }
         let clustered = pool.next().is_clustered();
         tracing::info!(url = %url, prefix = %settings.prefix, "valkey store connected");
+        let parallel = settings.pool_size;
+        let core = Arc::new(Core {
+            pool,
+            scripts,
+            keys,
+            settings,
+        });
+        let (claims, completes) = if clustered {
+            (None, None)
+        } else {
+            let c = Arc::clone(&core);
+            let (claims, claim_task) = Batcher::spawn(MAX_BATCH, parallel, move |calls| {
+                let c = Arc::clone(&c);
+                async move { c.claim_many(calls).await }
+            });
+            let c = Arc::clone(&core);
+            let (completes, complete_task) = Batcher::spawn(MAX_BATCH, parallel, move |calls| {
+                let c = Arc::clone(&c);
+                async move { c.complete_many(calls).await }
+            });
+            background.push(claim_task);
+            background.push(complete_task);
+            (Some(claims), Some(completes))
+        };
         Ok(ValkeyStore {
             inner: Arc::new(Inner {
-                pool,
+                core,
                 subscriber,
-                scripts,
-                keys,
                 waiters,
                 reply_channel,
-                settings,
                 clustered,
+                claims,
+                completes,
                 background,
             }),
         })
@@ -148,22 +176,23 @@ impl ValkeyStore {
     /// Closes the connections now (they also close when the last clone is dropped).
     pub async fn close(&self) {
         let _ = self.inner.subscriber.quit().await;
-        let _ = self.inner.pool.quit().await;
+        let _ = self.inner.core.pool.quit().await;
     }
 
     /// The key prefix.
     pub fn prefix(&self) -> &str {
-        &self.inner.settings.prefix
+        &self.inner.core.settings.prefix
     }
 
     /// The key a task's result is stored at.
     pub fn result_key(&self, id: &TaskId) -> String {
-        self.inner.keys.result(id)
+        self.inner.core.keys.result(id)
     }
 
     /// Whether the store answers, for readiness probes.
     pub async fn ping(&self) -> Result<(), StoreError> {
         self.inner
+            .core
             .pool
             .next()
             .ping::<String>(None)
@@ -176,8 +205,9 @@ impl ValkeyStore {
     pub async fn claim_state(&self, id: &TaskId) -> Result<ClaimState, StoreError> {
         let raw: Option<String> = self
             .inner
+            .core
             .pool
-            .get(self.inner.keys.claim(id))
+            .get(self.inner.core.keys.claim(id))
             .await
             .map_err(store_error)?;
         let Some(raw) = raw else {
@@ -217,11 +247,11 @@ impl ValkeyStore {
              if #r[2] > 0 then redis.call('UNLINK', unpack(r[2])) end \
              return {r[1], #r[2]}",
         );
-        let pattern = format!("{}:*", self.inner.settings.prefix);
+        let pattern = format!("{}:*", self.inner.core.settings.prefix);
         let (mut cursor, mut deleted) = ("0".to_owned(), 0u64);
         loop {
             let c = cursor.clone();
-            let v = scripts::call(&self.inner.pool, &script, || {
+            let v = scripts::call(&self.inner.core.pool, &script, || {
                 (vec![], vec![c.clone(), pattern.clone()])
             })
             .await
@@ -241,7 +271,7 @@ impl ValkeyStore {
         &self,
         script: &fred::types::scripts::Script,
     ) -> Result<i64, StoreError> {
-        let v = scripts::call(&self.inner.pool, script, || (vec![], vec![]))
+        let v = scripts::call(&self.inner.core.pool, script, || (vec![], vec![]))
             .await
             .map_err(store_error)?;
         Ok(v.as_i64().unwrap_or(0))
@@ -252,57 +282,6 @@ impl ValkeyStore {
     pub fn trivial_script() -> fred::types::scripts::Script {
         fred::types::scripts::Script::from_lua(scripts::TRIVIAL)
     }
-
-    fn ms(d: Duration) -> String {
-        d.as_millis().max(1).to_string()
-    }
-
-    fn result_ttl_ms(&self) -> String {
-        self.inner
-            .settings
-            .result_ttl
-            .map_or_else(|| "0".to_owned(), Self::ms)
-    }
-
-    async fn heartbeat_group(
-        &self,
-        claims: &[(TaskId, Token)],
-        lease: Duration,
-    ) -> Result<Vec<bool>, StoreError> {
-        let build = || {
-            let keys = claims
-                .iter()
-                .map(|(id, _)| self.inner.keys.claim(id))
-                .collect();
-            let mut args = vec![Self::ms(lease), Self::ms(self.inner.settings.claim_ttl)];
-            args.extend(claims.iter().map(|(_, t)| t.0.to_string()));
-            (keys, args)
-        };
-        let v = scripts::call(&self.inner.pool, &self.inner.scripts.heartbeat, build)
-            .await
-            .map_err(store_error)?;
-        let kept: Vec<i64> = v.convert().map_err(store_error)?;
-        if kept.len() != claims.len() {
-            return Err(StoreError::Unavailable(format!(
-                "heartbeat answered {} entries for {}",
-                kept.len(),
-                claims.len()
-            )));
-        }
-        Ok(kept.into_iter().map(|k| k == 1).collect())
-    }
-}
-
-fn tag(v: &[Value]) -> Option<String> {
-    v.first().and_then(|t| t.as_string())
-}
-
-fn int(v: &[Value], i: usize) -> Option<i64> {
-    v.get(i).and_then(Value::as_i64)
-}
-
-fn unexpected(op: &str, v: impl std::fmt::Debug) -> StoreError {
-    StoreError::Unavailable(format!("unexpected {op} reply from valkey: {v:?}"))
 }
 
 #[async_trait]
@@ -314,42 +293,16 @@ impl ClaimStore for ValkeyStore {
         lease: Duration,
         deadline_at: Option<f64>,
     ) -> Result<ClaimOutcome, StoreError> {
-        let build = || {
-            let deadline = deadline_at
-                .filter(|d| d.is_finite())
-                .map(|d| format!("{d:.3}"))
-                .unwrap_or_default();
-            let keys = vec![self.inner.keys.claim(id), self.inner.keys.result(id)];
-            let args = vec![
-                worker.to_owned(),
-                Self::ms(lease),
-                deadline,
-                Self::ms(self.inner.settings.claim_ttl),
-            ];
-            (keys, args)
+        let call = ClaimCall {
+            id: id.clone(),
+            worker: worker.to_owned(),
+            lease,
+            deadline_at,
         };
-        let reply: Vec<Value> = scripts::call(&self.inner.pool, &self.inner.scripts.claim, build)
-            .await
-            .map_err(store_error)?
-            .convert()
-            .map_err(store_error)?;
-        let token = |i| int(&reply, i).map(|t| Token(t.max(0) as u64));
-        Ok(match tag(&reply).as_deref() {
-            Some("run") => ClaimOutcome::Run {
-                token: token(1).ok_or_else(|| unexpected("claim", &reply))?,
-                failures: int(&reply, 2).unwrap_or(0).clamp(0, i64::from(u32::MAX)) as u32,
-                starts: int(&reply, 3).unwrap_or(0).clamp(0, i64::from(u32::MAX)) as u32,
-            },
-            Some("expired") => ClaimOutcome::Expired {
-                token: token(1).ok_or_else(|| unexpected("claim", &reply))?,
-            },
-            Some("defer") => ClaimOutcome::Defer {
-                retry_after: Duration::from_micros(int(&reply, 1).unwrap_or(0).max(0) as u64),
-            },
-            Some("done") => ClaimOutcome::Done,
-            Some("revoked") => ClaimOutcome::Revoked,
-            _ => return Err(unexpected("claim", &reply)),
-        })
+        match &self.inner.claims {
+            Some(batcher) => batcher.call(call).await,
+            None => single(self.inner.core.claim_many(vec![call]).await),
+        }
     }
 
     async fn heartbeat(
@@ -360,22 +313,20 @@ impl ClaimStore for ValkeyStore {
         if claims.is_empty() {
             return Ok(Vec::new());
         }
+        let core = &self.inner.core;
         if !self.inner.clustered {
-            return self.heartbeat_group(claims, lease).await;
+            return core.heartbeat(claims, lease).await;
         }
         // In a cluster a script's keys must share a slot: one call per slot.
         let mut by_slot: std::collections::BTreeMap<u16, Vec<usize>> = Default::default();
         for (i, (id, _)) in claims.iter().enumerate() {
-            let slot = fred::util::redis_keyslot(self.inner.keys.claim(id).as_bytes());
+            let slot = fred::util::redis_keyslot(core.keys.claim(id).as_bytes());
             by_slot.entry(slot).or_default().push(i);
         }
         let mut kept = vec![false; claims.len()];
         for indexes in by_slot.values() {
             let group: Vec<_> = indexes.iter().map(|i| claims[*i].clone()).collect();
-            for (i, k) in indexes
-                .iter()
-                .zip(self.heartbeat_group(&group, lease).await?)
-            {
+            for (i, k) in indexes.iter().zip(core.heartbeat(&group, lease).await?) {
                 kept[*i] = k;
             }
         }
@@ -383,36 +334,19 @@ impl ClaimStore for ValkeyStore {
     }
 
     async fn release(&self, id: &TaskId, token: Token) -> Result<bool, StoreError> {
-        let v = scripts::call(&self.inner.pool, &self.inner.scripts.release, || {
-            let ttl = Self::ms(self.inner.settings.claim_ttl);
-            (
-                vec![self.inner.keys.claim(id)],
-                vec![token.0.to_string(), ttl],
-            )
-        })
-        .await
-        .map_err(store_error)?;
-        Ok(v.as_i64() == Some(1))
+        self.inner.core.release(id, token).await
     }
 
     async fn record_failure(&self, id: &TaskId, token: Token) -> Result<FailureRecord, StoreError> {
-        let v = scripts::call(&self.inner.pool, &self.inner.scripts.record_failure, || {
-            let ttl = Self::ms(self.inner.settings.claim_ttl);
-            (
-                vec![self.inner.keys.claim(id)],
-                vec![token.0.to_string(), ttl],
-            )
-        })
-        .await
-        .map_err(store_error)?;
-        Ok(match v.as_i64() {
-            Some(n) if n >= 0 => FailureRecord::Recorded {
-                failures: n.min(i64::from(u32::MAX)) as u32,
-            },
-            Some(_) => FailureRecord::Stale,
-            None => return Err(unexpected("record_failure", v)),
-        })
+        self.inner.core.record_failure(id, token).await
     }
+}
+
+/// The one answer of a one-call batch.
+fn single<T>(answers: Result<Vec<T>, StoreError>) -> Result<T, StoreError> {
+    answers?
+        .pop()
+        .ok_or_else(|| StoreError::Unavailable("valkey answered no result".into()))
 }
 
 #[async_trait]
@@ -424,47 +358,35 @@ impl ResultStore for ValkeyStore {
         result: Option<&TaskResult>,
         reply_to: Option<&str>,
     ) -> Result<CompleteOutcome, StoreError> {
-        let json = match result {
-            Some(r) => serde_json::to_string(r).map_err(|e| StoreError::Corrupt {
-                task_id: id.to_string(),
-                reason: format!("result cannot be written as JSON: {e}"),
-            })?,
-            None => String::new(),
+        let result =
+            result
+                .map(serde_json::to_string)
+                .transpose()
+                .map_err(|e| StoreError::Corrupt {
+                    task_id: id.to_string(),
+                    reason: format!("result cannot be written as JSON: {e}"),
+                })?;
+        let channel = reply_to
+            .map(str::to_owned)
+            .unwrap_or_else(|| self.inner.core.keys.done_channel(id));
+        let call = CompleteCall {
+            id: id.clone(),
+            token,
+            result,
+            channel,
         };
-        let build = || {
-            let channel = reply_to
-                .map(str::to_owned)
-                .unwrap_or_else(|| self.inner.keys.done_channel(id));
-            let args = vec![
-                token.0.to_string(),
-                if result.is_some() { "1" } else { "0" }.to_owned(),
-                json.clone(),
-                self.result_ttl_ms(),
-                Self::ms(self.inner.settings.claim_ttl),
-                channel,
-                id.to_string(),
-            ];
-            (
-                vec![self.inner.keys.claim(id), self.inner.keys.result(id)],
-                args,
-            )
-        };
-        let v = scripts::call(&self.inner.pool, &self.inner.scripts.complete, build)
-            .await
-            .map_err(store_error)?;
-        Ok(match v.as_string().as_deref() {
-            Some("stored") => CompleteOutcome::Stored,
-            Some("already") => CompleteOutcome::AlreadyStored,
-            Some("stale") => CompleteOutcome::Stale,
-            _ => return Err(unexpected("complete", v)),
-        })
+        match &self.inner.completes {
+            Some(batcher) => batcher.call(call).await,
+            None => single(self.inner.core.complete_many(vec![call]).await),
+        }
     }
 
     async fn get(&self, id: &TaskId) -> Result<ResultStatus, StoreError> {
         let raw: Option<String> = self
             .inner
+            .core
             .pool
-            .get(self.inner.keys.result(id))
+            .get(self.inner.core.keys.result(id))
             .await
             .map_err(store_error)?;
         match raw {
@@ -489,7 +411,7 @@ impl ResultStore for ValkeyStore {
         // Completions announced on this process's reply channel wake the waiter at once. A
         // task enqueued by another process (or by Python) is announced elsewhere: re-reads
         // find it, first soon, then at the configured interval.
-        let mut recheck = Duration::from_millis(100).min(self.inner.settings.recheck_interval);
+        let mut recheck = Duration::from_millis(100).min(self.inner.core.settings.recheck_interval);
         loop {
             // Listen before reading, so a completion in between is not missed.
             let notified = guard.notify.notified();
@@ -511,34 +433,14 @@ impl ResultStore for ValkeyStore {
             tokio::select! {
                 _ = &mut notified => {}
                 _ = tokio::time::sleep_until(deadline.min(now + recheck)) => {
-                    recheck = (recheck * 2).min(self.inner.settings.recheck_interval);
+                    recheck = (recheck * 2).min(self.inner.core.settings.recheck_interval);
                 }
             }
         }
     }
 
     async fn revoke(&self, id: &TaskId, result: &TaskResult) -> Result<bool, StoreError> {
-        let json = serde_json::to_string(result).map_err(|e| StoreError::Corrupt {
-            task_id: id.to_string(),
-            reason: e.to_string(),
-        })?;
-        let build = || {
-            let args = vec![
-                json.clone(),
-                self.result_ttl_ms(),
-                Self::ms(self.inner.settings.claim_ttl),
-                self.inner.keys.done_channel(id),
-                id.to_string(),
-            ];
-            (
-                vec![self.inner.keys.claim(id), self.inner.keys.result(id)],
-                args,
-            )
-        };
-        let v = scripts::call(&self.inner.pool, &self.inner.scripts.revoke, build)
-            .await
-            .map_err(store_error)?;
-        let revoked = v.as_i64() == Some(1);
+        let revoked = self.inner.core.revoke(id, result).await?;
         if revoked {
             self.inner.waiters.wake(id.as_str());
         }
@@ -553,8 +455,8 @@ impl ResultStore for ValkeyStore {
 impl std::fmt::Debug for ValkeyStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ValkeyStore")
-            .field("url", &self.inner.settings.url)
-            .field("prefix", &self.inner.settings.prefix)
+            .field("url", &self.inner.core.settings.url)
+            .field("prefix", &self.inner.core.settings.prefix)
             .finish_non_exhaustive()
     }
 }
