@@ -7,12 +7,13 @@ use ferriq::broker::{
     Broker, BrokerError, DeadLetter, Delivery, DeliveryHandle, Health, LeaseStatus,
     OutgoingMessage, QueueDepth,
 };
-use lapin::options::{BasicAckOptions, BasicNackOptions, BasicPublishOptions, QueueDeclareOptions};
-use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
-use lapin::{Acker, BasicProperties, Confirmation};
+use lapin::options::{BasicAckOptions, BasicNackOptions, QueueDeclareOptions};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::Acker;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use crate::publish::{long, persistent, Publication};
 use crate::session::{Incoming, Session, Shared};
 use crate::{AmqpBrokerBuilder, AmqpError};
 
@@ -24,7 +25,7 @@ const RECEIVES_HEADER: &str = "x-ferriq-receives";
 /// the last clone is dropped (or on [`AmqpBroker::close`]).
 #[derive(Clone)]
 pub struct AmqpBroker {
-    shared: Arc<Shared>,
+    pub(crate) shared: Arc<Shared>,
     receiver: Arc<tokio::sync::Mutex<mpsc::Receiver<Incoming>>>,
     _owner: Arc<Owner>,
 }
@@ -48,25 +49,6 @@ struct Held {
     receive_count: u32,
 }
 
-/// One message to publish, routed.
-struct Publication {
-    exchange: String,
-    routing_key: String,
-    body: Vec<u8>,
-    properties: BasicProperties,
-}
-
-enum PublishFailure {
-    /// The broker refused it: retrying will not help.
-    Rejected(String),
-    /// The connection or channel failed: publish again on the next session.
-    Connection(String),
-}
-
-fn long(s: &str) -> AMQPValue {
-    AMQPValue::LongString(LongString::from(s.as_bytes().to_vec()))
-}
-
 fn header_int(headers: &FieldTable, name: &str) -> Option<i64> {
     match headers.inner().get(name)? {
         AMQPValue::LongLongInt(n) => Some(*n),
@@ -87,13 +69,6 @@ fn header_str(headers: &FieldTable, name: &str) -> Option<String> {
         AMQPValue::ShortString(s) => Some(s.as_str().to_owned()),
         _ => None,
     }
-}
-
-fn persistent(headers: FieldTable) -> BasicProperties {
-    BasicProperties::default()
-        .with_delivery_mode(2)
-        .with_content_type("application/json".into())
-        .with_headers(headers)
 }
 
 impl AmqpBroker {
@@ -140,7 +115,10 @@ impl AmqpBroker {
     }
 
     /// The live session, waiting for a reconnect up to `deadline`.
-    async fn live_session(&self, deadline: Instant) -> Result<Arc<Session>, BrokerError> {
+    pub(crate) async fn live_session(
+        &self,
+        deadline: Instant,
+    ) -> Result<Arc<Session>, BrokerError> {
         let mut sessions = self.shared.session.subscribe();
         let live = tokio::time::timeout_at(deadline, async {
             let session = sessions
@@ -172,95 +150,6 @@ impl AmqpBroker {
     /// and its tag must not be acked on the new channel.
     fn is_current(&self, held: &Held) -> bool {
         held.generation == self.shared.current_generation() && held.acker.usable()
-    }
-
-    fn route(&self, msg: &OutgoingMessage) -> Result<Publication, BrokerError> {
-        let config = &self.shared.config;
-        let lane = msg
-            .queue
-            .clone()
-            .unwrap_or_else(|| config.queues[0].clone());
-        if lane.is_empty() || lane.len() > 200 {
-            return Err(BrokerError::Rejected(format!(
-                "queue name of {} bytes: RabbitMQ routing keys are 1-255 bytes",
-                lane.len()
-            )));
-        }
-        let mut headers = FieldTable::default();
-        for (k, v) in &msg.headers {
-            // A header name must fit an AMQP short string; a label that does not is kept in
-            // the body (taskiq reads labels from there) and left out of the headers.
-            if let Ok(name) = ShortString::try_new(k.as_str()) {
-                headers.insert(name, long(v));
-            }
-        }
-        let mut properties = persistent(headers).with_message_id(msg.task_id.as_str().into());
-        if let Some(p) = msg.priority {
-            properties = properties.with_priority(p);
-        }
-        Ok(match msg.delay {
-            Some(delay) if !delay.is_zero() => {
-                self.delayed(lane, delay, msg.body.clone(), properties)
-            }
-            _ => Publication {
-                exchange: config.exchange.clone(),
-                routing_key: lane,
-                body: msg.body.clone(),
-                properties,
-            },
-        })
-    }
-
-    /// A publication that waits `delay` in the lane's delay tier, then dead-letters back to it.
-    fn delayed(
-        &self,
-        lane: String,
-        delay: Duration,
-        body: Vec<u8>,
-        properties: BasicProperties,
-    ) -> Publication {
-        let config = &self.shared.config;
-        let tier = config.tier_for(delay);
-        if delay > tier {
-            tracing::warn!(?delay, ?tier, "delay longer than the largest tier: clamped");
-        }
-        let expiration = delay.min(tier).as_millis().max(1).to_string();
-        Publication {
-            exchange: String::new(),
-            routing_key: AmqpBrokerBuilder::delay_queue(&lane, tier),
-            body,
-            properties: properties.with_expiration(expiration.as_str().into()),
-        }
-    }
-
-    /// Publishes and waits for every confirm, again on a new connection if this one fails,
-    /// until the publish timeout.
-    async fn publish_all(&self, batch: &[Publication]) -> Result<(), BrokerError> {
-        let deadline = Instant::now()
-            .checked_add(self.shared.config.publish_timeout)
-            .unwrap_or_else(|| Instant::now() + Duration::from_secs(86_400));
-        loop {
-            let session = self.live_session(deadline).await?;
-            // Bounded: a blocked connection (a RabbitMQ resource alarm) never confirms.
-            let attempt = tokio::time::timeout_at(deadline, publish_on(&session, batch)).await;
-            match attempt {
-                Ok(Ok(())) => return Ok(()),
-                Ok(Err(PublishFailure::Rejected(why))) => return Err(BrokerError::Rejected(why)),
-                Ok(Err(PublishFailure::Connection(why))) => {
-                    tracing::warn!(error = %why, "publish interrupted; publishing again after reconnecting");
-                    session.dead.cancel();
-                    if Instant::now() >= deadline {
-                        return Err(BrokerError::Unavailable(why));
-                    }
-                }
-                Err(_) => {
-                    return Err(BrokerError::Unavailable(format!(
-                        "no publisher confirm within {:?} (is RabbitMQ blocking publishers?)",
-                        self.shared.config.publish_timeout
-                    )))
-                }
-            }
-        }
     }
 
     /// The headers of a copy: the original's, without RabbitMQ's bookkeeping, plus ours.
@@ -349,73 +238,6 @@ impl AmqpBroker {
             queue,
             DeliveryHandle::new(held),
         )
-    }
-}
-
-async fn publish_on(session: &Session, batch: &[Publication]) -> Result<(), PublishFailure> {
-    // A soft error is the broker closing this channel over this batch (404, 406): retrying it
-    // will not help. Anything else is the connection.
-    let connection_failed = |e: lapin::Error| {
-        if e.is_amqp_soft_error() {
-            PublishFailure::Rejected(format!("RabbitMQ refused the publish: {e}"))
-        } else {
-            PublishFailure::Connection(e.to_string())
-        }
-    };
-    let mut publisher = session.checkout().await.map_err(connection_failed)?;
-    let channel = publisher.channel.as_ref().expect("checked out");
-    // Pipelined: every message is written before the first confirm is awaited.
-    let mut confirms = Vec::with_capacity(batch.len());
-    for p in batch {
-        let confirm = channel
-            .basic_publish(
-                p.exchange.as_str().into(),
-                p.routing_key.as_str().into(),
-                BasicPublishOptions {
-                    mandatory: true,
-                    ..Default::default()
-                },
-                &p.body,
-                p.properties.clone(),
-            )
-            .await;
-        match confirm {
-            Ok(c) => confirms.push(c),
-            Err(e) => {
-                publisher.channel = None;
-                return Err(connection_failed(e));
-            }
-        }
-    }
-    let mut rejected = None;
-    for confirm in confirms {
-        match confirm.await {
-            Ok(Confirmation::Ack(None)) | Ok(Confirmation::NotRequested) => {}
-            Ok(Confirmation::Ack(Some(returned))) => {
-                rejected.get_or_insert_with(|| {
-                    format!(
-                        "unroutable: {} {} (routing key {:?}); is the queue declared?",
-                        returned.reply_code,
-                        returned.reply_text,
-                        returned.routing_key.as_str()
-                    )
-                });
-            }
-            Ok(Confirmation::Nack(_)) => {
-                rejected.get_or_insert_with(|| {
-                    "the broker nacked the message (queue full or failing)".to_owned()
-                });
-            }
-            Err(e) => {
-                publisher.channel = None;
-                return Err(connection_failed(e));
-            }
-        }
-    }
-    publisher.settled = true;
-    match rejected {
-        None => Ok(()),
-        Some(why) => Err(PublishFailure::Rejected(why)),
     }
 }
 

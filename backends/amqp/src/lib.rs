@@ -43,6 +43,7 @@
 mod broker;
 mod config;
 mod error;
+mod publish;
 mod session;
 mod topology;
 
