@@ -29,11 +29,13 @@ pub enum ClaimOutcome {
     Run {
         /// The fencing token for heartbeats and the result write.
         token: Token,
-        /// Failed attempts so far: recorded failures, plus runs whose holder's lease ran out
-        /// before it finished (a crashed or stalled worker), so crash loops are bounded too.
+        /// Failed attempts recorded so far.
         failures: u32,
         /// Runs granted before this one, by any worker (0: the task never started anywhere).
         starts: u32,
+        /// Runs whose holder's lease ran out before they finished (a crashed or stalled
+        /// worker): the worker bounds crash loops with it.
+        takeovers: u32,
     },
     /// Another worker holds a live claim; try again after `retry_after`.
     Defer {
@@ -112,7 +114,7 @@ pub enum StoreError {
 #[async_trait]
 pub trait ClaimStore: Send + Sync + 'static {
     /// Tries to take the claim for `lease`. `deadline_at` (unix seconds) makes a late claim
-    /// `Expired`. Taking over a running claim whose lease ran out counts one failure.
+    /// `Expired`. Taking over a running claim whose lease ran out counts one takeover.
     async fn claim(
         &self,
         id: &TaskId,

@@ -115,10 +115,11 @@ async fn an_error_returned_because_of_a_drain_is_a_drain_not_a_failure() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_crash_loop_ends_after_max_attempts_without_running_again() {
+async fn a_crash_loop_ends_after_max_takeovers_without_running_again() {
     let h = Harness::new();
     let id = TaskId::random();
-    // Three workers took the task and died mid-run (their leases ran out unfinished).
+    // Three workers took the task and died mid-run (their leases ran out unfinished): the
+    // next claim is the third takeover.
     for worker in ["w1", "w2", "w3"] {
         assert!(matches!(
             h.memory()
@@ -129,7 +130,9 @@ async fn a_crash_loop_ends_after_max_attempts_without_running_again() {
         ));
         h.memory().expire_lease(&id);
     }
-    let w = h.start(h.worker(&[echo::NAME]));
+    let mut config = ferriq::WorkerConfig::default();
+    config.max_takeovers = 3;
+    let w = h.start(h.worker(&[echo::NAME]).config(config));
     let handle = h
         .client
         .enqueue(echo::call("x".into()).with_task_id(id.clone()))

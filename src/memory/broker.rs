@@ -149,7 +149,8 @@ impl MemoryBroker {
                 notify: Notify::new(),
                 default_queue: DEFAULT_QUEUE.to_owned(),
                 visibility,
-                max_receives,
+                // 0 would park every message on its first receive: read it as "no limit".
+                max_receives: max_receives.filter(|n| *n > 0),
             }),
             queues: Arc::from(vec![DEFAULT_QUEUE.to_owned()]),
         }

@@ -70,6 +70,7 @@ struct Claim {
     holder: String,
     failures: u32,
     starts: u32,
+    takeovers: u32,
 }
 
 impl Default for MemoryStore {
@@ -187,6 +188,7 @@ impl ClaimStore for MemoryStore {
             holder: String::new(),
             failures: 0,
             starts: 0,
+            takeovers: 0,
         });
         match claim.phase {
             Phase::Done => return Ok(ClaimOutcome::Done),
@@ -196,8 +198,8 @@ impl ClaimStore for MemoryStore {
                     retry_after: claim.lease_until - now,
                 })
             }
-            // The holder's lease ran out before it finished: that attempt failed.
-            Phase::Running => claim.failures += 1,
+            // The holder's lease ran out before it finished: a crashed or stalled run.
+            Phase::Running => claim.takeovers += 1,
             Phase::Released => {}
         }
         claim.token += 1;
@@ -214,6 +216,7 @@ impl ClaimStore for MemoryStore {
                 token,
                 failures: claim.failures,
                 starts,
+                takeovers: claim.takeovers,
             }
         })
     }
@@ -348,6 +351,7 @@ impl ResultStore for MemoryStore {
             holder: String::new(),
             failures: 0,
             starts: 0,
+            takeovers: 0,
         });
         // A new token: a running holder's heartbeat and result write are now rejected.
         claim.token += 1;

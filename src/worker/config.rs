@@ -66,6 +66,9 @@ pub struct WorkerConfig {
     /// Results kept in memory while the store is unreachable, stored on redelivery
     /// (default 10 000; beyond it the task simply runs again).
     pub max_pending_results: usize,
+    /// Runs of one task whose worker crashed or stalled past its lease before the task is
+    /// failed (`RetriesExhausted`) instead of run again: ends crash loops (default 5).
+    pub max_takeovers: u32,
     /// The broker URL (`FERRIQ_BROKER_URL`: `memory://`, `amqp://…`, `sqs://…`); read by the
     /// backend that connects, never logged whole.
     pub broker_url: Option<SecretUrl>,
@@ -92,6 +95,7 @@ impl Default for WorkerConfig {
             store_retry_after: Duration::from_secs(5),
             min_defer: Duration::from_secs(1),
             max_pending_results: 10_000,
+            max_takeovers: 5,
             broker_url: None,
             valkey_url: None,
             probe_addr: None,

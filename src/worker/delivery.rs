@@ -158,8 +158,11 @@ impl Inner {
                     .await
             }
             Ok(ClaimOutcome::Run {
-                token, failures, ..
-            }) => self.run(d, msg, task, token, failures).await,
+                token,
+                failures,
+                takeovers,
+                ..
+            }) => self.run(d, msg, task, token, failures, takeovers).await,
         }
     }
 
@@ -254,10 +257,12 @@ impl Inner {
         }
     }
 
-    /// How long a kept result is worth keeping: past it, another worker has likely taken the
-    /// task over (its claim lease ran out), and the entry only holds memory.
+    /// How long a kept result is worth keeping. It stays writable (the write is fenced by
+    /// token, not by lease) until another worker takes the task over, which needs the store
+    /// back: long enough to ride out an outage, bounded so a result whose redelivery went to
+    /// another worker does not stay forever.
     fn pending_ttl(&self) -> Duration {
-        self.config.lease + self.config.store_retry_after * 3
+        self.config.lease * 10 + self.config.store_retry_after * 3
     }
 
     pub(crate) fn keep_pending(&self, id: &TaskId, result: PendingResult) {

@@ -111,7 +111,7 @@ async fn claim_beat(inner: Arc<Inner>) {
             };
             for key in inner.running.unrenewed_since(expiring) {
                 tracing::warn!("claim lease may have run out while the store was unreachable: cancelling the run");
-                inner.running.stop(key, StopReason::ClaimLost);
+                inner.running.stop(key, StopReason::StoreUnreachable);
             }
         }
     }

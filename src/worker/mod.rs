@@ -270,6 +270,7 @@ impl Worker {
     /// releases their claims and messages so another worker takes them at once.
     pub async fn run(&self, shutdown: Shutdown) {
         let inner = &self.inner;
+        inner.running.open();
         let slots = Arc::new(Semaphore::new(inner.config.concurrency));
         let tracker = TaskTracker::new();
         let heartbeats = heartbeat::spawn(Arc::clone(inner));

@@ -33,6 +33,7 @@ impl Inner {
         task: &'static TaskRegistration,
         token: Token,
         failures: u32,
+        takeovers: u32,
     ) -> Outcome {
         let opts = task.options();
         // A message re-sent by taskiq's retry middleware carries its earlier failures.
@@ -46,14 +47,14 @@ impl Inner {
         let timeout = msg.labels.timeout().or(opts.get_timeout());
         tracing::Span::current().record("attempt", attempt);
 
-        if attempt > max_attempts {
+        if takeovers >= self.config.max_takeovers {
             // Earlier runs ended without finishing (their worker crashed or stalled past its
-            // lease): a crash loop ends here instead of running the task again.
+            // lease): a crash loop ends here instead of taking down another worker.
             let error = TaskError::retryable(format!(
-                "{earlier} earlier attempts ended without finishing (the worker crashed, stalled or timed out)"
+                "{takeovers} earlier runs ended without finishing (their worker crashed or stalled)"
             ));
             return self
-                .fail_for_good(d, &msg, token, error, earlier, 0.0)
+                .fail_for_good(d, &msg, token, error, attempt, 0.0)
                 .await;
         }
 
@@ -61,7 +62,7 @@ impl Inner {
         // look like the worker stopping it.
         let cancel = CancellationToken::new();
         let reason = Arc::new(OnceLock::new());
-        self.running.insert(Running {
+        let stopped_at_once = self.running.insert(Running {
             task_id: msg.task_id.clone(),
             token,
             handle: d.handle.clone(),
@@ -69,6 +70,12 @@ impl Inner {
             reason: Arc::clone(&reason),
             renewed_at: tokio::time::Instant::now(),
         });
+        if stopped_at_once {
+            // The worker is past its grace period: hand the task straight back.
+            self.running.remove(d.handle.key());
+            let why = reason.get().copied().unwrap_or(StopReason::Shutdown);
+            return self.stopped(d, &msg.task_id, token, why).await;
+        }
         self.counters.started();
         let ctx = TaskContext::new(
             msg.task_id.clone(),
@@ -220,6 +227,15 @@ impl Inner {
             StopReason::ClaimLost => {
                 self.release(d, self.config.min_defer, Outcome::ClaimLost)
                     .await
+            }
+            StopReason::StoreUnreachable => {
+                let outcome = self
+                    .release(d, self.config.min_defer, Outcome::ClaimLost)
+                    .await;
+                // The claim is still ours: hand it back once the store answers, so the next
+                // run is not counted as a takeover of a crashed one.
+                self.release_claim_later(id.clone(), token);
+                outcome
             }
             StopReason::Shutdown => {
                 // Claim first, so the worker that takes the message next runs it at once

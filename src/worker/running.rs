@@ -16,6 +16,9 @@ pub(crate) enum StopReason {
     DeliveryLost,
     /// Another worker holds the claim now: release the message, never ack it.
     ClaimLost,
+    /// The claim heartbeat kept failing: the lease may run out and another worker may take
+    /// the task; release the message, and the claim once the store answers.
+    StoreUnreachable,
     /// Shutdown after the grace period: release claim and message for another worker.
     Shutdown,
 }
@@ -50,13 +53,21 @@ impl RunningTable {
         self.entries.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub(crate) fn insert(&self, entry: Running) {
+    /// Registers a run; `true` when the table is closed and the run was stopped at once.
+    pub(crate) fn insert(&self, entry: Running) -> bool {
         let mut table = self.lock();
-        if let Some(reason) = table.closed {
+        let closed = table.closed;
+        if let Some(reason) = closed {
             let _ = entry.reason.set(reason);
             entry.cancel.cancel();
         }
         table.runs.insert(entry.handle.key(), entry);
+        closed.is_some()
+    }
+
+    /// Opens the table for a new `Worker::run`.
+    pub(crate) fn open(&self) {
+        self.lock().closed = None;
     }
 
     pub(crate) fn remove(&self, key: u64) {

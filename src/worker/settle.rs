@@ -223,6 +223,22 @@ impl Inner {
         Outcome::BrokerError
     }
 
+    /// Releases a claim in the background, retrying while the store is unreachable (for up to
+    /// a lease: after that the claim has run out anyway).
+    pub(crate) fn release_claim_later(&self, id: TaskId, token: Token) {
+        let claims = std::sync::Arc::clone(&self.claims);
+        let lease = self.config.lease;
+        tokio::spawn(async move {
+            let deadline = Instant::now() + lease;
+            while Instant::now() < deadline {
+                if claims.release(&id, token).await.is_ok() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        });
+    }
+
     pub(crate) async fn release_claim(&self, id: &TaskId, token: Token) {
         if let Err(e) = self.claims.release(id, token).await {
             tracing::warn!(error = %e, "could not release the claim; it expires with its lease");

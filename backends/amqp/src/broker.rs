@@ -178,17 +178,24 @@ impl AmqpBroker {
     }
 
     /// Publishes `copy`, then acks the original. If the copy cannot be published, the
-    /// original goes back to its queue now: a delivery left unsettled on a live channel would
-    /// be held until the channel closes.
+    /// original goes back to its queue after `retry_in` (at most 5 s): a delivery left
+    /// unsettled on a live channel would be held until the channel closes, and an immediate
+    /// requeue would loop as fast as the broker refuses.
     async fn publish_copy_then_ack(
         &self,
         held: &Held,
         copy: Publication,
+        retry_in: Duration,
     ) -> Result<(), BrokerError> {
         if let Err(e) = self.publish_all(std::slice::from_ref(&copy)).await {
-            if self.is_current(held) {
-                crate::session::requeue(&held.acker).await;
-            }
+            let (broker, acker, generation) = (self.clone(), held.acker.clone(), held.generation);
+            let wait = retry_in.min(Duration::from_secs(5));
+            tokio::spawn(async move {
+                tokio::time::sleep(wait).await;
+                if generation == broker.shared.current_generation() && acker.usable() {
+                    crate::session::requeue(&acker).await;
+                }
+            });
             return Err(e);
         }
         self.ack_held(held).await
@@ -267,8 +274,11 @@ impl Broker for AmqpBroker {
         };
         let mut next = Some(first);
         while let Some(incoming) = next.take() {
-            // Deliveries of a dead channel are the broker's again; their copies come anew.
-            if incoming.generation == self.shared.current_generation() {
+            // Deliveries of a dead or closed channel are the broker's again; their copies come
+            // anew.
+            if incoming.generation == self.shared.current_generation()
+                && incoming.delivery.acker.usable()
+            {
                 out.push(self.to_delivery(incoming));
             }
             if out.len() < max.max(1) {
@@ -310,7 +320,7 @@ impl Broker for AmqpBroker {
             held.body.clone(),
             persistent(Self::copy_headers(held)),
         );
-        self.publish_copy_then_ack(held, copy).await
+        self.publish_copy_then_ack(held, copy, after).await
     }
 
     async fn extend(
@@ -355,7 +365,8 @@ impl Broker for AmqpBroker {
             body: delivery.body.clone(),
             properties: persistent(headers),
         };
-        self.publish_copy_then_ack(held, copy).await
+        self.publish_copy_then_ack(held, copy, Duration::from_secs(5))
+            .await
     }
 
     async fn depth(&self) -> Result<QueueDepth, BrokerError> {

@@ -129,10 +129,11 @@ impl AmqpBroker {
 }
 
 async fn publish_on(session: &Session, batch: &[Publication]) -> Result<(), PublishFailure> {
-    // A soft error is the broker closing this channel over this batch (404, 406): retrying it
-    // will not help. Anything else is the connection.
+    // While the connection is up, a failure is this channel's (the broker closed it over this
+    // batch: 404, 406…): retrying will not help, and the session stays. Otherwise it is the
+    // connection, and the batch goes out again after reconnecting.
     let connection_failed = |e: lapin::Error| {
-        if e.is_amqp_soft_error() {
+        if session.connection.status().connected() && !session.dead.is_cancelled() {
             PublishFailure::Rejected(format!("RabbitMQ refused the publish: {e}"))
         } else {
             PublishFailure::Connection(e.to_string())

@@ -210,6 +210,11 @@ impl Shared {
             };
             match started.await {
                 Ok((channel, _tag, mut consumer)) => {
+                    if !self.consume.load(Ordering::SeqCst) {
+                        // The worker drained while this consumer was starting.
+                        let _ = channel.close(200, "worker drained".into()).await;
+                        return;
+                    }
                     session
                         .consumer_channels
                         .lock()
@@ -271,7 +276,12 @@ impl Shared {
                 .unwrap_or_else(|p| p.into_inner()),
         );
         for channel in channels {
-            let _ = channel.close(200, "worker drained".into()).await;
+            // Bounded: a blocked connection may never answer the close.
+            let _ = tokio::time::timeout(
+                Duration::from_secs(5),
+                channel.close(200, "worker drained".into()),
+            )
+            .await;
         }
         session.consuming.store(false, Ordering::SeqCst);
     }

@@ -20,11 +20,11 @@ pub(crate) struct Batcher<I, O> {
 
 impl<I: Send + 'static, O: Send + 'static> Batcher<I, O> {
     /// Runs `run` on batches of at most `max_batch` calls, with at most `parallel` batches on
-    /// the wire at once.
+    /// the wire at once. `run` answers each call (in order), or fails the whole batch.
     pub(crate) fn spawn<F, Fut>(max_batch: usize, parallel: usize, run: F) -> (Self, JoinHandle<()>)
     where
         F: Fn(Vec<I>) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<Vec<O>, StoreError>> + Send + 'static,
+        Fut: Future<Output = Result<Vec<Result<O, StoreError>>, StoreError>> + Send + 'static,
     {
         let (tx, mut rx) = mpsc::unbounded_channel::<(I, Reply<O>)>();
         let run = Arc::new(run);
@@ -52,7 +52,7 @@ impl<I: Send + 'static, O: Send + 'static> Batcher<I, O> {
                     match run(inputs).await {
                         Ok(outputs) if outputs.len() == n => {
                             for (reply, out) in replies.into_iter().zip(outputs) {
-                                let _ = reply.send(Ok(out));
+                                let _ = reply.send(out);
                             }
                         }
                         Ok(outputs) => {

@@ -62,11 +62,11 @@ impl Core {
         self.settings.result_ttl.map_or_else(|| "0".to_owned(), ms)
     }
 
-    /// Claims every call in one script run.
+    /// Claims every call in one script run; one call's error does not fail the others.
     pub(crate) async fn claim_many(
         &self,
         calls: Vec<ClaimCall>,
-    ) -> Result<Vec<ClaimOutcome>, StoreError> {
+    ) -> Result<Vec<Result<ClaimOutcome, StoreError>>, StoreError> {
         let build = || {
             let mut keys = Vec::with_capacity(calls.len() * 2);
             let mut args = Vec::with_capacity(1 + calls.len() * 3);
@@ -89,17 +89,17 @@ impl Core {
             .await
             .map_err(store_error)?
             .into_array();
-        reply
+        Ok(reply
             .into_iter()
             .map(|r| parse_claim(r.into_array()))
-            .collect()
+            .collect())
     }
 
-    /// Completes every call in one script run.
+    /// Completes every call in one script run; one call's error does not fail the others.
     pub(crate) async fn complete_many(
         &self,
         calls: Vec<CompleteCall>,
-    ) -> Result<Vec<CompleteOutcome>, StoreError> {
+    ) -> Result<Vec<Result<CompleteOutcome, StoreError>>, StoreError> {
         let build = || {
             let mut keys = Vec::with_capacity(calls.len() * 2);
             let mut args = Vec::with_capacity(2 + calls.len() * 5);
@@ -120,15 +120,18 @@ impl Core {
             .await
             .map_err(store_error)?
             .into_array();
-        reply
+        Ok(reply
             .into_iter()
             .map(|v| match v.as_string().as_deref() {
                 Some("stored") => Ok(CompleteOutcome::Stored),
                 Some("already") => Ok(CompleteOutcome::AlreadyStored),
                 Some("stale") => Ok(CompleteOutcome::Stale),
+                Some(other) if other.starts_with("err") => Err(StoreError::Unavailable(format!(
+                    "valkey failed this completion: {other}"
+                ))),
                 _ => Err(unexpected("complete", v)),
             })
-            .collect()
+            .collect())
     }
 
     /// Extends the leases of claims that share a cluster slot (or any claims off-cluster).
@@ -220,6 +223,7 @@ fn parse_claim(reply: Vec<Value>) -> Result<ClaimOutcome, StoreError> {
             token: token(1).ok_or_else(|| unexpected("claim", &reply))?,
             failures: count(&reply, 2),
             starts: count(&reply, 3),
+            takeovers: count(&reply, 4),
         },
         Some("expired") => ClaimOutcome::Expired {
             token: token(1).ok_or_else(|| unexpected("claim", &reply))?,
@@ -229,6 +233,12 @@ fn parse_claim(reply: Vec<Value>) -> Result<ClaimOutcome, StoreError> {
         },
         Some("done") => ClaimOutcome::Done,
         Some("revoked") => ClaimOutcome::Revoked,
+        Some("err") => {
+            return Err(StoreError::Unavailable(format!(
+                "valkey failed this claim: {}",
+                reply.get(1).and_then(Value::as_string).unwrap_or_default()
+            )))
+        }
         _ => return Err(unexpected("claim", &reply)),
     })
 }

@@ -1,17 +1,18 @@
 //! One Lua script per operation, so each is atomic on the server (DESIGN §5).
 //!
-//! A claim is one string value, `state token lease_until failures starts holder`: state `r`
-//! running, `x` released, `d` done, `v` revoked; `lease_until` in server µs; `starts` counts the
-//! runs granted. One string (GET/SET with
-//! PX or KEEPTTL) costs the server less than a hash plus PEXPIRE on every claim. Numbers are
-//! written with `%.0f`: Lua 5.1's `tostring` keeps only 14 digits, which would corrupt µs
-//! timestamps and tokens.
+//! A claim is one string value, `state token lease_until failures starts takeovers holder`:
+//! state `r` running, `x` released, `d` done, `v` revoked; `lease_until` in server µs;
+//! `failures` counts failed attempts, `starts` the runs granted, `takeovers` the runs whose
+//! holder's lease ran out before it finished (crashed or stalled workers). One string (GET/SET
+//! with PX) costs the server less than a hash plus PEXPIRE on every claim. Numbers are written
+//! with `%.0f`: Lua 5.1's `tostring` keeps only 14 digits, which would corrupt µs timestamps
+//! and tokens.
 
 use fred::prelude::{Client, LuaInterface, Pool};
 use fred::types::scripts::Script;
 use fred::types::Value;
 
-/// Helpers shared by every script: the server clock and the claim codec.
+/// Helpers shared by every script: the server clock and the claim record.
 const PRELUDE: &str = r#"
 local function now_us()
   local t = redis.call('TIME')
@@ -19,42 +20,55 @@ local function now_us()
 end
 local function load(key)
   local raw = redis.call('GET', key)
-  if not raw then return nil, 0, 0, 0, 0, '' end
-  local s, t, l, f, n, h = string.match(raw, '^(%a) (%d+) (%d+) (%d+) (%d+) ?(.*)$')
-  if not s then return nil, 0, 0, 0, 0, '' end
-  return s, tonumber(t), tonumber(l), tonumber(f), tonumber(n), h
+  if raw then
+    local s, t, l, f, n, k, h = string.match(raw, '^(%a) (%d+) (%d+) (%d+) (%d+) (%d+) ?(.*)$')
+    if s then
+      return {state = s, token = tonumber(t), lease = tonumber(l), failures = tonumber(f),
+              starts = tonumber(n), takeovers = tonumber(k), holder = h}
+    end
+  end
+  return {state = nil, token = 0, lease = 0, failures = 0, starts = 0, takeovers = 0, holder = ''}
 end
-local function encode(s, t, l, f, n, h)
-  return string.format('%s %.0f %.0f %.0f %.0f %s', s, t, l, f, n, h)
+local function save(key, r, ...)
+  local raw = string.format('%s %.0f %.0f %.0f %.0f %.0f %s',
+    r.state, r.token, r.lease, r.failures, r.starts, r.takeovers, r.holder)
+  return redis.call('SET', key, raw, ...)
 end
 "#;
 
 /// Claims one task or many at once (the store batches concurrent calls into one round trip).
 /// KEYS: claim and result of each task, in pairs. ARGV: claim ttl ms, then per task: worker,
-/// lease ms, deadline (unix s, or ''). Returns per task one of {'run', token, failures,
-/// starts} | {'expired', token} | {'defer', µs left} | {'done'} | {'revoked'}.
+/// lease ms, deadline (unix s, or ''). Returns per task one of {'run', token, failures, starts,
+/// takeovers} | {'expired', token} | {'defer', µs left} | {'done'} | {'revoked'} |
+/// {'err', message} (that task only; the others are answered).
 const CLAIM: &str = r#"
 local function claim(ck, rk, worker, lease_ms, deadline, ttl, now)
-  local state, token, lease_until, failures, starts = load(ck)
-  if state == 'd' then return {'done'} end
-  if state == 'v' then return {'revoked'} end
-  if state == 'r' then
-    if lease_until > now then return {'defer', lease_until - now} end
-    -- The holder's lease ran out before it finished: that attempt failed.
-    failures = failures + 1
+  local r = load(ck)
+  if r.state == 'd' then return {'done'} end
+  if r.state == 'v' then return {'revoked'} end
+  if r.state == 'r' then
+    if r.lease > now then return {'defer', r.lease - now} end
+    -- The holder's lease ran out before it finished: a crashed or stalled run.
+    r.takeovers = r.takeovers + 1
   end
   -- A result without a claim record (written by taskiq, or outliving its claim): done.
-  if not state and redis.call('EXISTS', rk) == 1 then return {'done'} end
-  token = math.max(token + 1, now)
-  redis.call('SET', ck, encode('r', token, now + tonumber(lease_ms) * 1000, failures, starts + 1, worker), 'PX', ttl)
-  if deadline ~= '' and now > tonumber(deadline) * 1000000 then return {'expired', token} end
-  return {'run', token, failures, starts}
+  if not r.state and redis.call('EXISTS', rk) == 1 then return {'done'} end
+  r.token = math.max(r.token + 1, now)
+  r.state = 'r'
+  r.lease = now + tonumber(lease_ms) * 1000
+  r.holder = worker
+  local starts = r.starts
+  r.starts = starts + 1
+  save(ck, r, 'PX', ttl)
+  if deadline ~= '' and now > tonumber(deadline) * 1000000 then return {'expired', r.token} end
+  return {'run', r.token, r.failures, starts, r.takeovers}
 end
 local now = now_us()
 local out = {}
 for i = 1, #KEYS / 2 do
   local a = 2 + (i - 1) * 3
-  out[i] = claim(KEYS[2 * i - 1], KEYS[2 * i], ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[1], now)
+  local ok, res = pcall(claim, KEYS[2 * i - 1], KEYS[2 * i], ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[1], now)
+  if ok then out[i] = res else out[i] = {'err', tostring(res)} end
 end
 return out
 "#;
@@ -65,9 +79,10 @@ const HEARTBEAT: &str = r#"
 local lease_until = now_us() + tonumber(ARGV[1]) * 1000
 local out = {}
 for i, key in ipairs(KEYS) do
-  local state, token, _, failures, starts, holder = load(key)
-  if state == 'r' and token == tonumber(ARGV[i + 2]) then
-    redis.call('SET', key, encode('r', token, lease_until, failures, starts, holder), 'PX', ARGV[2])
+  local r = load(key)
+  if r.state == 'r' and r.token == tonumber(ARGV[i + 2]) then
+    r.lease = lease_until
+    save(key, r, 'PX', ARGV[2])
     out[i] = 1
   else
     out[i] = 0
@@ -78,32 +93,34 @@ return out
 
 /// KEYS: claim. ARGV: token, claim ttl ms. Returns 1 when released, 0 when the token was stale.
 const RELEASE: &str = r#"
-local state, token = load(KEYS[1])
-if state ~= 'r' or token ~= tonumber(ARGV[1]) then return 0 end
--- The state is the record's first byte: overwrite it in place.
-redis.call('SETRANGE', KEYS[1], 0, 'x')
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
+local r = load(KEYS[1])
+if r.state ~= 'r' or r.token ~= tonumber(ARGV[1]) then return 0 end
+r.state = 'x'
+save(KEYS[1], r, 'PX', ARGV[2])
 return 1
 "#;
 
 /// KEYS: claim. ARGV: token, claim ttl ms. Returns the failure count, or -1 when the token was
 /// stale.
 const RECORD_FAILURE: &str = r#"
-local state, token, lease_until, failures, starts, holder = load(KEYS[1])
-if state ~= 'r' or token ~= tonumber(ARGV[1]) then return -1 end
-redis.call('SET', KEYS[1], encode('x', token, lease_until, failures + 1, starts, holder), 'PX', ARGV[2])
-return failures + 1
+local r = load(KEYS[1])
+if r.state ~= 'r' or r.token ~= tonumber(ARGV[1]) then return -1 end
+r.state = 'x'
+r.failures = r.failures + 1
+save(KEYS[1], r, 'PX', ARGV[2])
+return r.failures
 "#;
 
 /// The fenced write, for one task or many at once. KEYS: claim and result of each task, in
 /// pairs. ARGV: result ttl ms ('0' = none), claim ttl ms, then per task: token, store
-/// ('1'/'0'), result JSON, channel, task id. Returns per task 'stored' | 'already' | 'stale'.
+/// ('1'/'0'), result JSON, channel, task id. Returns per task 'stored' | 'already' | 'stale' |
+/// 'err <message>' (that task only).
 const COMPLETE: &str = r#"
 local function complete(ck, rk, tok, store, json, channel, id, result_ttl, claim_ttl)
-  local state, token = load(ck)
-  if token ~= tonumber(tok) then return 'stale' end
-  if state == 'd' then return 'already' end
-  if state ~= 'r' then return 'stale' end
+  local r = load(ck)
+  if r.token ~= tonumber(tok) then return 'stale' end
+  if r.state == 'd' then return 'already' end
+  if r.state ~= 'r' then return 'stale' end
   local outcome = 'stored'
   if store == '1' then
     local ok
@@ -114,15 +131,16 @@ local function complete(ck, rk, tok, store, json, channel, id, result_ttl, claim
     end
     if not ok then outcome = 'already' end
   end
-  redis.call('SETRANGE', ck, 0, 'd')
-  redis.call('PEXPIRE', ck, claim_ttl)
+  r.state = 'd'
+  save(ck, r, 'PX', claim_ttl)
   redis.call('PUBLISH', channel, id)
   return outcome
 end
 local out = {}
 for i = 1, #KEYS / 2 do
   local a = 3 + (i - 1) * 5
-  out[i] = complete(KEYS[2 * i - 1], KEYS[2 * i], ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[1], ARGV[2])
+  local ok, res = pcall(complete, KEYS[2 * i - 1], KEYS[2 * i], ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[1], ARGV[2])
+  if ok then out[i] = res else out[i] = 'err ' .. tostring(res) end
 end
 return out
 "#;
@@ -130,15 +148,17 @@ return out
 /// KEYS: claim, result. ARGV: result JSON, result ttl ms ('0' = none), claim ttl ms, channel,
 /// task id. Returns 1 when revoked, 0 when the task had already finished.
 const REVOKE: &str = r#"
-local state, token, lease_until, failures, starts, holder = load(KEYS[1])
-if state == 'd' or state == 'v' or redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
+local r = load(KEYS[1])
+if r.state == 'd' or r.state == 'v' or redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
 if ARGV[2] ~= '0' then
   redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
 else
   redis.call('SET', KEYS[2], ARGV[1])
 end
 -- A new token: a running holder's heartbeat and result write are now rejected.
-redis.call('SET', KEYS[1], encode('v', math.max(token + 1, now_us()), lease_until, failures, starts, holder), 'PX', ARGV[3])
+r.token = math.max(r.token + 1, now_us())
+r.state = 'v'
+save(KEYS[1], r, 'PX', ARGV[3])
 redis.call('PUBLISH', ARGV[4], ARGV[5])
 return 1
 "#;

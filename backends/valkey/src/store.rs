@@ -213,13 +213,14 @@ impl ValkeyStore {
         let Some(raw) = raw else {
             return Ok(ClaimState::Absent);
         };
-        // `state token lease_until failures starts holder` (see the scripts).
-        let mut fields = raw.splitn(6, ' ');
+        // `state token lease_until failures starts takeovers holder` (see the scripts).
+        let mut fields = raw.splitn(7, ' ');
         let state = fields.next().unwrap_or_default().to_owned();
         let token = fields.next().and_then(|t| t.parse().ok()).unwrap_or(0);
         let _lease_until = fields.next();
         let failures = fields.next().and_then(|f| f.parse().ok()).unwrap_or(0);
         let _starts = fields.next();
+        let _takeovers = fields.next();
         let holder = fields.next().unwrap_or_default().to_owned();
         Ok(match state.as_str() {
             "r" => ClaimState::Running {
@@ -343,10 +344,10 @@ impl ClaimStore for ValkeyStore {
 }
 
 /// The one answer of a one-call batch.
-fn single<T>(answers: Result<Vec<T>, StoreError>) -> Result<T, StoreError> {
+fn single<T>(answers: Result<Vec<Result<T, StoreError>>, StoreError>) -> Result<T, StoreError> {
     answers?
         .pop()
-        .ok_or_else(|| StoreError::Unavailable("valkey answered no result".into()))
+        .unwrap_or_else(|| Err(StoreError::Unavailable("valkey answered no result".into())))
 }
 
 #[async_trait]

@@ -355,3 +355,69 @@ async fn racing_completers_write_each_result_exactly_once() {
     println!("tasks={TASKS} completers={COMPLETERS} stale_writes_rejected={stale}");
     assert!(stale > 0, "takeovers really raced the writes");
 }
+
+#[tokio::test]
+async fn one_bad_claim_record_does_not_fail_the_calls_batched_with_it() {
+    use fred::prelude::{ClientLike, Config, LuaInterface};
+    let store = Arc::new(common::store().await);
+    let bad = TaskId::random();
+    // Something else wrote a hash where the claim record goes: its script call errors.
+    let raw =
+        fred::prelude::Client::new(Config::from_url(&common::url()).unwrap(), None, None, None);
+    raw.init().await.unwrap();
+    let key = format!("{0}:claim:{{{0}:{bad}}}", store.prefix());
+    let _: i64 = raw
+        .eval(
+            "return redis.call('HSET', KEYS[1], 'x', '1')",
+            vec![key.clone()],
+            Vec::<String>::new(),
+        )
+        .await
+        .unwrap();
+    let good: Vec<TaskId> = (0..20).map(|_| TaskId::random()).collect();
+    let mut calls = vec![tokio::spawn({
+        let (store, bad) = (store.clone(), bad.clone());
+        async move { store.claim(&bad, "w", LEASE, None).await.map(|_| ()) }
+    })];
+    for id in &good {
+        let (store, id) = (store.clone(), id.clone());
+        calls.push(tokio::spawn(async move {
+            match store.claim(&id, "w", LEASE, None).await {
+                Ok(ClaimOutcome::Run { .. }) => Ok(()),
+                other => panic!("{other:?}"),
+            }
+        }));
+    }
+    let mut results = Vec::new();
+    for c in calls {
+        results.push(c.await.unwrap());
+    }
+    assert!(results[0].is_err(), "the bad record's claim fails");
+    assert!(
+        results[1..].iter().all(Result::is_ok),
+        "the others are answered"
+    );
+    let _: i64 = fred::prelude::KeysInterface::del(&raw, &key).await.unwrap();
+}
+
+#[tokio::test]
+async fn takeovers_are_counted_apart_from_failures() {
+    let store = common::store().await;
+    let id = TaskId::random();
+    let short = Duration::from_millis(50);
+    for _ in 0..3 {
+        run(store.claim(&id, "dies", short, None).await.unwrap());
+        tokio::time::sleep(Duration::from_millis(70)).await; // the holder "dies": its lease runs out
+    }
+    match store.claim(&id, "next", LEASE, None).await.unwrap() {
+        ClaimOutcome::Run {
+            failures,
+            starts,
+            takeovers,
+            ..
+        } => {
+            assert_eq!((failures, starts, takeovers), (0, 3, 3));
+        }
+        other => panic!("{other:?}"),
+    }
+}
