@@ -61,7 +61,9 @@ pub struct WorkerConfig {
     pub max_unroutable_receives: u32,
     /// Release delay when the claim/result store is unreachable (default 5 s).
     pub store_retry_after: Duration,
-    /// Shortest release for a deferred duplicate: never 0, every receive costs (default 1 s).
+    /// Shortest delay of any release (deferred duplicates, retries, unroutable messages),
+    /// except a drain's hand-back: never 0, since every receive costs (SQS counts it toward its
+    /// redrive limit). Default 1 s.
     pub min_defer: Duration,
     /// Results kept in memory while the store is unreachable, stored on redelivery
     /// (default 10 000; beyond it the task simply runs again).
