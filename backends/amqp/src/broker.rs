@@ -421,9 +421,7 @@ impl Broker for AmqpBroker {
     async fn health(&self) -> Health {
         let session = self.shared.session.borrow().clone();
         match session {
-            Some(s) if !s.dead.is_cancelled() && s.connection.status().connected() => {
-                Health::Healthy
-            }
+            Some(s) if s.connected() => Health::Healthy,
             _ => Health::Unhealthy(format!(
                 "not connected to RabbitMQ: {}",
                 self.shared

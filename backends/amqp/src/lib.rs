@@ -15,6 +15,9 @@
 //!   delay tier and acks the original only after the copy's confirm; `release(0)` is a nack with
 //!   requeue; `dead_letter` parks a copy with `x-ferriq-reason`, `x-ferriq-detail`,
 //!   `x-ferriq-task-name` and `x-ferriq-attempts` headers, then acks.
+//! - **Two connections**: one publishes, one (opened by the first `receive`) consumes and acks,
+//!   as RabbitMQ advises: under a memory or disk alarm it stops reading from publishing
+//!   connections, and a worker's acks must still get through to drain the backlog.
 //! - **Connection loss** is detected by AMQP heartbeats (default 5 s) or the socket; a supervisor
 //!   reconnects with backoff and declares the topology again. Deliveries from a dead channel are
 //!   never acked afterwards: their heartbeat reports them lost and the broker's redelivered

@@ -20,11 +20,17 @@ pub(crate) struct Incoming {
     pub(crate) delivery: lapin::message::Delivery,
 }
 
-/// A live connection: publisher channels in confirm mode, and a token cancelled when anything
-/// on it fails.
+/// A live session: a publishing connection with its confirm-mode channels, a consuming
+/// connection opened on the first receive, and a token cancelled when either fails.
+///
+/// Two connections, as RabbitMQ advises: under a resource alarm it stops reading from
+/// connections that publish, and a consumer's acks must still get through then.
 pub(crate) struct Session {
     pub(crate) generation: u64,
+    /// Publishing, topology, depth.
     pub(crate) connection: Connection,
+    /// Consuming and acking (opened by the first receive).
+    consumer_connection: tokio::sync::OnceCell<Connection>,
     publishers: Mutex<Vec<Channel>>,
     publisher_slots: Arc<Semaphore>,
     pub(crate) dead: CancellationToken,
@@ -62,6 +68,24 @@ impl Drop for Publisher<'_> {
 }
 
 impl Session {
+    /// Closes both connections, waiting at most `limit` for each.
+    pub(crate) async fn close(&self, limit: Duration, why: &str) {
+        let _ = tokio::time::timeout(limit, self.connection.close(200, why.into())).await;
+        if let Some(c) = self.consumer_connection.get() {
+            let _ = tokio::time::timeout(limit, c.close(200, why.into())).await;
+        }
+    }
+
+    /// Whether both connections (the consuming one if opened) are up.
+    pub(crate) fn connected(&self) -> bool {
+        !self.dead.is_cancelled()
+            && self.connection.status().connected()
+            && self
+                .consumer_connection
+                .get()
+                .is_none_or(|c| c.status().connected())
+    }
+
     /// A confirm-mode channel for one batch, replacing a channel the broker closed.
     pub(crate) async fn checkout(&self) -> Result<Publisher<'_>, lapin::Error> {
         let slot = Arc::clone(&self.publisher_slots)
@@ -129,19 +153,25 @@ impl Shared {
         *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = e.to_string();
     }
 
-    /// Connects, declares the topology and opens the publisher channels.
-    pub(crate) async fn connect_once(self: &Arc<Self>) -> Result<Arc<Session>, String> {
+    /// Opens one connection (bounded by the connect timeout).
+    async fn open_connection(&self, role: &str) -> Result<Connection, String> {
         let config = &self.config;
         let props = ConnectionProperties::default()
-            .with_connection_name(config.connection_name.clone().into());
-        let connection = tokio::time::timeout(
+            .with_connection_name(format!("{} ({role})", config.connection_name).into());
+        tokio::time::timeout(
             config.connect_timeout,
             Connection::connect(&config.connect_url(), props),
         )
         .await
         .map_err(|_| format!("no connection within {:?}", config.connect_timeout))?
         // lapin's errors do not contain the URL.
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| e.to_string())
+    }
+
+    /// Connects, declares the topology and opens the publisher channels.
+    pub(crate) async fn connect_once(self: &Arc<Self>) -> Result<Arc<Session>, String> {
+        let config = &self.config;
+        let connection = self.open_connection("publisher").await?;
         let events = connection.events_listener();
         let setup = async {
             let channel = connection.create_channel().await?;
@@ -173,6 +203,7 @@ impl Shared {
         let session = Arc::new(Session {
             generation,
             connection,
+            consumer_connection: tokio::sync::OnceCell::new(),
             publishers: Mutex::new(publishers),
             publisher_slots: Arc::new(Semaphore::new(config.publisher_channels)),
             dead: CancellationToken::new(),
@@ -191,9 +222,30 @@ impl Shared {
         let lanes = self.config.queues.len() as u16;
         // Quorum queues have no global prefetch: split it over the lanes.
         let per_lane = self.config.prefetch.div_ceil(lanes).max(1);
+        let opened = session
+            .consumer_connection
+            .get_or_try_init(|| async {
+                let connection = self.open_connection("consumer").await?;
+                watch_events(
+                    connection.events_listener(),
+                    Arc::clone(session),
+                    Arc::clone(self),
+                );
+                Ok::<_, String>(connection)
+            })
+            .await;
+        let consumer_connection = match opened {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot open the consuming connection; reconnecting");
+                self.set_error(&e);
+                session.dead.cancel();
+                return;
+            }
+        };
         for queue in &self.config.queues {
             let started = async {
-                let channel = session.connection.create_channel().await?;
+                let channel = consumer_connection.create_channel().await?;
                 channel
                     .basic_qos(per_lane, BasicQosOptions::default())
                     .await?;
@@ -326,11 +378,7 @@ impl Shared {
                     _ = self.stop.cancelled() => {
                         self.session.send_replace(None);
                         session.dead.cancel();
-                        let _ = tokio::time::timeout(
-                            Duration::from_secs(5),
-                            session.connection.close(200, "closed by ferriq".into()),
-                        )
-                        .await;
+                        session.close(Duration::from_secs(5), "closed by ferriq").await;
                         return;
                     }
                 }
@@ -340,11 +388,7 @@ impl Shared {
                 error = %self.last_error.lock().unwrap_or_else(|p| p.into_inner()),
                 "RabbitMQ connection lost; held deliveries will be redelivered, reconnecting"
             );
-            let _ = tokio::time::timeout(
-                Duration::from_secs(1),
-                session.connection.close(200, "reconnecting".into()),
-            )
-            .await;
+            session.close(Duration::from_secs(1), "reconnecting").await;
             // A session that died at once (a refused consumer, a failing declare) must not turn
             // into a tight reconnect loop: back off unless it lived a while.
             if connected_at.elapsed() > Duration::from_secs(10) {
