@@ -65,6 +65,12 @@ fn expand(attr: TaskAttr, func: ItemFn) -> syn::Result<TokenStream2> {
         .map(classify_param)
         .collect::<syn::Result<Vec<_>>>()?;
     let output = output_type(&sig.output)?;
+    if let Type::Reference(r) = &output {
+        return Err(Error::new(
+            r.span(),
+            "a task's output must be an owned type (`String`, not `&str`): callers deserialize it from the stored result",
+        ));
+    }
     let returns_result = is_result(&sig.output);
 
     let fn_name = &sig.ident;
@@ -301,6 +307,7 @@ fn output_type(output: &ReturnType) -> syn::Result<Type> {
             "a task cannot return `impl Trait`: its output must be a concrete serializable type",
         ));
     }
+
     if let Type::Path(p) = ty {
         if let Some(last) = p.path.segments.last() {
             if is_result_segment(last) || last.ident == "Result" {
