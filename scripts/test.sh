@@ -22,7 +22,7 @@ step "cargo check: the backends' TLS features still build"
 cargo check --locked --quiet -p ferriq-valkey -p ferriq-amqp --features ferriq-valkey/tls,ferriq-amqp/tls
 
 step "cargo test (unit, integration, doc tests; real Redis and RabbitMQ)"
-cargo test --workspace --locked
+timeout 40m cargo test --workspace --locked
 
 step "quickstart"
 cargo run --locked --quiet --example quickstart

@@ -19,7 +19,14 @@ impl Heartbeats {
     pub(crate) async fn stop(self) {
         self.stop.cancel();
         for t in self.tasks {
-            let _ = t.await;
+            // A beat in progress finishes first (its calls are bounded); never wait forever.
+            let abort = t.abort_handle();
+            if tokio::time::timeout(std::time::Duration::from_secs(10), t)
+                .await
+                .is_err()
+            {
+                abort.abort();
+            }
         }
     }
 }

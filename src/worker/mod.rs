@@ -341,7 +341,17 @@ impl Worker {
                 "grace period over: cancelling runs and releasing their messages"
             );
             inner.running.stop_all(StopReason::Shutdown);
-            tracker.wait().await;
+            // Handing back is quick (a claim release, a message release); a broker or store
+            // call that hangs must not keep the process from stopping: its message comes back
+            // by itself.
+            let settle_limit = Duration::from_secs(30);
+            tokio::select! {
+                _ = tracker.wait() => {}
+                _ = tokio::time::sleep(settle_limit) => {
+                    tracing::error!(left = inner.running.len(), "deliveries still settling after {settle_limit:?}; stopping anyway");
+                }
+                _ = shutdown.forced() => {}
+            }
         }
         heartbeats.stop().await;
         // Every delivery is settled: a broker that pushes deliveries (RabbitMQ) hands the ones

@@ -7,7 +7,7 @@ use ferriq::broker::{
     Broker, BrokerError, DeadLetter, Delivery, DeliveryHandle, Health, LeaseStatus,
     OutgoingMessage, QueueDepth,
 };
-use lapin::options::{BasicAckOptions, BasicNackOptions, QueueDeclareOptions};
+use lapin::options::QueueDeclareOptions;
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::Acker;
 use tokio::sync::mpsc;
@@ -205,11 +205,11 @@ impl AmqpBroker {
         if held.generation != self.shared.current_generation() {
             return Err(BrokerError::DeliveryLost);
         }
-        match held.acker.ack(BasicAckOptions::default()).await {
+        match crate::session::settle(&held.acker, None).await {
             Ok(true) => Ok(()),
             // Already settled, or its channel is gone: the broker redelivers it.
             Ok(false) => Err(BrokerError::DeliveryLost),
-            Err(e) => Err(BrokerError::Unavailable(e.to_string())),
+            Err(e) => Err(BrokerError::Unavailable(e)),
         }
     }
 
@@ -299,17 +299,10 @@ impl Broker for AmqpBroker {
             return Err(BrokerError::DeliveryLost);
         }
         if after.is_zero() {
-            return match held
-                .acker
-                .nack(BasicNackOptions {
-                    requeue: true,
-                    multiple: false,
-                })
-                .await
-            {
+            return match crate::session::settle(&held.acker, Some(true)).await {
                 Ok(true) => Ok(()),
                 Ok(false) => Err(BrokerError::DeliveryLost),
-                Err(e) => Err(BrokerError::Unavailable(e.to_string())),
+                Err(e) => Err(BrokerError::Unavailable(e)),
             };
         }
         // Copy first, original acked only once the copy is confirmed: a failure in between

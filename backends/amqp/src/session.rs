@@ -411,14 +411,39 @@ impl Shared {
     }
 }
 
+/// Longest wait for an ack or nack to be handed to the connection. lapin resolves it once the
+/// frame is queued; a connection that dies at that moment may never resolve it, and a worker
+/// must not wait forever on a settlement (the broker redelivers what was not acked).
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Acks (`None`) or nacks with `requeue` a delivery, bounded in time. `Ok(false)`: the acker
+/// was spent or its channel is gone.
+pub(crate) async fn settle(
+    acker: &lapin::Acker,
+    nack_requeue: Option<bool>,
+) -> Result<bool, String> {
+    let op = async {
+        match nack_requeue {
+            None => acker.ack(lapin::options::BasicAckOptions::default()).await,
+            Some(requeue) => {
+                acker
+                    .nack(lapin::options::BasicNackOptions {
+                        requeue,
+                        multiple: false,
+                    })
+                    .await
+            }
+        }
+    };
+    match tokio::time::timeout(SETTLE_TIMEOUT, op).await {
+        Ok(r) => r.map_err(|e| e.to_string()),
+        Err(_) => Err(format!("no answer within {SETTLE_TIMEOUT:?}")),
+    }
+}
+
 /// Puts a delivery back in its queue at once.
 pub(crate) async fn requeue(acker: &lapin::Acker) {
-    let _ = acker
-        .nack(lapin::options::BasicNackOptions {
-            requeue: true,
-            multiple: false,
-        })
-        .await;
+    let _ = settle(acker, Some(true)).await;
 }
 
 /// Marks the session dead on the first connection error the connection reports.
