@@ -5,6 +5,10 @@
 //!
 //! The last line is `claim_complete_per_s=… raw_evalsha_per_s=… ratio=…` (ratio = pairs/s ÷ raw
 //! calls/s; a pair is two scripts and a publish, so 0.5 would be parity per call).
+//!
+//! Each round also measures a floor: the two keys every pair must create (the claim and the
+//! result, `SET NX PX` each, no script, no check, no publish) on a pool of the same size. No
+//! claim+complete can beat it, so its ratio bounds what the scripts could reach on this server.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -13,6 +17,7 @@ use std::time::{Duration, Instant};
 use ferriq::store::{ClaimOutcome, ClaimStore, ResultStatus, ResultStore};
 use ferriq::wire::{TaskId, TaskResult};
 use ferriq_valkey::ValkeyStore;
+use fred::prelude::{ClientLike, Config, Expiration, KeysInterface, Pool, SetOptions};
 
 const CONCURRENCY: usize = 64;
 
@@ -87,10 +92,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Default::default(),
     ));
     let reply_to = Arc::new(store.reply_channel().unwrap_or_default());
+    let floor_pool = Arc::new(Pool::new(Config::from_url(&url)?, None, None, None, pool)?);
+    floor_pool.init().await?;
 
     println!("valkey bench: {url_shown}, {CONCURRENCY} concurrent tasks, pool of {pool}, {rounds} rounds of {secs} s",
         url_shown = ferriq::SecretUrl::new(url.clone()));
-    let (mut pairs, mut raws) = (Vec::new(), Vec::new());
+    let (mut pairs, mut raws, mut floors) = (Vec::new(), Vec::new(), Vec::new());
     for round in 1..=rounds {
         let raw = {
             let (store, trivial) = (store.clone(), trivial.clone());
@@ -123,9 +130,34 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             })
             .await
         };
-        println!("round {round}: raw EVALSHA {raw:>9.0}/s   claim+complete {pair:>9.0} pairs/s   ratio {:.3}", pair / raw);
+        let floor = {
+            let (pool, prefix) = (floor_pool.clone(), prefix.clone());
+            measure(secs, move |n| {
+                let (pool, prefix) = (pool.clone(), prefix.clone());
+                async move {
+                    for (kind, value) in [
+                        ("claim", "r 1764430000000000 1764430030000000 0 0 0 bench"),
+                        ("result", r#"{"is_err":false,"log":null,"return_value":1,"execution_time":0.0,"labels":{},"error":null}"#),
+                    ] {
+                        let _: Option<String> = pool
+                            .set(
+                                format!("{prefix}:floor:{kind}:{n}"),
+                                value,
+                                Some(Expiration::PX(120_000)),
+                                Some(SetOptions::NX),
+                                false,
+                            )
+                            .await
+                            .expect("floor SET");
+                    }
+                }
+            })
+            .await
+        };
+        println!("round {round}: raw EVALSHA {raw:>9.0}/s   claim+complete {pair:>9.0} pairs/s   ratio {:.3}   floor (2 × SET NX PX) {floor:>9.0} pairs/s   ratio {:.3}", pair / raw, floor / raw);
         raws.push(raw);
         pairs.push(pair);
+        floors.push(floor);
     }
 
     // Wake-up latency of wait(): complete, then time until the waiter returns.
@@ -159,7 +191,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "wait() wake-up after complete: p50 {:.3} ms, p99 {:.3} ms (n=200)",
         wake[100], wake[198]
     );
-    let (pair, raw) = (median(pairs), median(raws));
+    let (pair, raw, floor) = (median(pairs), median(raws), median(floors));
+    println!(
+        "floor_pairs_per_s={floor:.0} floor_ratio={:.3} (two key writes, nothing else)",
+        floor / raw
+    );
     println!(
         "claim_complete_per_s={pair:.0} raw_evalsha_per_s={raw:.0} ratio={:.3}",
         pair / raw
@@ -168,5 +204,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let purged = store.purge_prefix().await?;
     eprintln!("removed {purged} benchmark keys");
     store.close().await;
+    let _ = floor_pool.quit().await;
     Ok(())
 }

@@ -72,6 +72,12 @@ impl Waiters {
     }
 }
 
+/// The task ids one completion message names: a batch of completes announces its tasks in one
+/// message, separated by spaces (task ids hold no whitespace).
+fn announced(payload: &str) -> impl Iterator<Item = &str> {
+    payload.split(' ').filter(|id| !id.is_empty())
+}
+
 /// Reads completion messages and wakes the matching waiters; wakes all after a reconnect or
 /// when messages were dropped, since pub/sub does not replay what it missed.
 pub(crate) fn spawn_dispatcher(
@@ -86,7 +92,7 @@ pub(crate) fn spawn_dispatcher(
             tokio::select! {
                 msg = messages.recv() => match msg {
                     Ok(msg) => match msg.value.as_str() {
-                        Some(id) => waiters.wake(&id),
+                        Some(payload) => announced(&payload).for_each(|id| waiters.wake(id)),
                         None => waiters.wake_all(),
                     },
                     Err(RecvError::Lagged(n)) => {
@@ -109,4 +115,40 @@ pub(crate) fn spawn_dispatcher(
             }
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::future::Future;
+
+    #[test]
+    fn one_message_wakes_every_task_it_names() {
+        let waiters = Arc::new(Waiters::default());
+        let (a, b, c) = (
+            waiters.register("a1"),
+            waiters.register("b2"),
+            waiters.register("c3"),
+        );
+        let (wa, wb, wc) = (
+            a.notify.notified(),
+            b.notify.notified(),
+            c.notify.notified(),
+        );
+        tokio::pin!(wa, wb, wc);
+        for w in [wa.as_mut(), wb.as_mut(), wc.as_mut()] {
+            w.enable();
+        }
+        announced("a1 c3").for_each(|id| waiters.wake(id));
+        let poll = |f: std::pin::Pin<&mut tokio::sync::futures::Notified<'_>>| {
+            let waker = std::task::Waker::noop();
+            f.poll(&mut std::task::Context::from_waker(waker))
+                .is_ready()
+        };
+        assert!(poll(wa.as_mut()));
+        assert!(!poll(wb.as_mut()));
+        assert!(poll(wc.as_mut()));
+        assert_eq!(announced("x").collect::<Vec<_>>(), ["x"]);
+        assert_eq!(announced("").count(), 0);
+    }
 }

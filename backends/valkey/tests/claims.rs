@@ -421,3 +421,67 @@ async fn takeovers_are_counted_apart_from_failures() {
         other => panic!("{other:?}"),
     }
 }
+
+#[tokio::test]
+async fn a_finished_claim_outlives_its_result_and_keeps_its_token() {
+    // complete flips the state in place (keeping the TTL) instead of rewriting the record, so
+    // the running claim's TTL must already cover claim_ttl after any completion.
+    let store = common::store().await;
+    let id = TaskId::random();
+    let claim_key = format!("{p}:claim:{{{p}:{id}}}", p = store.prefix());
+    let raw = fred::prelude::Builder::from_config(
+        fred::prelude::Config::from_url(&common::url()).unwrap(),
+    )
+    .build()
+    .unwrap();
+    fred::prelude::ClientLike::init(&raw).await.unwrap();
+    let pttl = |key: String| {
+        let raw = raw.clone();
+        async move {
+            let ms: i64 = fred::prelude::KeysInterface::pttl(&raw, key).await.unwrap();
+            Duration::from_millis(ms.max(0) as u64)
+        }
+    };
+    let claim_ttl = Duration::from_secs(600); // common::store's setting
+    let (token, _) = run(store.claim(&id, "w", LEASE, None).await.unwrap());
+    let running = pttl(claim_key.clone()).await;
+    assert!(
+        running > claim_ttl + LEASE - Duration::from_secs(5),
+        "running claim TTL {running:?}"
+    );
+    assert_eq!(
+        store
+            .heartbeat(&[(id.clone(), token)], LEASE)
+            .await
+            .unwrap(),
+        [true]
+    );
+    assert_eq!(
+        store
+            .complete(&id, token, Some(&ok(json!(1))), None)
+            .await
+            .unwrap(),
+        CompleteOutcome::Stored
+    );
+    let done = pttl(claim_key).await;
+    let result = pttl(store.result_key(&id)).await;
+    assert!(
+        done >= claim_ttl - Duration::from_secs(5),
+        "done claim TTL {done:?}"
+    );
+    assert!(result <= Duration::from_secs(600), "result TTL {result:?}");
+    assert_eq!(store.claim_state(&id).await.unwrap(), ClaimState::Done);
+    assert!(matches!(
+        store.claim(&id, "late", LEASE, None).await.unwrap(),
+        ClaimOutcome::Done
+    ));
+    // The record was flipped in place: the holder's token still answers AlreadyStored.
+    assert_eq!(
+        store
+            .complete(&id, token, Some(&ok(json!(2))), None)
+            .await
+            .unwrap(),
+        CompleteOutcome::AlreadyStored
+    );
+    fred::prelude::ClientLike::quit(&raw).await.unwrap();
+}

@@ -103,11 +103,22 @@ async fn many_waiters_share_one_subscriber_and_all_wake() {
         .collect();
     let reply_to = store.reply_channel().unwrap();
     let start = Instant::now();
-    for (id, token) in ids.iter().zip(tokens) {
-        store
-            .complete(id, token, Some(&ok(json!(id.as_str()))), Some(&reply_to))
-            .await
-            .unwrap();
+    // Concurrent completes are batched: one announcement names many tasks.
+    let completes: Vec<_> = ids
+        .iter()
+        .zip(tokens)
+        .map(|(id, token)| {
+            let (store, id, reply_to) = (store.clone(), id.clone(), reply_to.clone());
+            tokio::spawn(async move {
+                store
+                    .complete(&id, token, Some(&ok(json!(id.as_str()))), Some(&reply_to))
+                    .await
+                    .unwrap()
+            })
+        })
+        .collect();
+    for c in completes {
+        c.await.unwrap();
     }
     for (w, id) in waiters.into_iter().zip(&ids) {
         match w.await.unwrap() {
@@ -152,4 +163,67 @@ async fn wait_times_out_with_pending() {
         .unwrap();
     assert_eq!(r, ResultStatus::Pending);
     assert!(start.elapsed() >= Duration::from_millis(300));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_completes_are_announced_together_each_task_once() {
+    // One batch in flight at a time: completes arriving meanwhile form the next batch, whose
+    // announcement names all of them (ids separated by spaces).
+    let store =
+        Arc::new(common::store_at(&common::url(), &common::prefix(), |b| b.pool_size(1)).await);
+    let channel = format!("{}:test-announcements", store.prefix());
+    let subscriber = fred::prelude::Builder::from_config(
+        fred::prelude::Config::from_url(&common::url()).unwrap(),
+    )
+    .build_subscriber_client()
+    .unwrap();
+    fred::prelude::ClientLike::init(&subscriber).await.unwrap();
+    let mut messages = fred::prelude::EventInterface::message_rx(&subscriber);
+    fred::prelude::PubsubInterface::subscribe(&subscriber, channel.clone())
+        .await
+        .unwrap();
+    let ids: Vec<TaskId> = (0..200).map(|_| TaskId::random()).collect();
+    let mut tokens = Vec::new();
+    for id in &ids {
+        tokens.push(claim(&store, id).await);
+    }
+    let completes: Vec<_> = ids
+        .iter()
+        .zip(tokens)
+        .map(|(id, token)| {
+            let (store, id, channel) = (store.clone(), id.clone(), channel.clone());
+            tokio::spawn(async move {
+                store
+                    .complete(&id, token, Some(&ok(json!(1))), Some(&channel))
+                    .await
+                    .unwrap()
+            })
+        })
+        .collect();
+    for c in completes {
+        c.await.unwrap();
+    }
+    let mut announced = Vec::new();
+    let mut largest = 0;
+    while announced.len() < ids.len() {
+        let msg = tokio::time::timeout(Duration::from_secs(5), messages.recv())
+            .await
+            .expect("every completion is announced")
+            .unwrap();
+        let names: Vec<String> = msg
+            .value
+            .as_string()
+            .unwrap()
+            .split(' ')
+            .map(str::to_owned)
+            .collect();
+        largest = largest.max(names.len());
+        announced.extend(names);
+    }
+    announced.sort();
+    let mut expected: Vec<String> = ids.iter().map(|id| id.as_str().to_owned()).collect();
+    expected.sort();
+    assert_eq!(announced, expected, "each task announced exactly once");
+    assert!(largest > 1, "completes were not announced together");
+    fred::prelude::ClientLike::quit(&subscriber).await.unwrap();
 }
