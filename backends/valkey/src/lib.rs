@@ -13,6 +13,10 @@
 //!   `prefix_str=prefix` and `JSONSerializer`), written `NX` by the fenced `complete` script.
 //! - `wait` is woken by a pub/sub notification on this process's reply channel (one
 //!   subscriber connection for every waiter), with a slow re-check as a safety net.
+//! - Off cluster, concurrent claims (and completes) are gathered into one script run per round
+//!   trip. On Valkey Cluster (`redis-cluster://host:port?node=host2:port2…`, tested against a
+//!   three-master cluster) every call is its own script in its task's slot, and a heartbeat is
+//!   one call per slot, sent together.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), ferriq_valkey::ValkeyError> {

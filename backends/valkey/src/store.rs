@@ -318,16 +318,24 @@ impl ClaimStore for ValkeyStore {
         if !self.inner.clustered {
             return core.heartbeat(claims, lease).await;
         }
-        // In a cluster a script's keys must share a slot: one call per slot.
+        // In a cluster a script's keys must share a slot: one call per slot, all at once (a
+        // worker's claims spread over every slot). Any failed slot fails the call, as off
+        // cluster: the worker then treats the store as unreachable for this beat.
         let mut by_slot: std::collections::BTreeMap<u16, Vec<usize>> = Default::default();
         for (i, (id, _)) in claims.iter().enumerate() {
             let slot = fred::util::redis_keyslot(core.keys.claim(id).as_bytes());
             by_slot.entry(slot).or_default().push(i);
         }
-        let mut kept = vec![false; claims.len()];
-        for indexes in by_slot.values() {
+        let calls = by_slot.values().map(|indexes| async move {
             let group: Vec<_> = indexes.iter().map(|i| claims[*i].clone()).collect();
-            for (i, k) in indexes.iter().zip(core.heartbeat(&group, lease).await?) {
+            core.heartbeat(&group, lease)
+                .await
+                .map(|kept| (indexes, kept))
+        });
+        let mut kept = vec![false; claims.len()];
+        for answer in futures_util::future::join_all(calls).await {
+            let (indexes, group_kept) = answer?;
+            for (i, k) in indexes.iter().zip(group_kept) {
                 kept[*i] = k;
             }
         }

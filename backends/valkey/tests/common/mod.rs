@@ -98,3 +98,114 @@ impl Drop for PrivateRedis {
         self.kill();
     }
 }
+
+/// A Valkey Cluster of the test's own: `masters` redis-servers on free ports, slots spread
+/// over them, removed (processes and files) when dropped.
+pub struct PrivateCluster {
+    pub ports: Vec<u16>,
+    children: Vec<Child>,
+    dir: std::path::PathBuf,
+}
+
+impl PrivateCluster {
+    pub async fn start(masters: usize) -> Self {
+        let dir =
+            std::env::temp_dir().join(format!("fq-cluster-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut cluster = PrivateCluster {
+            ports: Vec::new(),
+            children: Vec::new(),
+            dir,
+        };
+        for _ in 0..masters {
+            let port = TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port();
+            let child = Command::new("redis-server")
+                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+                .args(["--save", "", "--appendonly", "no"])
+                .args(["--cluster-enabled", "yes"])
+                .args(["--cluster-config-file", &format!("nodes-{port}.conf")])
+                .arg("--dir")
+                .arg(&cluster.dir)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("redis-server is installed");
+            cluster.ports.push(port);
+            cluster.children.push(child);
+        }
+        for port in &cluster.ports {
+            eventually(Duration::from_secs(10), || {
+                std::net::TcpStream::connect(("127.0.0.1", *port)).is_ok()
+            })
+            .await;
+        }
+        let nodes: Vec<String> = cluster
+            .ports
+            .iter()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect();
+        let created = Command::new("redis-cli")
+            .args(["--cluster", "create"])
+            .args(&nodes)
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdin(Stdio::null())
+            .output()
+            .expect("redis-cli is installed");
+        assert!(
+            created.status.success(),
+            "cluster create failed: {}",
+            String::from_utf8_lossy(&created.stdout)
+        );
+        // Every node must agree the cluster is up before a client maps its slots.
+        for port in &cluster.ports {
+            eventually(Duration::from_secs(30), || {
+                Command::new("redis-cli")
+                    .args(["-p", &port.to_string(), "cluster", "info"])
+                    .output()
+                    .map(|o| String::from_utf8_lossy(&o.stdout).contains("cluster_state:ok"))
+                    .unwrap_or(false)
+            })
+            .await;
+        }
+        cluster
+    }
+
+    /// fred's cluster URL form: the first node, the others as `node=` parameters.
+    pub fn url(&self) -> String {
+        let others: Vec<String> = self.ports[1..]
+            .iter()
+            .map(|p| format!("node=127.0.0.1:{p}"))
+            .collect();
+        format!(
+            "redis-cluster://127.0.0.1:{}?{}",
+            self.ports[0],
+            others.join("&")
+        )
+    }
+}
+
+impl Drop for PrivateCluster {
+    fn drop(&mut self) {
+        for child in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Polls `check` every 20 ms until it holds; panics after `limit`.
+pub async fn eventually(limit: Duration, mut check: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + limit;
+    while !check() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "condition not met within {limit:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

@@ -1,0 +1,177 @@
+//! The store against a Valkey Cluster of the test's own (three masters on free ports): tasks
+//! spread over every master, each script inside one slot, heartbeats split by slot, completions
+//! announced across nodes, and the worker end to end.
+
+mod common;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferriq::store::{ClaimOutcome, ClaimStore, CompleteOutcome, ResultStatus, ResultStore, Token};
+use ferriq::testing::RunningWorker;
+use ferriq::wire::{ErrorKind, TaskId, TaskResult};
+use ferriq::{Client, Registry, TaskError, Worker};
+use fred::prelude::{ClientLike, EventInterface, PubsubInterface};
+use serde_json::json;
+
+const LEASE: Duration = Duration::from_secs(30);
+
+fn ok(v: serde_json::Value) -> TaskResult {
+    TaskResult::success(v, 0.0, Default::default())
+}
+
+#[ferriq::task(name = "valkey.cluster.double")]
+async fn double(n: u64) -> Result<u64, TaskError> {
+    Ok(n * 2)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_results_and_announcements_work_across_a_cluster() {
+    let cluster = common::PrivateCluster::start(3).await;
+    let prefix = common::prefix();
+    let store = Arc::new(common::store_at(&cluster.url(), &prefix, |b| b).await);
+
+    // Enough tasks that every master owns some (redis-cli gives each a third of the slots).
+    let ids: Vec<TaskId> = (0..90).map(|_| TaskId::random()).collect();
+    let thirds: HashSet<u16> = ids
+        .iter()
+        .map(|id| fred::util::redis_keyslot(store.result_key(id).as_bytes()) / 5462)
+        .collect();
+    assert_eq!(thirds.len(), 3, "the tasks do not cover every master");
+
+    let mut tokens = Vec::new();
+    for id in &ids {
+        match store.claim(id, "w", LEASE, None).await.unwrap() {
+            ClaimOutcome::Run { token, .. } => tokens.push(token),
+            other => panic!("{other:?}"),
+        }
+    }
+    // A second delivery of a running task is deferred, on whichever node holds it.
+    assert!(matches!(
+        store.claim(&ids[1], "other", LEASE, None).await.unwrap(),
+        ClaimOutcome::Defer { .. }
+    ));
+
+    // One heartbeat call for claims on every master; one stale token among them.
+    let mut beats: Vec<(TaskId, Token)> = ids.iter().cloned().zip(tokens.iter().copied()).collect();
+    beats[0].1 = Token(tokens[0].0 - 1);
+    let kept = store.heartbeat(&beats, LEASE).await.unwrap();
+    assert!(!kept[0]);
+    assert!(kept[1..].iter().all(|k| *k), "{kept:?}");
+
+    // Announcements reach a subscriber on one node whichever node ran the script.
+    let channel = format!("{prefix}:reply:cluster-test");
+    let listener = fred::prelude::Builder::from_config(
+        fred::prelude::Config::from_url(&format!("redis://127.0.0.1:{}", cluster.ports[0]))
+            .unwrap(),
+    )
+    .with_performance_config(|p| p.broadcast_channel_capacity = 1024)
+    .build_subscriber_client()
+    .unwrap();
+    listener.init().await.unwrap();
+    let mut messages = listener.message_rx();
+    listener.subscribe(channel.clone()).await.unwrap();
+
+    let completes: Vec<_> = ids
+        .iter()
+        .zip(&tokens)
+        .map(|(id, token)| {
+            let (store, id, token, channel) = (store.clone(), id.clone(), *token, channel.clone());
+            tokio::spawn(async move {
+                store
+                    .complete(&id, token, Some(&ok(json!(id.as_str()))), Some(&channel))
+                    .await
+                    .unwrap()
+            })
+        })
+        .collect();
+    for c in completes {
+        assert_eq!(c.await.unwrap(), CompleteOutcome::Stored);
+    }
+    let mut announced = HashSet::new();
+    while announced.len() < ids.len() {
+        let msg = tokio::time::timeout(Duration::from_secs(10), messages.recv())
+            .await
+            .expect("every completion is announced across the cluster")
+            .unwrap();
+        for id in msg.value.as_string().unwrap().split(' ') {
+            assert!(announced.insert(id.to_owned()), "{id} announced twice");
+        }
+    }
+
+    for id in &ids {
+        assert!(matches!(
+            store.claim(id, "late", LEASE, None).await.unwrap(),
+            ClaimOutcome::Done
+        ));
+        match store.wait(id, Duration::from_secs(5)).await.unwrap() {
+            ResultStatus::Ready(r) => assert_eq!(r.return_value, json!(id.as_str())),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    // Revoke and its fencing on a cluster.
+    let fresh = TaskId::random();
+    let ClaimOutcome::Run { token, .. } = store.claim(&fresh, "w", LEASE, None).await.unwrap()
+    else {
+        panic!("fresh task not runnable")
+    };
+    assert!(store
+        .revoke(
+            &fresh,
+            &TaskResult::failure(
+                ErrorKind::Cancelled,
+                "revoked in test",
+                false,
+                0,
+                0.0,
+                Default::default(),
+            )
+        )
+        .await
+        .unwrap());
+    assert_eq!(
+        store
+            .heartbeat(&[(fresh.clone(), token)], LEASE)
+            .await
+            .unwrap(),
+        [false]
+    );
+    assert!(matches!(
+        store.claim(&fresh, "w", LEASE, None).await.unwrap(),
+        ClaimOutcome::Revoked
+    ));
+    listener.quit().await.unwrap();
+    store.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_worker_runs_with_claims_and_results_in_a_cluster() {
+    let cluster = common::PrivateCluster::start(3).await;
+    let store = Arc::new(common::store_at(&cluster.url(), &common::prefix(), |b| b).await);
+    let broker = Arc::new(ferriq::memory::MemoryBroker::new());
+    let worker = RunningWorker::spawn(
+        Worker::builder()
+            .broker(broker.clone())
+            .store(store.clone())
+            .registry(
+                Registry::from_inventory()
+                    .unwrap()
+                    .only(&[double::NAME])
+                    .unwrap(),
+            )
+            .build()
+            .unwrap(),
+    );
+    let client = Client::new(broker, store.clone());
+    let mut handles = Vec::new();
+    for n in 0..60u64 {
+        handles.push((n, double::kiq(&client, n).await.unwrap()));
+    }
+    for (n, handle) in handles {
+        assert_eq!(handle.wait(Duration::from_secs(30)).await.unwrap(), n * 2);
+    }
+    worker.stop().await;
+    store.close().await;
+}
