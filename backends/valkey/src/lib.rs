@@ -12,7 +12,10 @@
 //! - Results are taskiq `TaskiqResult` JSON at `{prefix}:{task_id}` (taskiq-redis reads them with
 //!   `prefix_str=prefix` and `JSONSerializer`), written `NX` by the fenced `complete` script.
 //! - `wait` is woken by a pub/sub notification on this process's reply channel (one
-//!   subscriber connection for every waiter), with a slow re-check as a safety net.
+//!   subscriber connection for every waiter). A task enqueued without this process's
+//!   `reply_to` (by Python, or by another process) is announced on its own channel: a wait
+//!   still unanswered after its first re-read (100 ms) subscribes there as well, and leaves when
+//!   its last waiter does. Re-reads (doubling up to `recheck_interval`) remain the safety net.
 //! - Off cluster, concurrent claims (and completes) are gathered into one script run per round
 //!   trip. On Valkey Cluster (`redis-cluster://host:port?node=host2:port2…`, tested against a
 //!   three-master cluster) every call is its own script in its task's slot, and a heartbeat is

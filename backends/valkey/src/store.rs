@@ -100,7 +100,7 @@ impl ValkeyStore {
         };
         let pool = builder.build_pool(settings.pool_size).map_err(failed)?;
         let subscriber = builder.build_subscriber_client().map_err(failed)?;
-        let waiters = Arc::new(Waiters::default());
+        let waiters = Arc::new(Waiters::new(subscriber.clone()));
         let keys = Keys::new(&settings.prefix);
         let reply_channel = keys.reply_channel();
         let scripts = Scripts::new();
@@ -418,9 +418,11 @@ impl ResultStore for ValkeyStore {
             .checked_add(timeout)
             .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 86_400));
         // Completions announced on this process's reply channel wake the waiter at once. A
-        // task enqueued by another process (or by Python) is announced elsewhere: re-reads
-        // find it, first soon, then at the configured interval.
+        // task enqueued by another process (or by Python) is announced on its own channel: a
+        // wait still unanswered after the first re-read subscribes there too, so only waits
+        // longer than that pay a subscription. Re-reads stay as the safety net.
         let mut recheck = Duration::from_millis(100).min(self.inner.core.settings.recheck_interval);
+        let mut on_task_channel = false;
         loop {
             // Listen before reading, so a completion in between is not missed.
             let notified = guard.notify.notified();
@@ -443,6 +445,14 @@ impl ResultStore for ValkeyStore {
                 _ = &mut notified => {}
                 _ = tokio::time::sleep_until(deadline.min(now + recheck)) => {
                     recheck = (recheck * 2).min(self.inner.core.settings.recheck_interval);
+                    if !on_task_channel {
+                        on_task_channel = true;
+                        let channel = self.inner.core.keys.done_channel(id);
+                        // Bounded: a stalled subscriber connection must not hold the wait
+                        // past its deadline.
+                        let limit = deadline.saturating_duration_since(Instant::now());
+                        let _ = tokio::time::timeout(limit, guard.listen_on_task_channel(channel)).await;
+                    }
                 }
             }
         }

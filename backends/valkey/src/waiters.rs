@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use fred::clients::SubscriberClient;
-use fred::prelude::EventInterface;
+use fred::prelude::{EventInterface, PubsubInterface};
 use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
@@ -13,11 +13,15 @@ use tokio::task::JoinHandle;
 #[derive(Default)]
 pub(crate) struct Waiters {
     entries: Mutex<HashMap<String, Entry>>,
+    /// The connection task channels are subscribed on (absent in unit tests).
+    subscriber: Option<SubscriberClient>,
 }
 
 struct Entry {
     notify: Arc<Notify>,
     count: usize,
+    /// The task's own channel, once a waiter of it subscribed there.
+    task_channel: Option<String>,
 }
 
 /// One waiter's registration; unregisters on drop.
@@ -30,16 +34,61 @@ pub(crate) struct WaiterGuard {
 impl Drop for WaiterGuard {
     fn drop(&mut self) {
         let mut entries = self.waiters.lock();
-        if let Some(e) = entries.get_mut(&self.id) {
-            e.count -= 1;
-            if e.count == 0 {
-                entries.remove(&self.id);
+        let Some(e) = entries.get_mut(&self.id) else {
+            return;
+        };
+        e.count -= 1;
+        if e.count > 0 {
+            return;
+        }
+        let channel = entries.remove(&self.id).and_then(|e| e.task_channel);
+        drop(entries);
+        // The last waiter of a task leaves its channel. A new waiter subscribing meanwhile may
+        // lose to this unsubscribe: it then wakes by its re-reads, as before it subscribed.
+        if let (Some(channel), Some(subscriber), Ok(runtime)) = (
+            channel,
+            self.waiters.subscriber.clone(),
+            tokio::runtime::Handle::try_current(),
+        ) {
+            runtime.spawn(async move {
+                if let Err(e) = subscriber.unsubscribe(channel).await {
+                    tracing::debug!(error = %e, "leaving a task's completion channel failed");
+                }
+            });
+        }
+    }
+}
+
+impl WaiterGuard {
+    /// Subscribes to the task's own completion channel (where tasks enqueued without a
+    /// `reply_to` are announced), once per task however many wait for it. Returns once the
+    /// server confirmed, so a read after it cannot miss the announcement.
+    pub(crate) async fn listen_on_task_channel(&self, channel: String) {
+        let Some(subscriber) = &self.waiters.subscriber else {
+            return;
+        };
+        {
+            let mut entries = self.waiters.lock();
+            match entries.get_mut(&self.id) {
+                Some(e) if e.task_channel.is_none() => e.task_channel = Some(channel.clone()),
+                _ => return,
             }
+        }
+        if let Err(e) = subscriber.subscribe(channel).await {
+            tracing::debug!(error = %e, "listening on a task's completion channel failed; re-reads remain");
         }
     }
 }
 
 impl Waiters {
+    /// Waiters whose task channels are subscribed on `subscriber`.
+    pub(crate) fn new(subscriber: SubscriberClient) -> Self {
+        Waiters {
+            entries: Mutex::default(),
+            subscriber: Some(subscriber),
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, HashMap<String, Entry>> {
         self.entries.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -49,6 +98,7 @@ impl Waiters {
         let entry = entries.entry(id.to_owned()).or_insert_with(|| Entry {
             notify: Arc::new(Notify::new()),
             count: 0,
+            task_channel: None,
         });
         entry.count += 1;
         WaiterGuard {

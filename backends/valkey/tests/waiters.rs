@@ -130,27 +130,115 @@ async fn many_waiters_share_one_subscriber_and_all_wake() {
 }
 
 #[tokio::test]
-async fn a_completion_on_another_channel_is_found_by_the_recheck() {
-    // A Python producer sets no reply_to: the completion goes to the per-task channel, which
-    // this process does not listen on; the slow re-check still finds it.
+async fn a_task_announced_on_its_own_channel_wakes_its_waiter() {
+    // A Python producer (or another process) sets no reply_to: the completion is announced on
+    // the task's own channel. A wait still unanswered after its first re-read listens there.
+    let waiting = notification_only_store().await;
+    let worker = common::store_at(&common::url(), waiting.prefix(), |b| b).await;
+    let id = TaskId::random();
+    let token = claim(&worker, &id).await;
+    let channel = format!("{}:done:{}", waiting.prefix(), id);
+    let raw = fred::prelude::Builder::from_config(
+        fred::prelude::Config::from_url(&common::url()).unwrap(),
+    )
+    .build()
+    .unwrap();
+    fred::prelude::ClientLike::init(&raw).await.unwrap();
+    let subscribers = || {
+        let (raw, channel) = (raw.clone(), channel.clone());
+        async move {
+            let counts: Vec<(String, i64)> =
+                fred::prelude::PubsubInterface::pubsub_numsub(&raw, channel)
+                    .await
+                    .unwrap();
+            counts.first().map_or(0, |(_, n)| *n)
+        }
+    };
+    let waiter = {
+        let (waiting, id) = (waiting.clone(), id.clone());
+        tokio::spawn(async move {
+            let r = waiting.wait(&id, Duration::from_secs(30)).await.unwrap();
+            (Instant::now(), r)
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while subscribers().await == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the waiter never listened on the task's channel"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    worker
+        .complete(&id, token, Some(&ok(json!(3))), None)
+        .await
+        .unwrap();
+    let completed = Instant::now();
+    let (woken, r) = waiter.await.unwrap();
+    assert!(matches!(r, ResultStatus::Ready(_)));
+    // Its next re-read is at least 200 ms after it subscribed: only the announcement is this fast.
+    let latency = woken.saturating_duration_since(completed);
+    assert!(latency < Duration::from_millis(100), "{latency:?}");
+    // The last waiter leaves the channel.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while subscribers().await != 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the task's channel was never left"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    fred::prelude::ClientLike::quit(&raw).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_completion_nobody_announced_is_found_by_the_recheck() {
+    // Announcements are fire-and-forget (lost during a reconnect, say): re-reads still find it.
     let store = common::store_at(&common::url(), &common::prefix(), |b| {
         b.recheck_interval(Duration::from_millis(100))
     })
     .await;
     let id = TaskId::random();
-    let token = claim(&store, &id).await;
     let waiter = {
         let (store, id) = (store.clone(), id.clone());
         tokio::spawn(async move { store.wait(&id, Duration::from_secs(30)).await.unwrap() })
     };
-    tokio::time::sleep(Duration::from_millis(20)).await;
-    store
-        .complete(&id, token, Some(&ok(json!(3))), None)
-        .await
-        .unwrap();
+    let raw = fred::prelude::Builder::from_config(
+        fred::prelude::Config::from_url(&common::url()).unwrap(),
+    )
+    .build()
+    .unwrap();
+    fred::prelude::ClientLike::init(&raw).await.unwrap();
+    // Once it listens on the task's channel it has read Pending twice and is parked.
+    let channel = format!("{}:done:{}", store.prefix(), id);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let counts: Vec<(String, i64)> =
+            fred::prelude::PubsubInterface::pubsub_numsub(&raw, channel.clone())
+                .await
+                .unwrap();
+        if counts.first().is_some_and(|(_, n)| *n > 0) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the waiter never parked");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Written directly, announced nowhere.
+    let json = serde_json::to_string(&ok(json!(3))).unwrap();
+    let _: () = fred::prelude::KeysInterface::set(
+        &raw,
+        store.result_key(&id),
+        json,
+        Some(fred::prelude::Expiration::EX(600)),
+        None,
+        false,
+    )
+    .await
+    .unwrap();
     let start = Instant::now();
     assert!(matches!(waiter.await.unwrap(), ResultStatus::Ready(_)));
     assert!(start.elapsed() < Duration::from_secs(2));
+    fred::prelude::ClientLike::quit(&raw).await.unwrap();
 }
 
 #[tokio::test]
