@@ -1,4 +1,4 @@
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -16,6 +16,9 @@ use crate::wire::{TaskId, TaskResult};
 /// In-memory claims and results with the Valkey store's semantics: leased claims with fencing
 /// tokens, results written once (counted, for exactly-once tests), waiters woken on completion.
 /// Clones share the data.
+///
+/// [`MemoryStore::new`] keeps every finished task, which tests and examples want; a
+/// long-running embedded process should use [`MemoryStore::with_retention`].
 ///
 /// ```
 /// use std::time::Duration;
@@ -44,6 +47,7 @@ pub struct MemoryStore {
 struct Inner {
     state: Mutex<State>,
     clock: Clock,
+    retention: Option<Duration>,
 }
 
 #[derive(Default)]
@@ -52,6 +56,8 @@ struct State {
     results: HashMap<TaskId, TaskResult>,
     writes: HashMap<TaskId, u32>,
     waiters: HashMap<TaskId, Arc<Notify>>,
+    /// Finished tasks in the order they are forgotten (only with a retention).
+    finished: VecDeque<(Instant, TaskId)>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,13 +86,60 @@ impl Default for MemoryStore {
 }
 
 impl MemoryStore {
-    /// An empty store.
+    /// An empty store that keeps every finished task (for tests and examples).
     pub fn new() -> Self {
+        Self::build(None)
+    }
+
+    /// An empty store that forgets a finished task — its claim, result and write count —
+    /// `retention` after it finished, like the Valkey store's TTLs: memory stays bounded in a
+    /// long-running process. A copy of the message arriving later runs again, so keep
+    /// `retention` longer than any redelivery (the memory broker redelivers within its
+    /// visibility timeout).
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let store = ferriq::memory::MemoryStore::with_retention(Duration::from_secs(3600));
+    /// ```
+    pub fn with_retention(retention: Duration) -> Self {
+        Self::build(Some(retention))
+    }
+
+    fn build(retention: Option<Duration>) -> Self {
         MemoryStore {
             inner: Arc::new(Inner {
                 state: Mutex::new(State::default()),
                 clock: Clock::new(),
+                retention,
             }),
+        }
+    }
+
+    /// Remembers when a task that just finished is to be forgotten.
+    fn finished(&self, state: &mut State, id: &TaskId) {
+        if let Some(retention) = self.inner.retention {
+            state
+                .finished
+                .push_back((Instant::now() + retention, id.clone()));
+        }
+    }
+
+    /// Forgets the finished tasks whose retention is over (amortized over the writes).
+    fn sweep(&self, state: &mut State) {
+        let now = Instant::now();
+        while state.finished.front().is_some_and(|(at, _)| *at <= now) {
+            let Some((_, id)) = state.finished.pop_front() else {
+                break;
+            };
+            if state
+                .claims
+                .get(&id)
+                .is_some_and(|c| matches!(c.phase, Phase::Done | Phase::Revoked))
+            {
+                state.claims.remove(&id);
+            }
+            state.results.remove(&id);
+            state.writes.remove(&id);
         }
     }
 
@@ -181,6 +234,7 @@ impl ClaimStore for MemoryStore {
         let now = Instant::now();
         let expired = deadline_at.is_some_and(|d| self.inner.clock.now_unix() > d);
         let mut state = self.lock();
+        self.sweep(&mut state);
         let claim = state.claims.entry(id.clone()).or_insert_with(|| Claim {
             phase: Phase::Released,
             token: 0,
@@ -276,6 +330,7 @@ impl ResultStore for MemoryStore {
         _reply_to: Option<&str>,
     ) -> Result<CompleteOutcome, StoreError> {
         let mut state = self.lock();
+        self.sweep(&mut state);
         let Some(claim) = state.claims.get_mut(id) else {
             return Ok(CompleteOutcome::Stale);
         };
@@ -287,6 +342,7 @@ impl ResultStore for MemoryStore {
             Phase::Running => claim.phase = Phase::Done,
             Phase::Released | Phase::Revoked => return Ok(CompleteOutcome::Stale),
         }
+        self.finished(&mut state, id);
         let stored = match result {
             Some(result) => Self::store_result(&mut state, id, result),
             None => true,
@@ -336,6 +392,7 @@ impl ResultStore for MemoryStore {
 
     async fn revoke(&self, id: &TaskId, result: &TaskResult) -> Result<bool, StoreError> {
         let mut state = self.lock();
+        self.sweep(&mut state);
         // A finished task (with or without a stored result) is not revoked.
         let finished = state
             .claims
@@ -356,6 +413,7 @@ impl ResultStore for MemoryStore {
         // A new token: a running holder's heartbeat and result write are now rejected.
         claim.token += 1;
         claim.phase = Phase::Revoked;
+        self.finished(&mut state, id);
         Ok(true)
     }
 }
@@ -367,5 +425,84 @@ impl std::fmt::Debug for MemoryStore {
             .field("claims", &state.claims.len())
             .field("results", &state.results.len())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ok() -> TaskResult {
+        TaskResult::success(1.into(), 0.0, Default::default())
+    }
+
+    async fn run(store: &MemoryStore, id: &TaskId) -> Token {
+        match store.claim(id, "w", Duration::from_secs(30), None).await {
+            Ok(ClaimOutcome::Run { token, .. }) => token,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_finished_task_is_forgotten_after_the_retention_and_a_running_one_is_not() {
+        let store = MemoryStore::with_retention(Duration::from_secs(60));
+        let (done, busy) = (TaskId::random(), TaskId::random());
+        let token = run(&store, &done).await;
+        run(&store, &busy).await;
+        store
+            .complete(&done, token, Some(&ok()), None)
+            .await
+            .unwrap();
+
+        tokio::time::advance(Duration::from_secs(59)).await;
+        store
+            .claim(&TaskId::random(), "w", Duration::from_secs(30), None)
+            .await
+            .unwrap();
+        assert!(matches!(
+            store.get(&done).await.unwrap(),
+            ResultStatus::Ready(_)
+        ));
+        assert!(matches!(
+            store
+                .claim(&done, "w", Duration::from_secs(30), None)
+                .await
+                .unwrap(),
+            ClaimOutcome::Done
+        ));
+
+        tokio::time::advance(Duration::from_secs(2)).await;
+        store
+            .claim(&TaskId::random(), "w", Duration::from_secs(30), None)
+            .await
+            .unwrap();
+        assert_eq!(store.get(&done).await.unwrap(), ResultStatus::Pending);
+        assert_eq!(store.write_count(&done), 0);
+        assert_eq!(store.current_token(&done), None);
+        // The running task's claim is kept however long it runs.
+        assert!(store.current_token(&busy).is_some());
+        // A copy arriving after the retention runs again (documented).
+        run(&store, &done).await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn without_a_retention_everything_is_kept() {
+        let store = MemoryStore::new();
+        let id = TaskId::random();
+        let token = run(&store, &id).await;
+        store.complete(&id, token, Some(&ok()), None).await.unwrap();
+        tokio::time::advance(Duration::from_secs(365 * 86_400)).await;
+        store
+            .claim(&TaskId::random(), "w", Duration::from_secs(30), None)
+            .await
+            .unwrap();
+        assert_eq!(store.write_count(&id), 1);
+        assert!(matches!(
+            store
+                .claim(&id, "w", Duration::from_secs(30), None)
+                .await
+                .unwrap(),
+            ClaimOutcome::Done
+        ));
     }
 }
