@@ -137,9 +137,12 @@ impl ValkeyStoreBuilder {
                 )));
             }
         }
-        if self.claim_ttl < Duration::from_secs(60) {
+        // Ten years: far past any broker's retention, and far from the numbers a server's Lua
+        // (doubles, 64-bit `%d`) can no longer add exactly.
+        let ten_years = Duration::from_secs(10 * 365 * 86_400);
+        if self.claim_ttl < Duration::from_secs(60) || self.claim_ttl > ten_years {
             return Err(ValkeyError::Setting(
-                "claim_ttl must be at least 60 s".into(),
+                "claim_ttl must be between 60 s and 10 years".into(),
             ));
         }
         Ok(())

@@ -12,10 +12,11 @@
 //! - Results are taskiq `TaskiqResult` JSON at `{prefix}:{task_id}` (taskiq-redis reads them with
 //!   `prefix_str=prefix` and `JSONSerializer`), written `NX` by the fenced `complete` script.
 //! - `wait` is woken by a pub/sub notification on this process's reply channel (one
-//!   subscriber connection for every waiter). A task enqueued without this process's
-//!   `reply_to` (by Python, or by another process) is announced on its own channel: a wait
-//!   still unanswered after its first re-read (100 ms) subscribes there as well, and leaves when
-//!   its last waiter does. Re-reads (doubling up to `recheck_interval`) remain the safety net.
+//!   subscriber connection for every waiter). A task enqueued without a `reply_to` (by a Python
+//!   producer) is announced on its own channel: a wait still unanswered after its first re-read
+//!   (100 ms) subscribes there as well, and leaves when its last waiter does. A task another
+//!   ferriq process enqueued is announced on that process's channel: waits here find it by
+//!   re-reads (100 ms doubling to `recheck_interval`), the safety net for every wait.
 //! - Off cluster, concurrent claims (and completes) are gathered into one script run per round
 //!   trip. On Valkey Cluster (`redis-cluster://host:port?node=host2:port2…`, tested against a
 //!   three-master cluster) every call is its own script in its task's slot, and a heartbeat is

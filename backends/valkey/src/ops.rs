@@ -102,8 +102,9 @@ impl Core {
     ) -> Result<Vec<Result<CompleteOutcome, StoreError>>, StoreError> {
         let build = || {
             let mut keys = Vec::with_capacity(calls.len() * 2);
-            let mut args = Vec::with_capacity(1 + calls.len() * 5);
+            let mut args = Vec::with_capacity(2 + calls.len() * 5);
             args.push(self.result_ttl());
+            args.push(self.claim_ttl());
             for c in &calls {
                 keys.push(self.keys.claim(&c.id));
                 keys.push(self.keys.result(&c.id));

@@ -10,7 +10,9 @@
 //!
 //! A running claim's TTL is `claim_ttl + lease`, renewed by every heartbeat, so `complete` can
 //! flip the state byte in place (`SETRANGE` keeps the TTL) and the done record still lives at
-//! least `claim_ttl` after the result was written: the hot path neither parses nor rewrites it.
+//! least `claim_ttl` after the result was written: the hot path neither parses nor rewrites it
+//! (a completion after the lease ran out restores the TTL). `%d` needs a 64-bit C `long`, which
+//! `check_server` verifies at connect.
 
 use fred::prelude::{Client, LuaInterface, Pool};
 use fred::types::scripts::Script;
@@ -118,14 +120,14 @@ return r.failures
 "#;
 
 /// The fenced write, for one task or many at once. KEYS: claim and result of each task, in
-/// pairs. ARGV: result ttl ms ('0' = none), then per task: token, store ('1'/'0'), result JSON,
-/// channel, task id. Returns per task 'stored' | 'already' | 'stale' | 'err <message>' (that
+/// pairs. ARGV: result ttl ms ('0' = none), claim ttl ms, then per task: token, store
+/// ('1'/'0'), result JSON, channel, task id. Returns per task 'stored' | 'already' | 'stale' | 'err <message>' (that
 /// task only). Completions are announced once per channel per batch, the task ids separated by
 /// spaces (task ids hold no whitespace): each `PUBLISH` costs the server a write to every
 /// subscriber, so one per task was an eighth of the batch's cost.
 const COMPLETE: &str = r#"
 local channels, announced = {}, {}
-local function complete(ck, rk, tok, store, json, channel, id, result_ttl)
+local function complete(ck, rk, tok, store, json, channel, id, result_ttl, claim_ttl)
   local raw = redis.call('GET', ck)
   if not raw then return 'stale' end
   -- The record starts 'state token ': compare the token as text instead of parsing it all.
@@ -145,6 +147,9 @@ local function complete(ck, rk, tok, store, json, channel, id, result_ttl)
     if not ok then outcome = 'already' end
   end
   redis.call('SETRANGE', ck, 0, 'd')
+  -- Completed after its lease ran out (heartbeats failing, nobody took over): the TTL left
+  -- from the last renewal may be short of claim_ttl.
+  if redis.call('PTTL', ck) < tonumber(claim_ttl) then redis.call('PEXPIRE', ck, claim_ttl) end
   local ids = announced[channel]
   if ids then
     ids[#ids + 1] = id
@@ -156,8 +161,8 @@ local function complete(ck, rk, tok, store, json, channel, id, result_ttl)
 end
 local out = {}
 for i = 1, #KEYS / 2 do
-  local a = 2 + (i - 1) * 5
-  local ok, res = pcall(complete, KEYS[2 * i - 1], KEYS[2 * i], ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[1])
+  local a = 3 + (i - 1) * 5
+  local ok, res = pcall(complete, KEYS[2 * i - 1], KEYS[2 * i], ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[1], ARGV[2])
   if ok then out[i] = res else out[i] = 'err ' .. tostring(res) end
 end
 -- The results are written either way; a lost announcement only delays waiters to a re-read.
@@ -184,6 +189,25 @@ save(KEYS[1], r, 'PX', ARGV[3])
 redis.call('PUBLISH', ARGV[4], ARGV[5])
 return 1
 "#;
+
+/// Refuses a server whose Lua formats `%d` through a 32-bit C `long` (32-bit builds, some
+/// Windows ports): tokens and µs timestamps need 64 bits.
+pub(crate) async fn check_server(client: &Client) -> Result<(), String> {
+    let v: Value = client
+        .eval(
+            "return string.format('%d', 2^52 + 1)",
+            Vec::<String>::new(),
+            Vec::<String>::new(),
+        )
+        .await
+        .map_err(|e| format!("{:?}: {}", e.kind(), e.details()))?;
+    match v.as_string().as_deref() {
+        Some("4503599627370497") => Ok(()),
+        other => Err(format!(
+            "this server's Lua formats 64-bit integers as {other:?}: ferriq needs a 64-bit Valkey/Redis build"
+        )),
+    }
+}
 
 /// A trivial script, for the benchmark's raw EVALSHA baseline.
 pub(crate) const TRIVIAL: &str = "return 1";

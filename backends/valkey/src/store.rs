@@ -17,7 +17,7 @@ use crate::error::store_error;
 use crate::keys::Keys;
 use crate::ops::{ClaimCall, CompleteCall, Core};
 use crate::scripts::{self, Scripts};
-use crate::waiters::{spawn_dispatcher, Waiters};
+use crate::waiters::{confirm_subscribed, spawn_dispatcher, Waiters};
 use crate::{ValkeyError, ValkeyStoreBuilder};
 
 /// Claims and results on Valkey/Redis: implements both [`ClaimStore`] and [`ResultStore`] over
@@ -100,7 +100,8 @@ impl ValkeyStore {
         };
         let pool = builder.build_pool(settings.pool_size).map_err(failed)?;
         let subscriber = builder.build_subscriber_client().map_err(failed)?;
-        let waiters = Arc::new(Waiters::new(subscriber.clone()));
+        let (waiters, leaves) = Waiters::new(subscriber.clone());
+        let waiters = Arc::new(waiters);
         let keys = Keys::new(&settings.prefix);
         let reply_channel = keys.reply_channel();
         let scripts = Scripts::new();
@@ -110,11 +111,15 @@ impl ValkeyStore {
             pool.init().await?;
             subscriber.init().await?;
             scripts.load(pool.next()).await?;
-            background.push(spawn_dispatcher(&subscriber, Arc::clone(&waiters)));
+            scripts::check_server(pool.next())
+                .await
+                .map_err(|e| fred::error::Error::new(fred::error::ErrorKind::Config, e))?;
+            background.push(spawn_dispatcher(&subscriber, Arc::clone(&waiters), leaves));
             // Resubscribing after reconnects starts before the first subscription, so a drop
             // right after it is covered too.
             background.push(subscriber.manage_subscriptions());
             subscriber.subscribe(reply_channel.as_str()).await?;
+            confirm_subscribed(&subscriber).await?;
             Ok::<_, fred::error::Error>(())
         };
         let outcome = match tokio::time::timeout(limit, setup).await {
@@ -418,9 +423,10 @@ impl ResultStore for ValkeyStore {
             .checked_add(timeout)
             .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 86_400));
         // Completions announced on this process's reply channel wake the waiter at once. A
-        // task enqueued by another process (or by Python) is announced on its own channel: a
-        // wait still unanswered after the first re-read subscribes there too, so only waits
-        // longer than that pay a subscription. Re-reads stay as the safety net.
+        // task enqueued without a reply_to (by a Python producer) is announced on its own
+        // channel: a wait still unanswered after the first re-read subscribes there too, so
+        // only waits longer than that pay a subscription. A task another ferriq process
+        // enqueued is announced on that process's channel: re-reads find it (the safety net).
         let mut recheck = Duration::from_millis(100).min(self.inner.core.settings.recheck_interval);
         let mut on_task_channel = false;
         loop {
@@ -445,7 +451,8 @@ impl ResultStore for ValkeyStore {
                 _ = &mut notified => {}
                 _ = tokio::time::sleep_until(deadline.min(now + recheck)) => {
                     recheck = (recheck * 2).min(self.inner.core.settings.recheck_interval);
-                    if !on_task_channel {
+                    // Not for a wait about to end anyway: no subscription churn for short polls.
+                    if !on_task_channel && Instant::now() + recheck < deadline {
                         on_task_channel = true;
                         let channel = self.inner.core.keys.done_channel(id);
                         // Bounded: a stalled subscriber connection must not hold the wait

@@ -4,9 +4,11 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use fred::clients::SubscriberClient;
-use fred::prelude::{EventInterface, PubsubInterface};
+use fred::prelude::{ClientLike, EventInterface, PubsubInterface};
+use fred::types::config::Options;
+use fred::types::{ClusterHash, Value};
 use tokio::sync::broadcast::error::RecvError;
-use tokio::sync::Notify;
+use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinHandle;
 
 /// Task id → the waiters of that task.
@@ -15,12 +17,17 @@ pub(crate) struct Waiters {
     entries: Mutex<HashMap<String, Entry>>,
     /// The connection task channels are subscribed on (absent in unit tests).
     subscriber: Option<SubscriberClient>,
+    /// Task channels to leave, handed to the dispatcher: a guard may drop outside a runtime.
+    leave: Option<mpsc::UnboundedSender<(String, String)>>,
 }
+
+/// Task channels the last waiter left: (task id, channel).
+pub(crate) type Leaves = mpsc::UnboundedReceiver<(String, String)>;
 
 struct Entry {
     notify: Arc<Notify>,
     count: usize,
-    /// The task's own channel, once a waiter of it subscribed there.
+    /// The task's own channel, once a waiter of it subscribes there.
     task_channel: Option<String>,
 }
 
@@ -43,50 +50,74 @@ impl Drop for WaiterGuard {
         }
         let channel = entries.remove(&self.id).and_then(|e| e.task_channel);
         drop(entries);
-        // The last waiter of a task leaves its channel. A new waiter subscribing meanwhile may
-        // lose to this unsubscribe: it then wakes by its re-reads, as before it subscribed.
-        if let (Some(channel), Some(subscriber), Ok(runtime)) = (
-            channel,
-            self.waiters.subscriber.clone(),
-            tokio::runtime::Handle::try_current(),
-        ) {
-            runtime.spawn(async move {
-                if let Err(e) = subscriber.unsubscribe(channel).await {
-                    tracing::debug!(error = %e, "leaving a task's completion channel failed");
-                }
-            });
+        if let (Some(channel), Some(leave)) = (channel, &self.waiters.leave) {
+            let _ = leave.send((self.id.clone(), channel));
         }
     }
 }
 
 impl WaiterGuard {
     /// Subscribes to the task's own completion channel (where tasks enqueued without a
-    /// `reply_to` are announced), once per task however many wait for it. Returns once the
-    /// server confirmed, so a read after it cannot miss the announcement.
+    /// `reply_to` are announced). Every waiter subscribes for itself (the server keeps one
+    /// subscription) and returns once the server confirmed it, so a read after this cannot miss
+    /// the announcement; a failure leaves the waiter to its re-reads.
     pub(crate) async fn listen_on_task_channel(&self, channel: String) {
         let Some(subscriber) = &self.waiters.subscriber else {
             return;
         };
-        {
-            let mut entries = self.waiters.lock();
-            match entries.get_mut(&self.id) {
-                Some(e) if e.task_channel.is_none() => e.task_channel = Some(channel.clone()),
-                _ => return,
-            }
+        // Marked first, so the last waiter leaves the channel even if this call is cancelled
+        // after the subscribe went out.
+        if let Some(e) = self.waiters.lock().get_mut(&self.id) {
+            e.task_channel = Some(channel.clone());
         }
-        if let Err(e) = subscriber.subscribe(channel).await {
+        let subscribed = async {
+            subscriber.subscribe(channel).await?;
+            confirm_subscribed(subscriber).await
+        };
+        if let Err(e) = subscribed.await {
             tracing::debug!(error = %e, "listening on a task's completion channel failed; re-reads remain");
         }
     }
 }
 
+/// Returns once the server has processed every subscription sent so far on `subscriber`.
+///
+/// fred answers `SUBSCRIBE` as soon as it is written (the server's confirmation arrives out of
+/// band and is dropped), so a read right after it could overtake it and a completion in between
+/// would go unheard. A `PING` on the same connection is answered only after everything before
+/// it: the subscription included. (In a cluster fred sends every subscription to the node of
+/// the client id's slot; the ping goes there too.)
+pub(crate) async fn confirm_subscribed(
+    subscriber: &SubscriberClient,
+) -> Result<(), fred::error::Error> {
+    let options = Options {
+        cluster_hash: subscriber
+            .is_clustered()
+            .then(|| ClusterHash::Custom(fred::util::redis_keyslot(subscriber.id().as_bytes()))),
+        ..Default::default()
+    };
+    let _: Value = subscriber.with_options(&options).ping(None).await?;
+    Ok(())
+}
+
 impl Waiters {
-    /// Waiters whose task channels are subscribed on `subscriber`.
-    pub(crate) fn new(subscriber: SubscriberClient) -> Self {
-        Waiters {
+    /// Waiters whose task channels are subscribed on `subscriber`; the dispatcher leaves the
+    /// channels sent to [`Leaves`].
+    pub(crate) fn new(subscriber: SubscriberClient) -> (Self, Leaves) {
+        let (leave, leaves) = mpsc::unbounded_channel();
+        let waiters = Waiters {
             entries: Mutex::default(),
             subscriber: Some(subscriber),
-        }
+            leave: Some(leave),
+        };
+        (waiters, leaves)
+    }
+
+    /// Whether a waiter of `id` listens on the task's channel (again).
+    fn listens(&self, id: &str) -> bool {
+        self.lock()
+            .get(id)
+            .is_some_and(|e| e.task_channel.is_some())
     }
 
     fn lock(&self) -> MutexGuard<'_, HashMap<String, Entry>> {
@@ -133,6 +164,7 @@ fn announced(payload: &str) -> impl Iterator<Item = &str> {
 pub(crate) fn spawn_dispatcher(
     subscriber: &SubscriberClient,
     waiters: Arc<Waiters>,
+    mut leaves: Leaves,
 ) -> JoinHandle<()> {
     let mut messages = subscriber.message_rx();
     let mut reconnects = subscriber.reconnect_rx();
@@ -151,6 +183,19 @@ pub(crate) fn spawn_dispatcher(
                     }
                     Err(RecvError::Closed) => return,
                 },
+                Some((id, channel)) = leaves.recv() => {
+                    // A new waiter of the same task may have subscribed since: keep it. (One
+                    // racing this check may still lose its subscription to the unsubscribe;
+                    // it then wakes by its re-reads.)
+                    if !waiters.listens(&id) {
+                        let subscriber = subscriber.clone();
+                        tokio::spawn(async move {
+                            if let Err(e) = subscriber.unsubscribe(channel).await {
+                                tracing::debug!(error = %e, "leaving a task's completion channel failed");
+                            }
+                        });
+                    }
+                }
                 r = reconnects.recv() => match r {
                     Ok(_) | Err(RecvError::Lagged(_)) => {
                         // Subscribed again before the re-reads: a completion between the two

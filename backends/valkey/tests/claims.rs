@@ -469,7 +469,11 @@ async fn a_finished_claim_outlives_its_result_and_keeps_its_token() {
         done >= claim_ttl - Duration::from_secs(5),
         "done claim TTL {done:?}"
     );
-    assert!(result <= Duration::from_secs(600), "result TTL {result:?}");
+    assert!(
+        result > Duration::ZERO && result <= Duration::from_secs(600),
+        "result TTL {result:?}"
+    );
+    assert!(done > result, "the claim must outlive the result");
     assert_eq!(store.claim_state(&id).await.unwrap(), ClaimState::Done);
     assert!(matches!(
         store.claim(&id, "late", LEASE, None).await.unwrap(),
@@ -482,6 +486,26 @@ async fn a_finished_claim_outlives_its_result_and_keeps_its_token() {
             .await
             .unwrap(),
         CompleteOutcome::AlreadyStored
+    );
+
+    // A holder completing after its lease ran out (heartbeats failing, nobody took over): the
+    // TTL left from its last renewal is short of claim_ttl, and complete restores it.
+    let late = TaskId::random();
+    let late_key = format!("{p}:claim:{{{p}:{late}}}", p = store.prefix());
+    let lease = Duration::from_millis(200);
+    let (token, _) = run(store.claim(&late, "w", lease, None).await.unwrap());
+    let _: bool = fred::prelude::KeysInterface::pexpire(&raw, late_key.clone(), 1_000, None)
+        .await
+        .unwrap();
+    tokio::time::sleep(lease).await; // the lease runs out on the server's clock
+    assert_eq!(
+        store.complete(&late, token, None, None).await.unwrap(),
+        CompleteOutcome::Stored
+    );
+    let restored = pttl(late_key).await;
+    assert!(
+        restored >= claim_ttl - Duration::from_secs(5),
+        "late done claim TTL {restored:?}"
     );
     fred::prelude::ClientLike::quit(&raw).await.unwrap();
 }

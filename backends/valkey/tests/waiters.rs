@@ -131,8 +131,8 @@ async fn many_waiters_share_one_subscriber_and_all_wake() {
 
 #[tokio::test]
 async fn a_task_announced_on_its_own_channel_wakes_its_waiter() {
-    // A Python producer (or another process) sets no reply_to: the completion is announced on
-    // the task's own channel. A wait still unanswered after its first re-read listens there.
+    // A Python producer sets no reply_to: the completion is announced on the task's own
+    // channel. A wait still unanswered after its first re-read listens there.
     let waiting = notification_only_store().await;
     let worker = common::store_at(&common::url(), waiting.prefix(), |b| b).await;
     let id = TaskId::random();
@@ -268,6 +268,10 @@ async fn concurrent_completes_are_announced_together_each_task_once() {
     fred::prelude::ClientLike::init(&subscriber).await.unwrap();
     let mut messages = fred::prelude::EventInterface::message_rx(&subscriber);
     fred::prelude::PubsubInterface::subscribe(&subscriber, channel.clone())
+        .await
+        .unwrap();
+    // fred answers SUBSCRIBE once it is written; a PING's answer follows the server's.
+    let _: fred::types::Value = fred::prelude::ClientLike::ping(&subscriber, None)
         .await
         .unwrap();
     let ids: Vec<TaskId> = (0..200).map(|_| TaskId::random()).collect();

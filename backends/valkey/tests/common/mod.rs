@@ -38,6 +38,22 @@ pub async fn store_at(
         .expect("connect to the test Redis")
 }
 
+/// A port for a server of the test's own: free now, and below the kernel's ephemeral range
+/// (32768 and up), so no outgoing connection of a concurrent test can take it before the
+/// server binds it (port 0 would hand out an ephemeral port).
+/// Never the same port twice in one test process: concurrent tests pick theirs before binding.
+pub fn free_port() -> u16 {
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    loop {
+        let port = 20_000 + (uuid::Uuid::new_v4().as_u128() % 12_000) as u16;
+        let mut given = GIVEN.lock().unwrap();
+        if !given.contains(&port) && TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            given.push(port);
+            return port;
+        }
+    }
+}
+
 /// A redis-server of the test's own, on a free port, that the test may kill and restart.
 pub struct PrivateRedis {
     pub port: u16,
@@ -46,11 +62,7 @@ pub struct PrivateRedis {
 
 impl PrivateRedis {
     pub async fn start() -> Self {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = free_port();
         let mut server = PrivateRedis { port, child: None };
         server.restart().await;
         server
@@ -118,15 +130,15 @@ impl PrivateCluster {
             dir,
         };
         for _ in 0..masters {
-            let port = TcpListener::bind("127.0.0.1:0")
-                .unwrap()
-                .local_addr()
-                .unwrap()
-                .port();
+            // The bus port is given too: its default (port + 10000) overflows for free ports
+            // above 55535, which redis-server then refuses.
+            let (port, bus) = (free_port(), free_port());
             let child = Command::new("redis-server")
                 .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
                 .args(["--save", "", "--appendonly", "no"])
                 .args(["--cluster-enabled", "yes"])
+                .args(["--cluster-port", &bus.to_string()])
+                .args(["--logfile", &format!("redis-{port}.log")])
                 .args(["--cluster-config-file", &format!("nodes-{port}.conf")])
                 .arg("--dir")
                 .arg(&cluster.dir)
@@ -137,37 +149,62 @@ impl PrivateCluster {
             cluster.ports.push(port);
             cluster.children.push(child);
         }
-        for port in &cluster.ports {
-            eventually(Duration::from_secs(10), || {
-                std::net::TcpStream::connect(("127.0.0.1", *port)).is_ok()
-            })
-            .await;
+        for (port, child) in cluster.ports.clone().into_iter().zip(&mut cluster.children) {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+            while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+                let exited = child.try_wait().unwrap();
+                if exited.is_some() || tokio::time::Instant::now() > deadline {
+                    let log =
+                        std::fs::read_to_string(cluster.dir.join(format!("redis-{port}.log")));
+                    panic!("cluster node on {port} did not start ({exited:?}): {log:?}");
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
         }
         let nodes: Vec<String> = cluster
             .ports
             .iter()
             .map(|p| format!("127.0.0.1:{p}"))
             .collect();
-        let created = Command::new("redis-cli")
+        let mut create = Command::new("redis-cli")
             .args(["--cluster", "create"])
             .args(&nodes)
             .args(["--cluster-replicas", "0", "--cluster-yes"])
             .stdin(Stdio::null())
-            .output()
+            .stdout(std::fs::File::create(cluster.dir.join("create.log")).unwrap())
+            .stderr(Stdio::null())
+            .spawn()
             .expect("redis-cli is installed");
+        let mut status = None;
+        eventually(Duration::from_secs(60), || {
+            status = create.try_wait().unwrap();
+            if status.is_none() {
+                return false;
+            }
+            true
+        })
+        .await;
         assert!(
-            created.status.success(),
-            "cluster create failed: {}",
-            String::from_utf8_lossy(&created.stdout)
+            status.is_some_and(|s| s.success()),
+            "redis-cli --cluster create failed: {status:?}: {:?}",
+            std::fs::read_to_string(cluster.dir.join("create.log"))
         );
-        // Every node must agree the cluster is up before a client maps its slots.
+        // Every node must agree the cluster is up before a client maps its slots, and see a
+        // live bus link to every other node: a PUBLISH crosses the cluster on those links and
+        // is dropped where one is not up yet.
+        let ask = |port: u16, what: &str| {
+            Command::new("redis-cli")
+                .args(["-p", &port.to_string(), "cluster", what])
+                .output()
+                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                .unwrap_or_default()
+        };
         for port in &cluster.ports {
             eventually(Duration::from_secs(30), || {
-                Command::new("redis-cli")
-                    .args(["-p", &port.to_string(), "cluster", "info"])
-                    .output()
-                    .map(|o| String::from_utf8_lossy(&o.stdout).contains("cluster_state:ok"))
-                    .unwrap_or(false)
+                let nodes = ask(*port, "nodes");
+                ask(*port, "info").contains("cluster_state:ok")
+                    && nodes.lines().count() == masters
+                    && nodes.lines().all(|l| l.contains(" connected"))
             })
             .await;
         }
@@ -194,7 +231,11 @@ impl Drop for PrivateCluster {
             let _ = child.kill();
             let _ = child.wait();
         }
-        let _ = std::fs::remove_dir_all(&self.dir);
+        if std::thread::panicking() {
+            eprintln!("cluster files kept in {}", self.dir.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
 }
 
