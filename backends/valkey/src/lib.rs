@@ -21,6 +21,9 @@
 //!   trip. On Valkey Cluster (`redis-cluster://host:port?node=host2:port2…`, tested against a
 //!   three-master cluster) every call is its own script in its task's slot, and a heartbeat is
 //!   one call per slot, sent together.
+//! - Through Redis Sentinel (`redis-sentinel://sentinel:port?sentinelServiceName=name`), the
+//!   store follows a failover by itself: calls fail fast (typed `Unavailable`) while there is no
+//!   primary, then go to the promoted replica (tested with a SIGKILLed primary).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), ferriq_valkey::ValkeyError> {
