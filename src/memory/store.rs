@@ -91,11 +91,12 @@ impl MemoryStore {
         Self::build(None)
     }
 
-    /// An empty store that forgets a finished task — its claim, result and write count —
-    /// `retention` after it finished, like the Valkey store's TTLs: memory stays bounded in a
-    /// long-running process. A copy of the message arriving later runs again, so keep
-    /// `retention` longer than any redelivery (the memory broker redelivers within its
-    /// visibility timeout).
+    /// An empty store that forgets a finished (done or revoked) task — its claim, result and
+    /// write count — `retention` after it finished, like the Valkey store's TTLs, so finished
+    /// tasks no longer accumulate in a long-running process. Claims that never finish (a
+    /// message dropped or dead-lettered while released) are kept. A copy of the message
+    /// arriving after the retention runs again, and a revoke is forgotten with it: keep
+    /// `retention` longer than any redelivery and than the longest delay a message may carry.
     ///
     /// ```
     /// # use std::time::Duration;
@@ -117,10 +118,13 @@ impl MemoryStore {
 
     /// Remembers when a task that just finished is to be forgotten.
     fn finished(&self, state: &mut State, id: &TaskId) {
-        if let Some(retention) = self.inner.retention {
-            state
-                .finished
-                .push_back((Instant::now() + retention, id.clone()));
+        // A retention too long to add to the clock keeps the task forever.
+        if let Some(at) = self
+            .inner
+            .retention
+            .and_then(|retention| Instant::now().checked_add(retention))
+        {
+            state.finished.push_back((at, id.clone()));
         }
     }
 
@@ -483,6 +487,32 @@ mod tests {
         assert!(store.current_token(&busy).is_some());
         // A copy arriving after the retention runs again (documented).
         run(&store, &done).await;
+
+        // A revoke is forgotten the same way.
+        let revoked = TaskId::random();
+        assert!(store.revoke(&revoked, &ok()).await.unwrap());
+        tokio::time::advance(Duration::from_secs(61)).await;
+        store
+            .claim(&TaskId::random(), "w", Duration::from_secs(30), None)
+            .await
+            .unwrap();
+        assert_eq!(store.get(&revoked).await.unwrap(), ResultStatus::Pending);
+        assert_eq!(store.current_token(&revoked), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_retention_too_long_for_the_clock_keeps_the_task() {
+        let store = MemoryStore::with_retention(Duration::MAX);
+        let id = TaskId::random();
+        let token = run(&store, &id).await;
+        assert_eq!(
+            store.complete(&id, token, Some(&ok()), None).await.unwrap(),
+            CompleteOutcome::Stored
+        );
+        assert!(matches!(
+            store.get(&id).await.unwrap(),
+            ResultStatus::Ready(_)
+        ));
     }
 
     #[tokio::test(start_paused = true)]

@@ -7,8 +7,8 @@
 //! calls/s; a pair is two scripts and a publish, so 0.5 would be parity per call).
 //!
 //! Each round also measures a floor: the two keys every pair must create (the claim and the
-//! result, `SET NX PX` each, no script, no check, no publish) on a pool of the same size. No
-//! claim+complete can beat it, so its ratio bounds what the scripts could reach on this server.
+//! result, `SET NX PX` each, no script, no check, no publish) on a pool of the same size,
+//! unbatched: what writing those keys costs with no logic at all, for scale.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;

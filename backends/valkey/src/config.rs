@@ -80,7 +80,7 @@ impl ValkeyStoreBuilder {
 
     /// How long a claim record is kept after it was last claimed, renewed, released or
     /// completed (default 15 days): longer than any copy of the message may still arrive, and
-    /// never shorter than `result_ttl`.
+    /// never shorter than `result_ttl`. At most 10 years.
     pub fn claim_ttl(mut self, ttl: Duration) -> Self {
         self.claim_ttl = ttl;
         self

@@ -13,8 +13,9 @@
 //!   `prefix_str=prefix` and `JSONSerializer`), written `NX` by the fenced `complete` script.
 //! - `wait` is woken by a pub/sub notification on this process's reply channel (one
 //!   subscriber connection for every waiter). A task enqueued without a `reply_to` (by a Python
-//!   producer) is announced on its own channel: a wait still unanswered after its first re-read
-//!   (100 ms) subscribes there as well, and leaves when its last waiter does. A task another
+//!   producer) is announced on its own channel, so every wait still unanswered after its first
+//!   re-read (100 ms) subscribes there as well (a subscription per long wait, whoever enqueued
+//!   the task), and leaves when its last waiter does. A task another
 //!   ferriq process enqueued is announced on that process's channel: waits here find it by
 //!   re-reads (100 ms doubling to `recheck_interval`), the safety net for every wait.
 //! - Off cluster, concurrent claims (and completes) are gathered into one script run per round

@@ -455,10 +455,10 @@ impl ResultStore for ValkeyStore {
                     if !on_task_channel && Instant::now() + recheck < deadline {
                         on_task_channel = true;
                         let channel = self.inner.core.keys.done_channel(id);
-                        // Bounded: a stalled subscriber connection must not hold the wait
-                        // past its deadline.
-                        let limit = deadline.saturating_duration_since(Instant::now());
-                        let _ = tokio::time::timeout(limit, guard.listen_on_task_channel(channel)).await;
+                        // Bounded by the next re-read (which is before the deadline): a stalled
+                        // subscriber connection must not hold the wait, and the loop reads right
+                        // after, so a completion meanwhile is not missed.
+                        let _ = tokio::time::timeout(recheck, guard.listen_on_task_channel(channel)).await;
                     }
                 }
             }

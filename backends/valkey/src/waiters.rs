@@ -200,7 +200,11 @@ pub(crate) fn spawn_dispatcher(
                     Ok(_) | Err(RecvError::Lagged(_)) => {
                         // Subscribed again before the re-reads: a completion between the two
                         // is then either announced or already stored.
-                        if let Err(e) = subscriber.resubscribe_all().await {
+                        let resubscribed = async {
+                            subscriber.resubscribe_all().await?;
+                            confirm_subscribed(&subscriber).await
+                        };
+                        if let Err(e) = resubscribed.await {
                             tracing::warn!(error = %e, "resubscribing after a reconnect failed");
                         }
                         waiters.wake_all();

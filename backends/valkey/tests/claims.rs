@@ -494,7 +494,7 @@ async fn a_finished_claim_outlives_its_result_and_keeps_its_token() {
     let late_key = format!("{p}:claim:{{{p}:{late}}}", p = store.prefix());
     let lease = Duration::from_millis(200);
     let (token, _) = run(store.claim(&late, "w", lease, None).await.unwrap());
-    let _: bool = fred::prelude::KeysInterface::pexpire(&raw, late_key.clone(), 1_000, None)
+    let _: bool = fred::prelude::KeysInterface::pexpire(&raw, late_key.clone(), 5_000, None)
         .await
         .unwrap();
     tokio::time::sleep(lease).await; // the lease runs out on the server's clock

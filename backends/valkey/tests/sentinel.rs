@@ -49,16 +49,21 @@ impl Drop for Servers {
     }
 }
 
-async fn answers(port: u16) {
+/// Waits until the server just started answers; it must still be running (otherwise the port
+/// answers for someone else).
+async fn answers(servers: &mut Servers, port: u16) {
+    let child = servers.children.last_mut().expect("a server was started");
     common::eventually(Duration::from_secs(10), || {
+        let exited = child.try_wait().unwrap();
+        assert!(exited.is_none(), "the server on {port} exited: {exited:?}");
         std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
     })
     .await;
 }
 
 fn redis_cli(port: u16, args: &[&str]) -> String {
-    Command::new("redis-cli")
-        .args(["-p", &port.to_string()])
+    Command::new("timeout")
+        .args(["5", "redis-cli", "-p", &port.to_string()])
         .args(args)
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
@@ -110,7 +115,7 @@ async fn the_store_follows_a_sentinel_failover() {
         &[&["--port", &primary.to_string()], &plain[..]].concat(),
     );
     servers.children.push(p);
-    answers(primary).await;
+    answers(&mut servers, primary).await;
     let primary_at = primary.to_string();
     let r = servers.start(
         "replica",
@@ -122,11 +127,11 @@ async fn the_store_follows_a_sentinel_failover() {
         .concat(),
     );
     servers.children.push(r);
-    answers(replica).await;
+    answers(&mut servers, replica).await;
     let conf = write_sentinel_conf(&dir, sentinel, primary);
     let s = servers.start("sentinel", &[conf.to_str().unwrap(), "--sentinel"]);
     servers.children.push(s);
-    answers(sentinel).await;
+    answers(&mut servers, sentinel).await;
     // The sentinel knows the replica before the primary goes away.
     common::eventually(Duration::from_secs(30), || {
         redis_cli(sentinel, &["sentinel", "replicas", "fqprimary"]).contains(&replica.to_string())
@@ -178,6 +183,7 @@ async fn the_store_follows_a_sentinel_failover() {
         redis_cli(replica, &["role"]).starts_with("master"),
         "the store claimed somewhere other than the promoted replica"
     );
+    // Tokens follow server time: the promoted replica's are past the old primary's.
     assert!(token_after > token_before);
     assert_eq!(
         store

@@ -93,6 +93,9 @@ impl PrivateRedis {
         self.child = Some(child);
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         loop {
+            // Ours must still be running: otherwise the port answers for someone else.
+            let exited = self.child.as_mut().and_then(|c| c.try_wait().unwrap());
+            assert!(exited.is_none(), "private redis exited: {exited:?}");
             if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
                 return;
             }
@@ -166,8 +169,9 @@ impl PrivateCluster {
             .iter()
             .map(|p| format!("127.0.0.1:{p}"))
             .collect();
-        let mut create = Command::new("redis-cli")
-            .args(["--cluster", "create"])
+        // `timeout` kills it if it hangs, even when this test has already given up.
+        let mut create = Command::new("timeout")
+            .args(["60", "redis-cli", "--cluster", "create"])
             .args(&nodes)
             .args(["--cluster-replicas", "0", "--cluster-yes"])
             .stdin(Stdio::null())
@@ -176,7 +180,7 @@ impl PrivateCluster {
             .spawn()
             .expect("redis-cli is installed");
         let mut status = None;
-        eventually(Duration::from_secs(60), || {
+        eventually(Duration::from_secs(70), || {
             status = create.try_wait().unwrap();
             if status.is_none() {
                 return false;
@@ -193,8 +197,8 @@ impl PrivateCluster {
         // live bus link to every other node: a PUBLISH crosses the cluster on those links and
         // is dropped where one is not up yet.
         let ask = |port: u16, what: &str| {
-            Command::new("redis-cli")
-                .args(["-p", &port.to_string(), "cluster", what])
+            Command::new("timeout")
+                .args(["5", "redis-cli", "-p", &port.to_string(), "cluster", what])
                 .output()
                 .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
                 .unwrap_or_default()
