@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use common::ok;
 use ferriq::store::{
     ClaimOutcome, ClaimStore, CompleteOutcome, FailureRecord, ResultStatus, ResultStore, Token,
 };
@@ -15,10 +16,6 @@ use rand::{Rng, SeedableRng};
 use serde_json::json;
 
 const LEASE: Duration = Duration::from_secs(30);
-
-fn ok(v: serde_json::Value) -> TaskResult {
-    TaskResult::success(v, 0.1, Default::default())
-}
 
 fn run(outcome: ClaimOutcome) -> (Token, u32) {
     match outcome {
@@ -429,12 +426,7 @@ async fn a_finished_claim_outlives_its_result_and_keeps_its_token() {
     let store = common::store().await;
     let id = TaskId::random();
     let claim_key = format!("{p}:claim:{{{p}:{id}}}", p = store.prefix());
-    let raw = fred::prelude::Builder::from_config(
-        fred::prelude::Config::from_url(&common::url()).unwrap(),
-    )
-    .build()
-    .unwrap();
-    fred::prelude::ClientLike::init(&raw).await.unwrap();
+    let raw = common::raw_client(&common::url()).await;
     let pttl = |key: String| {
         let raw = raw.clone();
         async move {

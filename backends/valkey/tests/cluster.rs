@@ -8,18 +8,14 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::ok;
 use ferriq::store::{ClaimOutcome, ClaimStore, CompleteOutcome, ResultStatus, ResultStore, Token};
-use ferriq::testing::RunningWorker;
 use ferriq::wire::{ErrorKind, TaskId, TaskResult};
-use ferriq::{Client, Registry, TaskError, Worker};
-use fred::prelude::{ClientLike, EventInterface, PubsubInterface};
+use ferriq::{Client, TaskError};
+use fred::prelude::ClientLike;
 use serde_json::json;
 
 const LEASE: Duration = Duration::from_secs(30);
-
-fn ok(v: serde_json::Value) -> TaskResult {
-    TaskResult::success(v, 0.0, Default::default())
-}
 
 #[ferriq::task(name = "valkey.cluster.double")]
 async fn double(n: u64) -> Result<u64, TaskError> {
@@ -69,20 +65,8 @@ async fn claims_results_and_announcements_work_across_a_cluster() {
 
     // Announcements reach a subscriber on one node whichever node ran the script.
     let channel = format!("{prefix}:reply:cluster-test");
-    let listener = fred::prelude::Builder::from_config(
-        fred::prelude::Config::from_url(&format!("redis://127.0.0.1:{}", cluster.ports[0]))
-            .unwrap(),
-    )
-    .with_performance_config(|p| p.broadcast_channel_capacity = 1024)
-    .build_subscriber_client()
-    .unwrap();
-    listener.init().await.unwrap();
-    let mut messages = listener.message_rx();
-    listener.subscribe(channel.clone()).await.unwrap();
-    // fred answers SUBSCRIBE once it is written; a PING's answer follows the server's.
-    let _: fred::types::Value = fred::prelude::ClientLike::ping(&listener, None)
-        .await
-        .unwrap();
+    let (listener, mut messages) =
+        common::listen(&format!("redis://127.0.0.1:{}", cluster.ports[0]), &channel).await;
 
     let completes: Vec<_> = ids
         .iter()
@@ -171,19 +155,7 @@ async fn the_worker_runs_with_claims_and_results_in_a_cluster() {
     let cluster = common::PrivateCluster::start(3).await;
     let store = Arc::new(common::store_at(&cluster.url(), &common::prefix(), |b| b).await);
     let broker = Arc::new(ferriq::memory::MemoryBroker::new());
-    let worker = RunningWorker::spawn(
-        Worker::builder()
-            .broker(broker.clone())
-            .store(store.clone())
-            .registry(
-                Registry::from_inventory()
-                    .unwrap()
-                    .only(&[double::NAME])
-                    .unwrap(),
-            )
-            .build()
-            .unwrap(),
-    );
+    let worker = common::spawn_worker(broker.clone(), store.clone(), &[double::NAME]);
     let client = Client::new(broker, store.clone());
     let mut handles = Vec::new();
     for n in 0..60u64 {

@@ -5,24 +5,14 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferriq::store::{ClaimOutcome, ClaimStore, ResultStatus, ResultStore, Token};
-use ferriq::wire::{TaskId, TaskResult};
+use common::ok;
+use ferriq::store::{ResultStatus, ResultStore, Token};
+use ferriq::wire::TaskId;
 use serde_json::json;
 use tokio::time::Instant;
 
 async fn claim(store: &ferriq_valkey::ValkeyStore, id: &TaskId) -> Token {
-    match store
-        .claim(id, "w", Duration::from_secs(30), None)
-        .await
-        .unwrap()
-    {
-        ClaimOutcome::Run { token, .. } => token,
-        other => panic!("{other:?}"),
-    }
-}
-
-fn ok(v: serde_json::Value) -> TaskResult {
-    TaskResult::success(v, 0.0, Default::default())
+    common::run_claim(store, id).await.unwrap()
 }
 
 /// No re-check within the test's time: only a notification can wake a waiter.
@@ -138,22 +128,7 @@ async fn a_task_announced_on_its_own_channel_wakes_its_waiter() {
     let id = TaskId::random();
     let token = claim(&worker, &id).await;
     let channel = format!("{}:done:{}", waiting.prefix(), id);
-    let raw = fred::prelude::Builder::from_config(
-        fred::prelude::Config::from_url(&common::url()).unwrap(),
-    )
-    .build()
-    .unwrap();
-    fred::prelude::ClientLike::init(&raw).await.unwrap();
-    let subscribers = || {
-        let (raw, channel) = (raw.clone(), channel.clone());
-        async move {
-            let counts: Vec<(String, i64)> =
-                fred::prelude::PubsubInterface::pubsub_numsub(&raw, channel)
-                    .await
-                    .unwrap();
-            counts.first().map_or(0, |(_, n)| *n)
-        }
-    };
+    let raw = common::raw_client(&common::url()).await;
     let waiter = {
         let (waiting, id) = (waiting.clone(), id.clone());
         tokio::spawn(async move {
@@ -162,7 +137,7 @@ async fn a_task_announced_on_its_own_channel_wakes_its_waiter() {
         })
     };
     let deadline = Instant::now() + Duration::from_secs(10);
-    while subscribers().await == 0 {
+    while common::subscribers(&raw, &channel).await == 0 {
         assert!(
             Instant::now() < deadline,
             "the waiter never listened on the task's channel"
@@ -181,7 +156,7 @@ async fn a_task_announced_on_its_own_channel_wakes_its_waiter() {
     assert!(latency < Duration::from_millis(100), "{latency:?}");
     // The last waiter leaves the channel.
     let deadline = Instant::now() + Duration::from_secs(10);
-    while subscribers().await != 0 {
+    while common::subscribers(&raw, &channel).await != 0 {
         assert!(
             Instant::now() < deadline,
             "the task's channel was never left"
@@ -203,23 +178,11 @@ async fn a_completion_nobody_announced_is_found_by_the_recheck() {
         let (store, id) = (store.clone(), id.clone());
         tokio::spawn(async move { store.wait(&id, Duration::from_secs(30)).await.unwrap() })
     };
-    let raw = fred::prelude::Builder::from_config(
-        fred::prelude::Config::from_url(&common::url()).unwrap(),
-    )
-    .build()
-    .unwrap();
-    fred::prelude::ClientLike::init(&raw).await.unwrap();
+    let raw = common::raw_client(&common::url()).await;
     // Once it listens on the task's channel it has read Pending twice and is parked.
     let channel = format!("{}:done:{}", store.prefix(), id);
     let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let counts: Vec<(String, i64)> =
-            fred::prelude::PubsubInterface::pubsub_numsub(&raw, channel.clone())
-                .await
-                .unwrap();
-        if counts.first().is_some_and(|(_, n)| *n > 0) {
-            break;
-        }
+    while common::subscribers(&raw, &channel).await == 0 {
         assert!(Instant::now() < deadline, "the waiter never parked");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
@@ -260,20 +223,7 @@ async fn concurrent_completes_are_announced_together_each_task_once() {
     let store =
         Arc::new(common::store_at(&common::url(), &common::prefix(), |b| b.pool_size(1)).await);
     let channel = format!("{}:test-announcements", store.prefix());
-    let subscriber = fred::prelude::Builder::from_config(
-        fred::prelude::Config::from_url(&common::url()).unwrap(),
-    )
-    .build_subscriber_client()
-    .unwrap();
-    fred::prelude::ClientLike::init(&subscriber).await.unwrap();
-    let mut messages = fred::prelude::EventInterface::message_rx(&subscriber);
-    fred::prelude::PubsubInterface::subscribe(&subscriber, channel.clone())
-        .await
-        .unwrap();
-    // fred answers SUBSCRIBE once it is written; a PING's answer follows the server's.
-    let _: fred::types::Value = fred::prelude::ClientLike::ping(&subscriber, None)
-        .await
-        .unwrap();
+    let (subscriber, mut messages) = common::listen(&common::url(), &channel).await;
     let ids: Vec<TaskId> = (0..200).map(|_| TaskId::random()).collect();
     let mut tokens = Vec::new();
     for id in &ids {

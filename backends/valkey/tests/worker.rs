@@ -9,10 +9,9 @@ mod chaos;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferriq::testing::RunningWorker;
 use ferriq::wire::ErrorKind;
-use ferriq::{Client, Registry, TaskContext, TaskError, WaitError, Worker};
-use fred::prelude::{ClientLike, LuaInterface};
+use ferriq::{Client, TaskContext, TaskError, WaitError};
+use fred::prelude::LuaInterface;
 
 #[ferriq::task(name = "valkey.e2e.flaky", max_attempts = 3, backoff_initial = 0.05)]
 async fn flaky(ctx: TaskContext, word: String) -> Result<String, TaskError> {
@@ -31,19 +30,7 @@ async fn fatal() -> Result<(), TaskError> {
 async fn the_worker_runs_on_the_memory_broker_with_valkey_claims_and_results() {
     let store = Arc::new(common::store().await);
     let broker = Arc::new(ferriq::memory::MemoryBroker::new());
-    let worker = RunningWorker::spawn(
-        Worker::builder()
-            .broker(broker.clone())
-            .store(store.clone())
-            .registry(
-                Registry::from_inventory()
-                    .unwrap()
-                    .only(&[flaky::NAME, fatal::NAME])
-                    .unwrap(),
-            )
-            .build()
-            .unwrap(),
-    );
+    let worker = common::spawn_worker(broker.clone(), store.clone(), &[flaky::NAME, fatal::NAME]);
     let client = Client::new(broker.clone(), store.clone());
     let ok = flaky::kiq(&client, "hello".into()).await.unwrap();
     let bad = fatal::kiq(&client).await.unwrap();
@@ -63,13 +50,7 @@ async fn every_task_is_answered_exactly_once_on_valkey() {
     let prefix = common::prefix();
     let store = Arc::new(common::store_at(&common::url(), &prefix, |b| b.pool_size(8)).await);
     // Lease expiry injected on the server: the claim's lease_until is set to 0 if it runs.
-    let raw = fred::prelude::Builder::from_config(
-        fred::prelude::Config::from_url(&common::url()).unwrap(),
-    )
-    .build()
-    .unwrap();
-    raw.init().await.unwrap();
-    let raw = Arc::new(raw);
+    let raw = Arc::new(common::raw_client(&common::url()).await);
     let expire = {
         let prefix = prefix.clone();
         chaos::expire_with(move |id| {

@@ -114,105 +114,150 @@ impl Drop for PrivateRedis {
     }
 }
 
+/// redis-servers of the test's own, with their files in one temporary directory: killed and
+/// removed when dropped (the files are kept, and their place printed, when the test failed).
+pub struct ServerGroup {
+    children: Vec<Child>,
+    pub dir: std::path::PathBuf,
+}
+
+impl ServerGroup {
+    pub fn new(kind: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("fq-{kind}-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).unwrap();
+        ServerGroup {
+            children: Vec::new(),
+            dir,
+        }
+    }
+
+    /// Starts `redis-server` with `args` (which set `port`), logging to `{name}.log` in the
+    /// group's directory, and waits until it answers. It must still be running then:
+    /// otherwise the port answers for someone else.
+    pub async fn start(&mut self, name: &str, port: u16, args: &[&str]) {
+        let mut child = Command::new("redis-server")
+            .args(args)
+            .args(["--logfile", &format!("{name}.log")])
+            .arg("--dir")
+            .arg(&self.dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server is installed");
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            let exited = child.try_wait().unwrap();
+            if exited.is_some() || tokio::time::Instant::now() > deadline {
+                let log = std::fs::read_to_string(self.dir.join(format!("{name}.log")));
+                panic!("{name} on {port} did not start ({exited:?}): {log:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        self.children.push(child);
+    }
+
+    /// SIGKILLs the `index`-th server started.
+    pub fn kill(&mut self, index: usize) {
+        let _ = self.children[index].kill();
+        let _ = self.children[index].wait();
+    }
+}
+
+impl Drop for ServerGroup {
+    fn drop(&mut self) {
+        for child in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        if std::thread::panicking() {
+            eprintln!("server files kept in {}", self.dir.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// `redis-cli -p port args…`'s output, bounded to 5 s.
+pub fn redis_cli(port: u16, args: &[&str]) -> String {
+    Command::new("timeout")
+        .args(["5", "redis-cli", "-p", &port.to_string()])
+        .args(args)
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default()
+}
+
 /// A Valkey Cluster of the test's own: `masters` redis-servers on free ports, slots spread
 /// over them, removed (processes and files) when dropped.
 pub struct PrivateCluster {
     pub ports: Vec<u16>,
-    children: Vec<Child>,
-    dir: std::path::PathBuf,
+    servers: ServerGroup,
 }
 
 impl PrivateCluster {
     pub async fn start(masters: usize) -> Self {
-        let dir =
-            std::env::temp_dir().join(format!("fq-cluster-{}", uuid::Uuid::new_v4().simple()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let mut cluster = PrivateCluster {
-            ports: Vec::new(),
-            children: Vec::new(),
-            dir,
-        };
+        let mut servers = ServerGroup::new("cluster");
+        let mut ports = Vec::new();
         for _ in 0..masters {
             // The bus port is given too: its default (port + 10000) overflows for free ports
             // above 55535, which redis-server then refuses.
             let (port, bus) = (free_port(), free_port());
-            let child = Command::new("redis-server")
-                .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-                .args(["--save", "", "--appendonly", "no"])
-                .args(["--cluster-enabled", "yes"])
-                .args(["--cluster-port", &bus.to_string()])
-                .args(["--logfile", &format!("redis-{port}.log")])
-                .args(["--cluster-config-file", &format!("nodes-{port}.conf")])
-                .arg("--dir")
-                .arg(&cluster.dir)
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("redis-server is installed");
-            cluster.ports.push(port);
-            cluster.children.push(child);
+            let (port_arg, bus_arg) = (port.to_string(), bus.to_string());
+            let nodes_file = format!("nodes-{port}.conf");
+            let args = [
+                "--port",
+                &port_arg,
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--cluster-enabled",
+                "yes",
+                "--cluster-port",
+                &bus_arg,
+                "--cluster-config-file",
+                &nodes_file,
+            ];
+            servers.start(&format!("redis-{port}"), port, &args).await;
+            ports.push(port);
         }
-        for (port, child) in cluster.ports.clone().into_iter().zip(&mut cluster.children) {
-            let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-            while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-                let exited = child.try_wait().unwrap();
-                if exited.is_some() || tokio::time::Instant::now() > deadline {
-                    let log =
-                        std::fs::read_to_string(cluster.dir.join(format!("redis-{port}.log")));
-                    panic!("cluster node on {port} did not start ({exited:?}): {log:?}");
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        }
-        let nodes: Vec<String> = cluster
-            .ports
-            .iter()
-            .map(|p| format!("127.0.0.1:{p}"))
-            .collect();
+        let nodes: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
         // `timeout` kills it if it hangs, even when this test has already given up.
         let mut create = Command::new("timeout")
             .args(["60", "redis-cli", "--cluster", "create"])
             .args(&nodes)
             .args(["--cluster-replicas", "0", "--cluster-yes"])
             .stdin(Stdio::null())
-            .stdout(std::fs::File::create(cluster.dir.join("create.log")).unwrap())
+            .stdout(std::fs::File::create(servers.dir.join("create.log")).unwrap())
             .stderr(Stdio::null())
             .spawn()
             .expect("redis-cli is installed");
         let mut status = None;
         eventually(Duration::from_secs(70), || {
             status = create.try_wait().unwrap();
-            if status.is_none() {
-                return false;
-            }
-            true
+            status.is_some()
         })
         .await;
         assert!(
             status.is_some_and(|s| s.success()),
             "redis-cli --cluster create failed: {status:?}: {:?}",
-            std::fs::read_to_string(cluster.dir.join("create.log"))
+            std::fs::read_to_string(servers.dir.join("create.log"))
         );
         // Every node must agree the cluster is up before a client maps its slots, and see a
         // live bus link to every other node: a PUBLISH crosses the cluster on those links and
         // is dropped where one is not up yet.
-        let ask = |port: u16, what: &str| {
-            Command::new("timeout")
-                .args(["5", "redis-cli", "-p", &port.to_string(), "cluster", what])
-                .output()
-                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-                .unwrap_or_default()
-        };
-        for port in &cluster.ports {
+        for port in &ports {
             eventually(Duration::from_secs(30), || {
-                let nodes = ask(*port, "nodes");
-                ask(*port, "info").contains("cluster_state:ok")
+                let nodes = redis_cli(*port, &["cluster", "nodes"]);
+                redis_cli(*port, &["cluster", "info"]).contains("cluster_state:ok")
                     && nodes.lines().count() == masters
                     && nodes.lines().all(|l| l.contains(" connected"))
             })
             .await;
         }
-        cluster
+        PrivateCluster { ports, servers }
     }
 
     /// fred's cluster URL form: the first node, the others as `node=` parameters.
@@ -229,18 +274,51 @@ impl PrivateCluster {
     }
 }
 
-impl Drop for PrivateCluster {
-    fn drop(&mut self) {
-        for child in &mut self.children {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        if std::thread::panicking() {
-            eprintln!("cluster files kept in {}", self.dir.display());
-        } else {
-            let _ = std::fs::remove_dir_all(&self.dir);
-        }
+/// A plain fred client on `url`, connected: for looking at keys and channels beside the store.
+pub async fn raw_client(url: &str) -> fred::prelude::Client {
+    let client = fred::prelude::Builder::from_config(fred::prelude::Config::from_url(url).unwrap())
+        .build()
+        .unwrap();
+    fred::prelude::ClientLike::init(&client).await.unwrap();
+    client
+}
+
+/// A successful result holding `v`.
+pub fn ok(v: serde_json::Value) -> ferriq::wire::TaskResult {
+    ferriq::wire::TaskResult::success(v, 0.0, Default::default())
+}
+
+/// Claims `id` for worker `w` with a 30 s lease: its token if it may run, else the outcome.
+pub async fn run_claim(
+    store: &ValkeyStore,
+    id: &ferriq::wire::TaskId,
+) -> Result<ferriq::store::Token, String> {
+    use ferriq::store::{ClaimOutcome, ClaimStore};
+    match store.claim(id, "w", Duration::from_secs(30), None).await {
+        Ok(ClaimOutcome::Run { token, .. }) => Ok(token),
+        other => Err(format!("{other:?}")),
     }
+}
+
+/// A worker on `broker` with this store, serving the tasks named.
+pub fn spawn_worker(
+    broker: std::sync::Arc<ferriq::memory::MemoryBroker>,
+    store: std::sync::Arc<ValkeyStore>,
+    names: &[&str],
+) -> ferriq::testing::RunningWorker {
+    ferriq::testing::RunningWorker::spawn(
+        ferriq::Worker::builder()
+            .broker(broker)
+            .store(store)
+            .registry(
+                ferriq::Registry::from_inventory()
+                    .unwrap()
+                    .only(names)
+                    .unwrap(),
+            )
+            .build()
+            .unwrap(),
+    )
 }
 
 /// Polls `check` every 20 ms until it holds; panics after `limit`.
@@ -253,4 +331,35 @@ pub async fn eventually(limit: Duration, mut check: impl FnMut() -> bool) {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// A subscriber on `url` listening on `channel`, with its messages. fred answers SUBSCRIBE
+/// once it is written; the PING's answer comes after the server's, so the subscription holds
+/// when this returns.
+pub async fn listen(
+    url: &str,
+    channel: &str,
+) -> (
+    fred::clients::SubscriberClient,
+    tokio::sync::broadcast::Receiver<fred::types::Message>,
+) {
+    use fred::prelude::{ClientLike, EventInterface, PubsubInterface};
+    let subscriber =
+        fred::prelude::Builder::from_config(fred::prelude::Config::from_url(url).unwrap())
+            .with_performance_config(|p| p.broadcast_channel_capacity = 1024)
+            .build_subscriber_client()
+            .unwrap();
+    subscriber.init().await.unwrap();
+    let messages = subscriber.message_rx();
+    subscriber.subscribe(channel).await.unwrap();
+    let _: fred::types::Value = subscriber.ping(None).await.unwrap();
+    (subscriber, messages)
+}
+
+/// How many connections the server behind `raw` has subscribed to `channel`.
+pub async fn subscribers(raw: &fred::prelude::Client, channel: &str) -> i64 {
+    let counts: Vec<(String, i64)> = fred::prelude::PubsubInterface::pubsub_numsub(raw, channel)
+        .await
+        .unwrap();
+    counts.first().map_or(0, |(_, n)| *n)
 }
