@@ -62,6 +62,12 @@ impl Core {
         self.settings.result_ttl.map_or_else(|| "0".to_owned(), ms)
     }
 
+    /// A plain string value (a result or a claim record), if any.
+    pub(crate) async fn read(&self, key: String) -> Result<Option<String>, StoreError> {
+        use fred::prelude::KeysInterface;
+        self.pool.get(key).await.map_err(store_error)
+    }
+
     /// Claims every call in one script run; one call's error does not fail the others.
     pub(crate) async fn claim_many(
         &self,

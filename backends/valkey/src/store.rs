@@ -8,7 +8,7 @@ use ferriq::store::{
 };
 use ferriq::wire::{TaskId, TaskResult};
 use fred::clients::SubscriberClient;
-use fred::prelude::{ClientLike, KeysInterface, PubsubInterface};
+use fred::prelude::{ClientLike, PubsubInterface};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -208,14 +208,7 @@ impl ValkeyStore {
 
     /// A task's claim as stored.
     pub async fn claim_state(&self, id: &TaskId) -> Result<ClaimState, StoreError> {
-        let raw: Option<String> = self
-            .inner
-            .core
-            .pool
-            .get(self.inner.core.keys.claim(id))
-            .await
-            .map_err(store_error)?;
-        let Some(raw) = raw else {
+        let Some(raw) = self.inner.core.read(self.inner.core.keys.claim(id)).await? else {
             return Ok(ClaimState::Absent);
         };
         // `state token lease_until failures starts takeovers holder` (see the scripts).
@@ -396,14 +389,12 @@ impl ResultStore for ValkeyStore {
     }
 
     async fn get(&self, id: &TaskId) -> Result<ResultStatus, StoreError> {
-        let raw: Option<String> = self
+        match self
             .inner
             .core
-            .pool
-            .get(self.inner.core.keys.result(id))
-            .await
-            .map_err(store_error)?;
-        match raw {
+            .read(self.inner.core.keys.result(id))
+            .await?
+        {
             None => Ok(ResultStatus::Pending),
             Some(raw) => serde_json::from_str(&raw)
                 .map(ResultStatus::Ready)
