@@ -24,6 +24,7 @@ use ferriq::store::ResultStore;
 use ferriq::wire::TaskMessage;
 use ferriq::{Client, Registry, Shutdown, Worker};
 use ferriq_amqp::AmqpBroker;
+use ferriq_examples::{amqp_url, arg, peak_rss_mib, percentile, redis_url};
 use ferriq_valkey::ValkeyStore;
 use futures_util::StreamExt;
 
@@ -33,41 +34,6 @@ async fn noop(n: u64) -> u64 {
 }
 
 const CONCURRENCY: usize = 64;
-
-fn arg(name: &str, default: &str) -> String {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .rposition(|a| a == name)
-        .and_then(|i| args.get(i + 1).cloned())
-        .unwrap_or_else(|| default.to_owned())
-}
-
-fn amqp_url() -> String {
-    std::env::var("FERRIQ_TEST_AMQP_URL")
-        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
-}
-
-fn redis_url() -> String {
-    std::env::var("FERRIQ_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
-}
-
-/// Peak resident set of a process, from /proc (MiB).
-fn peak_rss_mib(pid: u32) -> f64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|kb| kb.parse::<f64>().ok())
-        })
-        .map_or(f64::NAN, |kb| kb / 1024.0)
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil().max(1.0) as usize;
-    sorted[rank.min(sorted.len()) - 1]
-}
 
 async fn amqp(exchange: &str, queue: &str) -> AmqpBroker {
     AmqpBroker::builder(amqp_url())

@@ -109,18 +109,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Err(WaitError::Failed(f)) => println!("charge(-5)     -> failed: {f}"),
         other => return Err(format!("charge(-5) should fail, got {other:?}").into()),
     }
-    println!(
-        "dead-lettered  -> {} message(s): {:?}",
-        broker.dead_letters().len(),
-        broker
-            .dead_letters()
-            .iter()
-            .map(|d| d.why.reason.as_str())
-            .collect::<Vec<_>>()
-    );
-
+    // The result is written before the message is parked, so drain first: once the worker has
+    // stopped, every delivery is settled and the dead-letter queue is complete.
     shutdown.drain();
     running.await?;
+    let parked: Vec<_> = broker
+        .dead_letters()
+        .iter()
+        .map(|d| d.why.reason.as_str())
+        .collect();
+    println!("dead-lettered  -> {} message(s): {parked:?}", parked.len());
     let stats = worker.stats();
     println!(
         "worker         -> {} runs started, {} results written",

@@ -9,7 +9,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use thiserror::Error;
 
-use crate::wire::{TaskId, TaskMessage, WireError};
+use crate::clock::Clock;
+use crate::wire::{TaskId, TaskMessage, WireError, MAX_DELAY};
 
 /// A message ready to publish: the taskiq body plus what brokers need to route it.
 #[derive(Debug, Clone)]
@@ -25,15 +26,24 @@ pub struct OutgoingMessage {
     pub headers: Vec<(String, String)>,
     /// The queue (lane) from the `queue_name` label; `None` is the broker's default queue.
     pub queue: Option<String>,
-    /// Delay before the message may be received, from the `delay` label.
+    /// How long the broker should keep the message from consumers: until its `due_at` label.
+    /// Brokers that cannot hold it that long deliver it earlier, and the worker releases it
+    /// again until it is due.
     pub delay: Option<Duration>,
     /// Priority from the `priority` label.
     pub priority: Option<u8>,
 }
 
 impl OutgoingMessage {
-    /// Serialises a message and derives its routing from its labels.
+    /// Serialises a message and derives its routing from its labels, reading the system clock
+    /// for the delay.
     pub fn from_message(message: &TaskMessage) -> Result<Self, WireError> {
+        Self::from_message_at(message, Clock::system().now_unix())
+    }
+
+    /// Serialises a message and derives its routing from its labels; `now_unix` is the time
+    /// its delay (until `due_at`) is counted from.
+    pub fn from_message_at(message: &TaskMessage, now_unix: f64) -> Result<Self, WireError> {
         let mut headers = vec![
             ("task_id".to_owned(), message.task_id.to_string()),
             ("task_name".to_owned(), message.task_name.clone()),
@@ -50,7 +60,12 @@ impl OutgoingMessage {
             body: message.to_json()?,
             headers,
             queue: message.labels.queue_name().map(str::to_owned),
-            delay: message.labels.delay().filter(|d| !d.is_zero()),
+            delay: message
+                .labels
+                .due_at()
+                .map(|due| due - now_unix)
+                .filter(|left| *left > 0.0)
+                .map(|left| Duration::from_secs_f64(left.min(MAX_DELAY.as_secs_f64()))),
             priority: message.labels.priority(),
         })
     }
@@ -122,6 +137,10 @@ pub struct Delivery {
     pub queue: String,
     /// The broker's handle for ack/release/extend.
     pub handle: DeliveryHandle,
+    /// Unix seconds before which the message is not to be handled, when the broker delivers
+    /// a released message early (its delay tiers are coarser than the release asked for):
+    /// the worker releases it again until then.
+    pub not_before: Option<f64>,
 }
 
 impl Delivery {
@@ -139,7 +158,15 @@ impl Delivery {
             receive_count,
             queue: queue.into(),
             handle,
+            not_before: None,
         }
+    }
+
+    /// The same delivery, not to be handled before `unix` seconds (see
+    /// [`Delivery::not_before`]).
+    pub fn with_not_before(mut self, unix: Option<f64>) -> Self {
+        self.not_before = unix.filter(|t| t.is_finite());
+        self
     }
 }
 

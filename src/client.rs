@@ -5,6 +5,8 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::clock::Clock;
+
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 use thiserror::Error;
@@ -14,9 +16,11 @@ use crate::store::{ResultStatus, ResultStore, StoreError};
 use crate::task::TaskOptions;
 use crate::wire::{
     names, ErrorKind, LabelValue, Labels, TaskFailure, TaskId, TaskMessage, TaskResult, WireError,
+    MAX_DELAY,
 };
 
-/// Default time a task may wait to start before it expires (`deadline_at` label).
+/// Default time a task may wait to start, counted from when it is due (enqueue time plus its
+/// delay), before it expires (`deadline_at` label).
 pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(24 * 3600);
 
 /// Why a task could not be enqueued. Nothing was published when this is returned, except for
@@ -68,7 +72,9 @@ pub enum WaitError {
 /// let msg = call.into_message().unwrap();
 /// assert_eq!(msg.task_name, "docs.call.add");
 /// assert_eq!(msg.args, [serde_json::json!(1), serde_json::json!(2)]);
-/// assert_eq!(msg.labels.delay(), Some(Duration::from_secs(5)));
+/// // Due in 5 s: workers that receive it earlier hand it back until then.
+/// let due_in = msg.labels.due_at().unwrap() - ferriq::clock::Clock::system().now_unix();
+/// assert!(due_in > 4.9 && due_in < 5.1);
 /// ```
 pub struct Call<T> {
     name: &'static str,
@@ -77,7 +83,15 @@ pub struct Call<T> {
     labels: Labels,
     task_id: Option<TaskId>,
     deadline: Option<Duration>,
+    due: Option<Due>,
     _output: PhantomData<fn() -> T>,
+}
+
+/// When a call is due.
+#[derive(Debug, Clone, Copy)]
+enum Due {
+    After(Duration),
+    At(f64),
 }
 
 impl<T> Call<T> {
@@ -102,6 +116,7 @@ impl<T> Call<T> {
             labels,
             task_id: None,
             deadline: Some(DEFAULT_DEADLINE),
+            due: None,
             _output: PhantomData,
         }
     }
@@ -118,9 +133,21 @@ impl<T> Call<T> {
         self
     }
 
-    /// Delays the first run.
-    pub fn with_delay(self, delay: Duration) -> Self {
-        self.with_label(names::DELAY, delay.as_secs_f64())
+    /// Delays the first run by `delay` from enqueueing (up to [`MAX_DELAY`]; longer delays
+    /// are clamped). The message carries its due time (`due_at`), so a delay survives
+    /// redeliveries and works the same on every broker.
+    pub fn with_delay(mut self, delay: Duration) -> Self {
+        self.due = Some(Due::After(delay.min(MAX_DELAY)));
+        self
+    }
+
+    /// The first run is not before `at` (a time in the past runs at once).
+    pub fn with_due_at(mut self, at: SystemTime) -> Self {
+        let unix = at
+            .duration_since(UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        self.due = Some(Due::At(unix));
+        self
     }
 
     /// Overrides the run's timeout.
@@ -143,22 +170,40 @@ impl<T> Call<T> {
         self.with_label(names::PRIORITY, i64::from(priority))
     }
 
-    /// The task must start within `within` of enqueueing or it expires with
-    /// `DeadlineExceeded`; `None` for no deadline. Default: 24 h.
+    /// The task must start within `within` of when it is due (enqueue time plus its delay)
+    /// or it expires with `DeadlineExceeded`; `None` for no deadline. Default: 24 h.
     pub fn with_deadline(mut self, within: Option<Duration>) -> Self {
         self.deadline = within;
         self
     }
 
-    /// The message this call sends.
+    /// The message this call sends, timed by the system clock.
     pub fn into_message(self) -> Result<TaskMessage, WireError> {
+        self.into_message_at(&Clock::system())
+    }
+
+    /// The message this call sends, its due time and deadline read from `clock`.
+    pub fn into_message_at(self, clock: &Clock) -> Result<TaskMessage, WireError> {
         let mut labels = self.labels;
+        let now = clock.now_unix();
+        let due = match self.due {
+            None => None,
+            Some(Due::After(delay)) => Some(now + delay.as_secs_f64()),
+            Some(Due::At(at)) => Some(at.min(now + MAX_DELAY.as_secs_f64())),
+        };
+        if let Some(due) = due.filter(|due| *due > now) {
+            // Milliseconds are plenty, and keep the label short.
+            labels.insert(names::DUE_AT, (due * 1000.0).ceil() / 1000.0);
+            // taskiq's own label, for its tools and middlewares; workers go by `due_at`.
+            labels.insert(names::DELAY, ((due - now) * 1000.0).round() / 1000.0);
+        }
         if let Some(within) = self.deadline {
-            let now = SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .unwrap_or_default();
+            let from = due.unwrap_or(now).max(now);
             // Whole seconds keep the label readable by Python as an int.
-            labels.insert(names::DEADLINE_AT, (now + within).as_secs() as i64);
+            labels.insert(
+                names::DEADLINE_AT,
+                (from + within.as_secs_f64()).ceil().min(i64::MAX as f64) as i64,
+            );
         }
         Ok(TaskMessage {
             task_id: self.task_id.unwrap_or_else(TaskId::random),
@@ -202,12 +247,23 @@ impl<T> fmt::Debug for Call<T> {
 pub struct Client {
     broker: Arc<dyn Broker>,
     results: Arc<dyn ResultStore>,
+    clock: Clock,
 }
 
 impl Client {
     /// A client publishing to `broker` and reading results from `results`.
     pub fn new(broker: Arc<dyn Broker>, results: Arc<dyn ResultStore>) -> Self {
-        Client { broker, results }
+        Client {
+            broker,
+            results,
+            clock: Clock::system(),
+        }
+    }
+
+    /// The same client, reading due times and deadlines from `clock` (tests).
+    pub fn with_clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
     }
 
     fn outgoing(&self, mut msg: TaskMessage) -> Result<OutgoingMessage, WireError> {
@@ -216,12 +272,21 @@ impl Client {
                 msg.labels.insert(names::REPLY_TO, channel);
             }
         }
-        OutgoingMessage::from_message(&msg)
+        let now = self.clock.now_unix();
+        if msg.labels.due_at().is_none() {
+            // A hand-built message with taskiq's relative `delay`: this is its send time.
+            if let Some(delay) = msg.labels.delay().filter(|d| !d.is_zero()) {
+                let due = now + delay.as_secs_f64();
+                msg.labels
+                    .insert(names::DUE_AT, (due * 1000.0).ceil() / 1000.0);
+            }
+        }
+        OutgoingMessage::from_message_at(&msg, now)
     }
 
     /// Enqueues one call; returns once the broker holds it durably.
     pub async fn enqueue<T>(&self, call: Call<T>) -> Result<TaskHandle<T>, EnqueueError> {
-        let msg = call.into_message()?;
+        let msg = call.into_message_at(&self.clock)?;
         let handle = self.handle(msg.task_id.clone());
         self.broker.publish(vec![self.outgoing(msg)?]).await?;
         Ok(handle)
@@ -235,7 +300,7 @@ impl Client {
         let mut handles = Vec::new();
         let mut batch = Vec::new();
         for call in calls {
-            let msg = call.into_message()?;
+            let msg = call.into_message_at(&self.clock)?;
             handles.push(self.handle(msg.task_id.clone()));
             batch.push(self.outgoing(msg)?);
         }

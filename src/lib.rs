@@ -31,6 +31,7 @@
 
 pub mod broker;
 pub mod client;
+pub mod clock;
 #[cfg(feature = "memory")]
 pub mod memory;
 pub mod registry;

@@ -9,6 +9,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::task::JoinHandle;
 
+use crate::clock::Clock;
 use crate::memory::{MemoryBroker, MemoryStore};
 use crate::store::{
     ClaimOutcome, ClaimStore, CompleteOutcome, FailureRecord, ResultStatus, ResultStore,
@@ -43,6 +44,8 @@ pub struct TestEnv {
     pub store: MemoryStore,
     /// A client on both.
     pub client: Client,
+    /// The wall clock of the client and workers (follows tokio's clock).
+    pub clock: Clock,
 }
 
 impl Default for TestEnv {
@@ -52,23 +55,28 @@ impl Default for TestEnv {
 }
 
 impl TestEnv {
-    /// A fresh environment.
+    /// A fresh environment. Its client and workers read wall time from a clock that follows
+    /// tokio's, so delays and deadlines work under `tokio::time::pause`.
     pub fn new() -> Self {
         let broker = MemoryBroker::new();
         let store = MemoryStore::new();
-        let client = Client::new(Arc::new(broker.clone()), Arc::new(store.clone()));
+        let clock = Clock::following_tokio();
+        let client =
+            Client::new(Arc::new(broker.clone()), Arc::new(store.clone())).with_clock(clock);
         TestEnv {
             broker,
             store,
             client,
+            clock,
         }
     }
 
-    /// A worker builder on this environment's broker and store.
+    /// A worker builder on this environment's broker, store and clock.
     pub fn worker(&self) -> WorkerBuilder {
         Worker::builder()
             .broker(Arc::new(self.broker.clone()))
             .store(Arc::new(self.store.clone()))
+            .clock(self.clock)
     }
 
     /// Builds and starts a worker in the background.

@@ -158,8 +158,20 @@ fn outgoing_messages_carry_taskiq_aio_pika_headers() {
     assert_eq!(header("retry_on_error"), Some("True"));
     assert_eq!(header("priority"), Some("3"));
     assert_eq!(out.queue.as_deref(), Some("q2"));
-    assert_eq!(out.delay, Some(std::time::Duration::from_secs(10)));
+    // taskiq's `delay` is relative to a send time the message does not carry: a message that
+    // arrives with it (and no `due_at`) was delayed by its producer's broker and runs at once.
+    assert_eq!(out.delay, None);
     assert_eq!(out.priority, Some(3));
+}
+
+#[test]
+fn a_due_time_becomes_the_brokers_delay() {
+    let mut msg = TaskMessage::new("t");
+    msg.labels.insert("due_at", 1_000_010.5);
+    let out = OutgoingMessage::from_message_at(&msg, 1_000_000.0).unwrap();
+    assert_eq!(out.delay, Some(std::time::Duration::from_secs_f64(10.5)));
+    let late = OutgoingMessage::from_message_at(&msg, 1_000_020.0).unwrap();
+    assert_eq!(late.delay, None);
 }
 
 #[test]
@@ -167,10 +179,7 @@ fn huge_delays_and_timeouts_are_clamped() {
     let mut labels = Labels::new();
     labels.insert("delay", 1e12);
     labels.insert("timeout", -5.0);
-    assert_eq!(
-        labels.delay(),
-        Some(std::time::Duration::from_secs(14 * 24 * 3600))
-    );
+    assert_eq!(labels.delay(), Some(ferriq::wire::MAX_DELAY));
     assert_eq!(labels.timeout(), None);
 }
 

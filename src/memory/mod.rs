@@ -11,31 +11,4 @@ mod store;
 pub use broker::{DeadLettered, MemoryBroker, MemoryBrokerStats};
 pub use store::MemoryStore;
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
-use tokio::time::Instant;
-
-/// Wall-clock seconds that follow tokio's (pausable) clock, so deadlines and leases agree in
-/// tests with paused time.
-#[derive(Debug, Clone, Copy)]
-struct Clock {
-    base_unix: f64,
-    base: Instant,
-}
-
-impl Clock {
-    fn new() -> Self {
-        let base_unix = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_secs_f64())
-            .unwrap_or(0.0);
-        Clock {
-            base_unix,
-            base: Instant::now(),
-        }
-    }
-
-    fn now_unix(&self) -> f64 {
-        self.base_unix + self.base.elapsed().as_secs_f64()
-    }
-}
+use crate::clock::Clock;

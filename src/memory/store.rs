@@ -110,7 +110,7 @@ impl MemoryStore {
         MemoryStore {
             inner: Arc::new(Inner {
                 state: Mutex::new(State::default()),
-                clock: Clock::new(),
+                clock: Clock::following_tokio(),
                 retention,
             }),
         }

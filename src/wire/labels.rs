@@ -265,15 +265,19 @@ pub mod names {
     pub const QUEUE_NAME: &str = "queue_name";
     pub const QUEUE: &str = "queue";
     pub const DEADLINE_AT: &str = "deadline_at";
+    pub const DUE_AT: &str = "due_at";
     pub const WIRE: &str = "ferriq_wire";
     pub const REPLY_TO: &str = "reply_to";
 }
 
-/// Longest delay or timeout a label may ask for; larger values are clamped (DESIGN §8).
-const MAX_LABEL_SECS: f64 = 14.0 * 24.0 * 3600.0;
+/// Longest timeout a label may ask for; larger values are clamped.
+const MAX_TIMEOUT_SECS: f64 = 14.0 * 24.0 * 3600.0;
 
-fn secs(v: f64) -> Option<Duration> {
-    (v.is_finite() && v >= 0.0).then(|| Duration::from_secs_f64(v.min(MAX_LABEL_SECS)))
+/// Longest delay a message may carry (365 days); larger values are clamped.
+pub const MAX_DELAY: Duration = Duration::from_secs(365 * 24 * 3600);
+
+fn secs(v: f64, max: f64) -> Option<Duration> {
+    (v.is_finite() && v >= 0.0).then(|| Duration::from_secs_f64(v.min(max)))
 }
 
 impl Labels {
@@ -314,7 +318,9 @@ impl Labels {
 
     /// `timeout`: the run's time limit.
     pub fn timeout(&self) -> Option<Duration> {
-        self.get(names::TIMEOUT)?.as_f64().and_then(secs)
+        self.get(names::TIMEOUT)?
+            .as_f64()
+            .and_then(|v| secs(v, MAX_TIMEOUT_SECS))
     }
 
     /// `max_retries`: total attempts, taskiq's meaning.
@@ -335,12 +341,21 @@ impl Labels {
         Some(n.clamp(0, i64::from(u32::MAX)) as u32)
     }
 
-    /// `delay` (or `x_delay`): how long to wait before the first run.
+    /// `delay` (or `x_delay`): how long the producer asked the task to wait, taskiq's label.
+    /// It is relative to a send time the message does not carry, so workers go by
+    /// [`Labels::due_at`]; a message with `delay` and no `due_at` was delayed by its producer's
+    /// broker already and runs at once.
     pub fn delay(&self) -> Option<Duration> {
         let v = self
             .get(names::DELAY)
             .or_else(|| self.get(names::X_DELAY))?;
-        v.as_f64().and_then(secs)
+        v.as_f64().and_then(|v| secs(v, MAX_DELAY.as_secs_f64()))
+    }
+
+    /// `due_at`: unix seconds before which the task must not start (set by ferriq producers
+    /// for delayed tasks).
+    pub fn due_at(&self) -> Option<f64> {
+        self.get(names::DUE_AT)?.as_f64().filter(|f| f.is_finite())
     }
 
     /// `priority`, clamped to 0–255.

@@ -14,7 +14,7 @@ mod task_id;
 pub use args::{ArgumentBinder, ArgumentError};
 pub use error::WireError;
 pub(crate) use labels::names;
-pub use labels::{LabelValue, Labels};
+pub use labels::{LabelValue, Labels, MAX_DELAY};
 pub use message::{TaskMessage, WIRE_VERSION};
 pub use result::{ErrorKind, ExceptionRepr, TaskFailure, TaskResult};
 pub use task_id::TaskId;

@@ -2,6 +2,7 @@ use std::time::Duration;
 
 use thiserror::Error;
 
+use crate::clock::Clock;
 use crate::SecretUrl;
 
 /// A bad worker setting.
@@ -76,6 +77,9 @@ pub struct WorkerConfig {
     pub broker_url: Option<SecretUrl>,
     /// The claim/result store URL (`FERRIQ_VALKEY_URL`).
     pub valkey_url: Option<SecretUrl>,
+    /// The wall clock due times and deadlines are read from (the system clock; tests inject
+    /// one that follows tokio's paused time, or one that is skewed).
+    pub clock: Clock,
     /// Where [`Worker::run_until_signal`](crate::Worker::run_until_signal) serves the probes
     /// (`/livez`, `/readyz`, `/metrics`) (`FERRIQ_PROBE_ADDR`, e.g. `0.0.0.0:9090`; none by
     /// default).
@@ -100,6 +104,7 @@ impl Default for WorkerConfig {
             max_takeovers: 5,
             broker_url: None,
             valkey_url: None,
+            clock: Clock::system(),
             probe_addr: None,
         }
     }

@@ -12,7 +12,7 @@ use super::running::Outcome;
 use super::Inner;
 use crate::broker::{DeadLetter, DeadLetterReason, Delivery};
 use crate::store::{ClaimOutcome, CompleteOutcome, Token};
-use crate::wire::{ErrorKind, TaskId, TaskMessage, TaskResult, WIRE_VERSION};
+use crate::wire::{ErrorKind, TaskId, TaskMessage, TaskResult, MAX_DELAY, WIRE_VERSION};
 
 /// What to do with the message once its result is stored.
 #[derive(Debug, Clone)]
@@ -113,6 +113,10 @@ impl Inner {
                 .await;
         }
 
+        if let Some(outcome) = self.wait_until_due(d, &msg).await {
+            return outcome;
+        }
+
         let Some(task) = self.registry.get(&msg.task_name) else {
             return self.unknown_task(d, &msg).await;
         };
@@ -164,6 +168,30 @@ impl Inner {
                 ..
             }) => self.run(d, msg, task, token, failures, takeovers).await,
         }
+    }
+
+    /// A message that is not due yet is released for the whole seconds left (`None` when it
+    /// is due now), and held here for the last fraction of a second: brokers time releases in
+    /// whole seconds (SQS) or coarse tiers (RabbitMQ), and may hand a message back early but
+    /// never late, so it runs on time to the millisecond. Nothing is claimed and no attempt is
+    /// spent while it waits.
+    async fn wait_until_due(&self, d: &Delivery, msg: &TaskMessage) -> Option<Outcome> {
+        let due = match (msg.labels.due_at(), d.not_before) {
+            (Some(a), Some(b)) => a.max(b),
+            (a, b) => a.or(b)?,
+        };
+        let wait = self.config.clock.until(due).min(MAX_DELAY);
+        if wait.is_zero() {
+            return None;
+        }
+        if wait < Duration::from_secs(1) {
+            tokio::time::sleep(wait).await;
+            return None;
+        }
+        tracing::debug!(due_in = ?wait, "not due yet: released until due");
+        let whole_seconds = Duration::from_secs(wait.as_secs());
+        // Not floored at `min_defer`: at least a second, and it must not come back late.
+        Some(self.release_after(d, whole_seconds, Outcome::NotDue).await)
     }
 
     /// A task name this worker does not serve: another lane may; after enough receives it is

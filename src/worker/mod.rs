@@ -136,9 +136,21 @@ impl WorkerBuilder {
         self
     }
 
+    /// Longest wait of one receive call (default 1 s).
+    pub fn receive_wait(mut self, wait: Duration) -> Self {
+        self.config.receive_wait = wait;
+        self
+    }
+
     /// The drain grace period.
     pub fn grace(mut self, grace: Duration) -> Self {
         self.config.grace = grace;
+        self
+    }
+
+    /// The wall clock due times and deadlines are read from (default: the system clock).
+    pub fn clock(mut self, clock: crate::clock::Clock) -> Self {
+        self.config.clock = clock;
         self
     }
 

@@ -155,6 +155,8 @@ pub enum Outcome {
     DeadLettered,
     /// Released to come back later (unknown name, newer wire version, store unreachable…).
     Released,
+    /// Received before it was due (a delayed task); released until it is due, nothing run.
+    NotDue,
     /// The broker took the delivery back mid-run; nothing written.
     DeliveryLost,
     /// Another worker took the claim mid-run; released, never acked.
@@ -180,6 +182,7 @@ impl Outcome {
             Outcome::Revoked => "revoked",
             Outcome::DeadLettered => "dead_lettered",
             Outcome::Released => "released",
+            Outcome::NotDue => "not_due",
             Outcome::DeliveryLost => "delivery_lost",
             Outcome::ClaimLost => "claim_lost",
             Outcome::Stale => "stale",
@@ -188,7 +191,7 @@ impl Outcome {
         }
     }
 
-    pub(crate) const ALL: [Outcome; 14] = [
+    pub(crate) const ALL: [Outcome; 15] = [
         Outcome::Succeeded,
         Outcome::Failed,
         Outcome::Retried,
@@ -198,6 +201,7 @@ impl Outcome {
         Outcome::Revoked,
         Outcome::DeadLettered,
         Outcome::Released,
+        Outcome::NotDue,
         Outcome::DeliveryLost,
         Outcome::ClaimLost,
         Outcome::Stale,
@@ -209,7 +213,7 @@ impl Outcome {
 /// Counters of delivery outcomes and runs, shared by a worker and its handles.
 #[derive(Default)]
 pub(crate) struct Counters {
-    outcomes: [AtomicU64; 14],
+    outcomes: [AtomicU64; Outcome::ALL.len()],
     started: AtomicU64,
     run_micros: AtomicU64,
     /// Run durations, counted per bucket of [`RUN_SECONDS_BUCKETS`] (the last is +Inf).

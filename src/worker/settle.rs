@@ -202,7 +202,12 @@ impl Inner {
         self.release_after(d, Duration::ZERO, outcome).await
     }
 
-    async fn release_after(&self, d: &Delivery, after: Duration, outcome: Outcome) -> Outcome {
+    pub(crate) async fn release_after(
+        &self,
+        d: &Delivery,
+        after: Duration,
+        outcome: Outcome,
+    ) -> Outcome {
         match self.broker.release(&d.handle, after).await {
             Ok(()) => outcome,
             Err(e) => self.broker_failed("release", e),

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use ferriq::clock::Clock;
 use ferriq::memory::{MemoryBroker, MemoryStore};
 use ferriq::testing::{FaultyStore, Oracle, RunningWorker};
 use ferriq::{Client, Registry, Worker, WorkerBuilder};
@@ -16,14 +17,19 @@ pub struct Harness {
     pub client: Client,
     pub oracle: Oracle,
     pub gate: Arc<Gate>,
+    pub clock: Clock,
 }
 
 impl Harness {
     pub fn new() -> Self {
         let broker = MemoryBroker::new();
         let store = FaultyStore::new(MemoryStore::new());
-        let client = Client::new(Arc::new(broker.clone()), Arc::new(store.clone()));
+        // Wall time that follows tokio's (paused) clock, for due times and deadlines.
+        let clock = Clock::following_tokio();
+        let client =
+            Client::new(Arc::new(broker.clone()), Arc::new(store.clone())).with_clock(clock);
         Harness {
+            clock,
             broker,
             store,
             client,
@@ -45,6 +51,7 @@ impl Harness {
             .state(self.oracle.clone())
             .state(Arc::clone(&self.gate))
             .jitter_seed(7)
+            .clock(self.clock)
     }
 
     pub fn start(&self, builder: WorkerBuilder) -> RunningWorker {

@@ -21,6 +21,16 @@ use crate::{AmqpBrokerBuilder, AmqpError};
 /// RabbitMQ, so its own delivery count starts again).
 const RECEIVES_HEADER: &str = "x-ferriq-receives";
 
+/// On a released copy: unix milliseconds before which it is not to be handled. A delay tier
+/// may hand it back earlier (tiers are coarse); the worker then releases it again.
+const NOT_BEFORE_HEADER: &str = "x-ferriq-not-before";
+
+fn unix_ms_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
 /// A RabbitMQ broker for ferriq workers and clients. Cheap to clone; the connection closes when
 /// the last clone is dropped (or on [`AmqpBroker::close`]).
 #[derive(Clone)]
@@ -230,6 +240,7 @@ impl AmqpBroker {
             );
         let receive_count = earlier.saturating_add(1).min(i64::from(u32::MAX)) as u32;
         let task_id = header_str(&headers, "task_id");
+        let not_before = header_int(&headers, NOT_BEFORE_HEADER).map(|ms| ms as f64 / 1000.0);
         let held = Held {
             generation,
             acker: delivery.acker.clone(),
@@ -245,6 +256,7 @@ impl AmqpBroker {
             queue,
             DeliveryHandle::new(held),
         )
+        .with_not_before(not_before)
     }
 }
 
@@ -307,11 +319,17 @@ impl Broker for AmqpBroker {
         }
         // Copy first, original acked only once the copy is confirmed: a failure in between
         // leaves two copies (the claims absorb that), never none.
+        let mut headers = Self::copy_headers(held);
+        let after_ms = i64::try_from(after.as_millis()).unwrap_or(i64::MAX / 2);
+        headers.insert(
+            NOT_BEFORE_HEADER.into(),
+            AMQPValue::LongLongInt(unix_ms_now().saturating_add(after_ms)),
+        );
         let copy = self.delayed(
             held.queue.clone(),
             after,
             held.body.clone(),
-            persistent(Self::copy_headers(held)),
+            persistent(headers),
         );
         self.publish_copy_then_ack(held, copy, after).await
     }

@@ -95,9 +95,10 @@ impl AmqpBrokerBuilder {
         self
     }
 
-    /// The delay tiers (default 1 s, 5 s, 30 s, 2 min, 10 min, 1 h, 6 h, 24 h). A delay goes to
-    /// the smallest tier at least as long, with its exact time as the message's expiration;
-    /// longer delays are clamped to the largest tier.
+    /// The delay tiers (default 1 s, 5 s, 30 s, 2 min, 10 min, 1 h, 6 h, 24 h). A delay waits
+    /// in the largest tier not longer than it, and comes back for the rest: every message in a
+    /// tier has the same TTL, so none waits behind one due later. Delays longer than the
+    /// largest tier go round it again; fewer tiers mean more round trips, never a late task.
     pub fn delay_tiers(mut self, tiers: impl IntoIterator<Item = Duration>) -> Self {
         self.delay_tiers = tiers.into_iter().collect();
         self.delay_tiers.sort();
@@ -212,17 +213,30 @@ impl AmqpBrokerBuilder {
         format!("{queue}.delay.{label}")
     }
 
-    /// The tier a delay goes to: the smallest at least as long, else the largest.
-    pub(crate) fn tier_for(&self, delay: Duration) -> Duration {
-        self.delay_tiers
-            .iter()
-            .copied()
-            .find(|t| *t >= delay)
-            .unwrap_or_else(|| {
-                *self
-                    .delay_tiers
-                    .last()
-                    .expect("validated: tiers are not empty")
-            })
+    /// The tier a delay waits in, and the expiration the message needs there: the largest
+    /// tier not longer than the delay (no expiration of its own: the tier's TTL keeps it in
+    /// expiry order), else the smallest tier with the delay as its expiration.
+    pub(crate) fn tier_for(&self, delay: Duration) -> (Duration, Option<Duration>) {
+        match self.delay_tiers.iter().rev().find(|t| **t <= delay) {
+            Some(tier) => (*tier, None),
+            None => (self.delay_tiers[0], Some(delay)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_delay_waits_in_the_largest_tier_not_longer_than_it() {
+        let b = AmqpBrokerBuilder::new("amqp://localhost");
+        let s = Duration::from_secs;
+        assert_eq!(b.tier_for(s(25)), (s(5), None));
+        assert_eq!(b.tier_for(s(6)), (s(5), None));
+        assert_eq!(b.tier_for(s(5)), (s(5), None));
+        assert_eq!(b.tier_for(s(30 * 86_400)), (s(86_400), None));
+        let short = Duration::from_millis(300);
+        assert_eq!(b.tier_for(short), (s(1), Some(short)));
     }
 }

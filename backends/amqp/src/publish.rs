@@ -75,7 +75,13 @@ impl AmqpBroker {
         })
     }
 
-    /// A publication that waits `delay` in the lane's delay tier, then dead-letters back to it.
+    /// A publication that waits in one of the lane's delay tiers, then dead-letters back to
+    /// the lane: the largest tier not longer than `delay`, so a message never waits behind
+    /// one due later (a tier's messages all have its TTL, so they expire in the order they
+    /// arrived). It comes back to the lane before it is due when `delay` is not a tier's
+    /// length; the worker then releases it again for what is left (the message carries its
+    /// due time), and holds it for the last second. A delay shorter than every tier waits in
+    /// the smallest tier with its own expiration.
     pub(crate) fn delayed(
         &self,
         lane: String,
@@ -83,17 +89,19 @@ impl AmqpBroker {
         body: Vec<u8>,
         properties: BasicProperties,
     ) -> Publication {
-        let config = &self.shared.config;
-        let tier = config.tier_for(delay);
-        if delay > tier {
-            tracing::warn!(?delay, ?tier, "delay longer than the largest tier: clamped");
-        }
-        let expiration = delay.min(tier).as_millis().max(1).to_string();
+        let (tier, expiration) = self.shared.config.tier_for(delay);
+        let properties = match expiration {
+            Some(e) => {
+                let ms = e.as_millis().max(1).to_string();
+                properties.with_expiration(ms.as_str().into())
+            }
+            None => properties,
+        };
         Publication {
             exchange: String::new(),
             routing_key: AmqpBrokerBuilder::delay_queue(&lane, tier),
             body,
-            properties: properties.with_expiration(expiration.as_str().into()),
+            properties,
         }
     }
 

@@ -35,18 +35,33 @@ pub const TIERS: [Duration; 3] = [
     Duration::from_secs(5),
 ];
 
+/// The broker's default delay tiers.
+pub const DEFAULT_TIERS: [u64; 8] = [1, 5, 30, 120, 600, 3600, 6 * 3600, 24 * 3600];
+
 /// A unique exchange and lane; every queue it implies is deleted when dropped.
 pub struct Topology {
     pub exchange: String,
     pub queue: String,
+    pub tiers: Vec<Duration>,
 }
 
 impl Topology {
+    /// With short delay tiers, for fast retries.
     pub fn new() -> Self {
+        Self::with_tiers(TIERS.to_vec())
+    }
+
+    /// With the broker's default delay tiers.
+    pub fn with_default_tiers() -> Self {
+        Self::with_tiers(DEFAULT_TIERS.map(Duration::from_secs).to_vec())
+    }
+
+    fn with_tiers(tiers: Vec<Duration>) -> Self {
         let queue = unique("q");
         Topology {
             exchange: format!("{queue}.x"),
             queue,
+            tiers,
         }
     }
 
@@ -54,7 +69,7 @@ impl Topology {
         AmqpBroker::builder(url)
             .exchange(self.exchange.as_str())
             .queues([self.queue.as_str()])
-            .delay_tiers(TIERS)
+            .delay_tiers(self.tiers.iter().copied())
     }
 
     pub async fn broker(&self) -> AmqpBroker {
@@ -70,8 +85,14 @@ impl Topology {
 
     fn all_queues(&self) -> Vec<String> {
         let mut names = vec![self.queue.clone(), self.dead_letter_queue()];
-        for (tier, label) in TIERS.iter().zip(["200ms", "1s", "5s"]) {
-            let _ = tier;
+        for tier in &self.tiers {
+            let ms = tier.as_millis();
+            let label = match ms {
+                ms if ms % 3_600_000 == 0 => format!("{}h", ms / 3_600_000),
+                ms if ms % 60_000 == 0 => format!("{}m", ms / 60_000),
+                ms if ms % 1000 == 0 => format!("{}s", ms / 1000),
+                ms => format!("{ms}ms"),
+            };
             names.push(format!("{}.delay.{label}", self.queue));
         }
         names

@@ -1,0 +1,134 @@
+//! Delayed tasks on the real RabbitMQ with the default delay tiers: every task runs within a
+//! second of when it is due, never before, whatever was enqueued before it.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use common::Topology;
+use ferriq::memory::MemoryStore;
+use ferriq::testing::RunningWorker;
+use ferriq::wire::TaskId;
+use ferriq::{Client, Registry, State, TaskContext, Worker};
+use rand::rngs::SmallRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+
+/// Unix seconds when each task started.
+#[derive(Default)]
+struct Starts(Mutex<HashMap<TaskId, f64>>);
+
+fn now_unix() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+#[ferriq::task(name = "amqp.delays.stamp")]
+async fn stamp(starts: State<Arc<Starts>>, ctx: TaskContext) {
+    starts
+        .0
+        .lock()
+        .unwrap()
+        .insert(ctx.task_id().clone(), now_unix());
+}
+
+struct Setup {
+    _topology: Topology,
+    client: Client,
+    worker: RunningWorker,
+    starts: Arc<Starts>,
+}
+
+async fn setup() -> Setup {
+    let topology = Topology::with_default_tiers();
+    let broker = Arc::new(topology.broker().await);
+    let store = Arc::new(MemoryStore::new());
+    let starts = Arc::new(Starts::default());
+    let worker = RunningWorker::spawn(
+        Worker::builder()
+            .broker(broker.clone())
+            .store(store.clone())
+            .registry(
+                Registry::from_inventory()
+                    .unwrap()
+                    .only(&[stamp::NAME])
+                    .unwrap(),
+            )
+            .state(Arc::clone(&starts))
+            .concurrency(32)
+            .build()
+            .unwrap(),
+    );
+    Setup {
+        client: Client::new(broker, store),
+        _topology: topology,
+        worker,
+        starts,
+    }
+}
+
+/// Enqueues `stamp` due `delay` from now; returns its id and due time.
+async fn enqueue(s: &Setup, delay: Duration) -> (TaskId, f64) {
+    let msg = stamp::call().with_delay(delay).into_message().unwrap();
+    let due = msg.labels.due_at().unwrap_or_else(now_unix);
+    let handle = s.client.enqueue_message(msg).await.unwrap();
+    (handle.task_id().clone(), due)
+}
+
+/// How late each task ran after it was due (negative: early), waiting for all of them.
+async fn lateness(s: &Setup, due: &[(TaskId, f64)], limit: Duration) -> Vec<f64> {
+    for (id, _) in due {
+        s.client
+            .handle::<()>(id.clone())
+            .wait(limit)
+            .await
+            .unwrap_or_else(|e| panic!("task {id}: {e}"));
+    }
+    let starts = s.starts.0.lock().unwrap();
+    due.iter().map(|(id, due)| starts[id] - due).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_delay_enqueued_after_a_long_one_runs_on_time() {
+    let s = setup().await;
+    // Before the fix both waited in the 30 s tier with their own expirations, and the 6 s
+    // one expired only when the 25 s one ahead of it did.
+    let long = enqueue(&s, Duration::from_secs(25)).await;
+    let short = enqueue(&s, Duration::from_secs(6)).await;
+    let late = lateness(&s, &[short, long], Duration::from_secs(60)).await;
+    for l in &late {
+        assert!(
+            (-0.005..1.0).contains(l),
+            "ran {l:.3} s after it was due: {late:?}"
+        );
+    }
+    s.worker.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hundred_random_delays_enqueued_in_random_order_all_run_on_time() {
+    let s = setup().await;
+    let mut rng = SmallRng::seed_from_u64(2026);
+    let mut delays: Vec<Duration> = (0..200)
+        .map(|_| Duration::from_millis(rng.random_range(0..=60_000)))
+        .collect();
+    delays.shuffle(&mut rng);
+    let mut due = Vec::new();
+    for delay in delays {
+        due.push(enqueue(&s, delay).await);
+    }
+    let late = lateness(&s, &due, Duration::from_secs(90)).await;
+    let worst = late.iter().copied().fold(f64::MIN, f64::max);
+    let earliest = late.iter().copied().fold(f64::MAX, f64::min);
+    eprintln!("200 delays: earliest {earliest:.3} s, latest {worst:.3} s after due");
+    assert!(
+        earliest > -0.005,
+        "a task ran {earliest:.3} s before it was due"
+    );
+    assert!(worst < 1.0, "a task ran {worst:.3} s after it was due");
+    s.worker.stop().await;
+}
