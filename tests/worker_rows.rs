@@ -732,3 +732,16 @@ async fn concurrency_is_bounded_and_prefetch_does_not_exceed_it() {
     }
     w.stop().await;
 }
+
+#[test]
+fn an_empty_registry_is_a_build_error_naming_the_linked_tasks() {
+    let h = Harness::new();
+    let err = h
+        .worker(&[echo::NAME])
+        .registry(ferriq::Registry::default())
+        .build()
+        .unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("registry given to WorkerBuilder::registry is empty"), "{text}");
+    assert!(text.contains("rows."), "{text}");
+}

@@ -45,6 +45,9 @@ pub enum BuildError {
     /// The registry is invalid (duplicate names, missing state).
     #[error(transparent)]
     Registry(#[from] RegistryError),
+    /// The worker would serve no task at all.
+    #[error("this worker serves no task: {0}")]
+    NoTasks(String),
     /// The configuration is invalid.
     #[error(transparent)]
     Config(#[from] ConfigError),
@@ -170,6 +173,9 @@ impl WorkerBuilder {
             Some(r) => r,
             None => Registry::from_inventory()?,
         };
+        if registry.is_empty() {
+            return Err(BuildError::NoTasks(no_tasks_reason()));
+        }
         registry.check_state(&self.state)?;
         let rng = match self.seed {
             Some(seed) => SmallRng::seed_from_u64(seed),
@@ -190,6 +196,28 @@ impl WorkerBuilder {
             }),
         })
     }
+}
+
+/// Why a registry is empty, and what to do about it.
+fn no_tasks_reason() -> String {
+    let linked: Vec<&str> = inventory::iter::<crate::task::TaskRegistration>
+        .into_iter()
+        .map(|r| r.name)
+        .collect();
+    if linked.is_empty() {
+        return "no #[ferriq::task] is linked into this binary. If the tasks live in a crate this \
+                binary never names, the linker dropped that crate: add \
+                `use your_tasks_crate as _;` to the worker's main.rs"
+            .to_owned();
+    }
+    let shown: Vec<&str> = linked.iter().take(10).copied().collect();
+    format!(
+        "the registry given to WorkerBuilder::registry is empty, though {} task(s) are linked \
+         ({}{}); check how it was narrowed",
+        linked.len(),
+        shown.join(", "),
+        if linked.len() > shown.len() { ", …" } else { "" }
+    )
 }
 
 pub(crate) struct Inner {
@@ -290,7 +318,8 @@ impl Worker {
             worker = %inner.config.worker_id,
             concurrency = inner.config.concurrency,
             tasks = ?inner.registry,
-            "worker started"
+            "worker started, serving {} task(s)",
+            inner.registry.len()
         );
         let mut backoff = Duration::from_millis(100);
         'receive: loop {
