@@ -336,6 +336,12 @@ pub trait Broker: Send + Sync + 'static {
     async fn depth(&self) -> Result<QueueDepth, BrokerError>;
     /// Whether the broker is usable.
     async fn health(&self) -> Health;
+    /// The worker runs at most `n` deliveries at once (its concurrency); called before its
+    /// first `receive`. A broker that pushes deliveries sizes its prefetch to it, unless one
+    /// was set explicitly. The default does nothing.
+    fn limit_in_flight(&self, n: usize) {
+        let _ = n;
+    }
     /// The worker has drained (every delivery it took is settled) and will not call `receive`
     /// again: a broker that pushes deliveries gives back the ones it buffered. The default
     /// does nothing (pull brokers hold nothing unasked).

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::clock::Clock;
+use crate::connect::{connect_broker, connect_store, ConnectError};
 
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
@@ -258,6 +259,36 @@ impl Client {
             results,
             clock: Clock::system(),
         }
+    }
+
+    /// A client on the broker and store at these URLs, connected by whichever linked backend
+    /// serves each scheme (see [`crate::connect`]); backend settings come from `FERRIQ_*`
+    /// variables.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let client = ferriq::Client::connect("memory://", "memory://").await.unwrap();
+    /// # let _ = client;
+    /// # }
+    /// ```
+    pub async fn connect(broker_url: &str, store_url: &str) -> Result<Self, ConnectError> {
+        let broker = connect_broker(broker_url).await?;
+        let store = connect_store(store_url).await?;
+        Ok(Client::new(broker, store.results()))
+    }
+
+    /// A client on `FERRIQ_BROKER_URL` and `FERRIQ_STORE_URL` (or `FERRIQ_VALKEY_URL`).
+    pub async fn from_env() -> Result<Self, ConnectError> {
+        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+        let broker = var("FERRIQ_BROKER_URL").ok_or_else(|| {
+            ConnectError::Backend("environment variable FERRIQ_BROKER_URL is not set".into())
+        })?;
+        let store = var("FERRIQ_STORE_URL")
+            .or_else(|| var("FERRIQ_VALKEY_URL"))
+            .ok_or_else(|| {
+                ConnectError::Backend("environment variable FERRIQ_STORE_URL is not set".into())
+            })?;
+        Self::connect(&broker, &store).await
     }
 
     /// The same client, reading due times and deadlines from `clock` (tests).

@@ -32,6 +32,7 @@
 pub mod broker;
 pub mod client;
 pub mod clock;
+pub mod connect;
 #[cfg(feature = "memory")]
 pub mod memory;
 pub mod registry;

@@ -742,6 +742,9 @@ fn an_empty_registry_is_a_build_error_naming_the_linked_tasks() {
         .build()
         .unwrap_err();
     let text = err.to_string();
-    assert!(text.contains("registry given to WorkerBuilder::registry is empty"), "{text}");
+    assert!(
+        text.contains("registry given to WorkerBuilder::registry is empty"),
+        "{text}"
+    );
     assert!(text.contains("rows."), "{text}");
 }

@@ -19,6 +19,9 @@ pub enum ConfigError {
         /// What is expected.
         reason: &'static str,
     },
+    /// A required environment variable is not set.
+    #[error("environment variable {0} is not set")]
+    Missing(&'static str),
     /// Settings that do not fit together.
     #[error("invalid worker configuration: {0}")]
     Invalid(String),
@@ -75,8 +78,12 @@ pub struct WorkerConfig {
     /// The broker URL (`FERRIQ_BROKER_URL`: `memory://`, `amqp://…`, `sqs://…`); read by the
     /// backend that connects, never logged whole.
     pub broker_url: Option<SecretUrl>,
-    /// The claim/result store URL (`FERRIQ_VALKEY_URL`).
-    pub valkey_url: Option<SecretUrl>,
+    /// The claim/result store URL (`FERRIQ_STORE_URL`, or its older name `FERRIQ_VALKEY_URL`:
+    /// `redis://…`, `memory://`).
+    pub store_url: Option<SecretUrl>,
+    /// Every `FERRIQ_*` variable read, for the backends' own settings (`FERRIQ_QUEUES`,
+    /// `FERRIQ_AMQP_EXCHANGE`, `FERRIQ_RESULT_PREFIX`…) when they connect from the URLs.
+    pub settings: crate::connect::Settings,
     /// The wall clock due times and deadlines are read from (the system clock; tests inject
     /// one that follows tokio's paused time, or one that is skewed).
     pub clock: Clock,
@@ -103,7 +110,8 @@ impl Default for WorkerConfig {
             max_pending_results: 10_000,
             max_takeovers: 5,
             broker_url: None,
-            valkey_url: None,
+            store_url: None,
+            settings: Default::default(),
             clock: Clock::system(),
             probe_addr: None,
         }
@@ -139,6 +147,9 @@ impl WorkerConfig {
         let mut c = WorkerConfig::default();
         for (k, v) in vars {
             let (name, value) = (k.as_ref(), v.as_ref());
+            if name.starts_with("FERRIQ_") {
+                c.settings.insert(name.to_owned(), value.to_owned());
+            }
             match name {
                 "FERRIQ_WORKER_ID" if !value.is_empty() => c.worker_id = value.to_owned(),
                 "FERRIQ_CONCURRENCY" => {
@@ -151,7 +162,10 @@ impl WorkerConfig {
                         parse_num("FERRIQ_MAX_PAYLOAD_BYTES", value, 1024, 1 << 30)? as usize
                 }
                 "FERRIQ_BROKER_URL" => c.broker_url = Some(SecretUrl::new(value)),
-                "FERRIQ_VALKEY_URL" => c.valkey_url = Some(SecretUrl::new(value)),
+                "FERRIQ_STORE_URL" => c.store_url = Some(SecretUrl::new(value)),
+                "FERRIQ_VALKEY_URL" if c.store_url.is_none() => {
+                    c.store_url = Some(SecretUrl::new(value))
+                }
                 "FERRIQ_PROBE_ADDR" if !value.is_empty() => {
                     c.probe_addr =
                         Some(value.trim().parse().map_err(|_| ConfigError::InvalidVar {

@@ -26,6 +26,7 @@ use tokio::sync::Semaphore;
 use tokio_util::task::TaskTracker;
 
 use crate::broker::{Broker, Health, QueueDepth};
+use crate::connect::{connect_broker_with, connect_store_with, ConnectOptions, Store};
 use crate::registry::{Registry, RegistryError};
 use crate::store::{ClaimStore, ResultStore};
 use crate::task::AppState;
@@ -51,6 +52,9 @@ pub enum BuildError {
     /// The configuration is invalid.
     #[error(transparent)]
     Config(#[from] ConfigError),
+    /// A backend could not be connected from its URL.
+    #[error(transparent)]
+    Connect(#[from] crate::connect::ConnectError),
 }
 
 /// Builds a [`Worker`].
@@ -84,6 +88,41 @@ pub struct WorkerBuilder {
 }
 
 impl WorkerBuilder {
+    /// A builder configured wholly from the environment: [`WorkerConfig::from_env`], then the
+    /// broker at `FERRIQ_BROKER_URL` and the store at `FERRIQ_STORE_URL` (or
+    /// `FERRIQ_VALKEY_URL`), connected by whichever linked backend serves each URL's scheme
+    /// (see [`crate::connect`]), with the backends' own settings from `FERRIQ_*` variables
+    /// and the broker's prefetch derived from the concurrency. Add state (and a registry, to
+    /// serve a subset) before `build`.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), ferriq::worker::BuildError> {
+    /// // FERRIQ_BROKER_URL=amqp://… FERRIQ_STORE_URL=redis://… FERRIQ_CONCURRENCY=16
+    /// let worker = ferriq::Worker::builder_from_env().await?.build()?;
+    /// worker.run_until_signal().await;
+    /// # Ok(()) }
+    /// ```
+    pub async fn from_env() -> Result<Self, BuildError> {
+        Self::from_config(WorkerConfig::from_env()?).await
+    }
+
+    /// A builder with `config`, its broker and store connected from `config.broker_url` and
+    /// `config.store_url` (see [`WorkerBuilder::from_env`]).
+    pub async fn from_config(config: WorkerConfig) -> Result<Self, BuildError> {
+        let options = |url: &Option<crate::SecretUrl>, var: &'static str| {
+            let url = url.clone().ok_or(ConfigError::Missing(var))?;
+            let mut options = ConnectOptions::new(url).concurrency(config.concurrency);
+            options.settings = config.settings.clone();
+            Ok::<_, ConfigError>(options)
+        };
+        let broker = connect_broker_with(options(&config.broker_url, "FERRIQ_BROKER_URL")?).await?;
+        let store = connect_store_with(options(&config.store_url, "FERRIQ_STORE_URL")?).await?;
+        Ok(WorkerBuilder::default()
+            .config(config)
+            .broker(broker)
+            .store(store))
+    }
+
     /// The broker to receive from.
     pub fn broker(mut self, broker: Arc<dyn Broker>) -> Self {
         self.broker = Some(broker);
@@ -91,9 +130,9 @@ impl WorkerBuilder {
     }
 
     /// One store for both claims and results (the usual case: fencing needs them together).
-    pub fn store<S: ClaimStore + ResultStore>(mut self, store: Arc<S>) -> Self {
-        self.claims = Some(store.clone());
-        self.results = Some(store);
+    pub fn store<S: Store + ?Sized>(mut self, store: Arc<S>) -> Self {
+        self.claims = Some(Arc::clone(&store).claims());
+        self.results = Some(store.results());
         self
     }
 
@@ -216,7 +255,11 @@ fn no_tasks_reason() -> String {
          ({}{}); check how it was narrowed",
         linked.len(),
         shown.join(", "),
-        if linked.len() > shown.len() { ", …" } else { "" }
+        if linked.len() > shown.len() {
+            ", …"
+        } else {
+            ""
+        }
     )
 }
 
@@ -253,6 +296,11 @@ impl Worker {
     /// A builder.
     pub fn builder() -> WorkerBuilder {
         WorkerBuilder::default()
+    }
+
+    /// A builder configured from the environment: see [`WorkerBuilder::from_env`].
+    pub async fn builder_from_env() -> Result<WorkerBuilder, BuildError> {
+        WorkerBuilder::from_env().await
     }
 
     /// The configuration.
@@ -311,6 +359,7 @@ impl Worker {
     pub async fn run(&self, shutdown: Shutdown) {
         let inner = &self.inner;
         inner.running.open();
+        inner.broker.limit_in_flight(inner.config.concurrency);
         let slots = Arc::new(Semaphore::new(inner.config.concurrency));
         let tracker = TaskTracker::new();
         let heartbeats = heartbeat::spawn(Arc::clone(inner));

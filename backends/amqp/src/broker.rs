@@ -88,7 +88,9 @@ impl AmqpBroker {
     }
 
     pub(crate) async fn connect(config: AmqpBrokerBuilder) -> Result<Self, AmqpError> {
-        let capacity = usize::from(config.prefetch).max(1) * 2;
+        // Deliveries pushed by the consumers and not yet received by the worker; the
+        // prefetch bounds them anyway.
+        let capacity = 1024;
         let (tx, rx) = mpsc::channel(capacity);
         let url = config.url.redacted();
         let shared = Arc::new(Shared::new(config, tx));
@@ -417,6 +419,21 @@ impl Broker for AmqpBroker {
         let _ = channel.close(200, "depth read".into()).await;
         // RabbitMQ's passive declare counts ready messages only; unacked ones are not reported.
         Ok(QueueDepth::new(ready, 0, delayed))
+    }
+
+    fn limit_in_flight(&self, n: usize) {
+        let n = u16::try_from(n).unwrap_or(u16::MAX).max(1);
+        match self.shared.config.prefetch {
+            None => self.shared.prefetch.store(n, Ordering::SeqCst),
+            Some(set) if set != n => tracing::warn!(
+                prefetch = set,
+                concurrency = n,
+                "the prefetch set on the broker differs from the worker's concurrency: \
+                 deliveries beyond the concurrency wait unheartbeated (leave prefetch unset to \
+                 derive it)"
+            ),
+            Some(_) => {}
+        }
     }
 
     async fn stop_receiving(&self) {

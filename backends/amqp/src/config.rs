@@ -10,8 +10,8 @@ use crate::{AmqpBroker, AmqpError};
 /// ```
 /// let builder = ferriq_amqp::AmqpBroker::builder("amqp://app:s3cret@rabbit:5672/%2f")
 ///     .exchange("billing")
-///     .queues(["billing", "billing.bulk"])
-///     .prefetch(16);
+///     .queues(["billing", "billing.bulk"]);
+/// // No prefetch set: a worker on this broker sets it to its concurrency.
 /// assert!(!format!("{builder:?}").contains("s3cret"));
 /// ```
 #[derive(Debug, Clone)]
@@ -19,7 +19,8 @@ pub struct AmqpBrokerBuilder {
     pub(crate) url: SecretUrl,
     pub(crate) exchange: String,
     pub(crate) queues: Vec<String>,
-    pub(crate) prefetch: u16,
+    /// Set explicitly; `None` takes the worker's concurrency.
+    pub(crate) prefetch: Option<u16>,
     pub(crate) heartbeat_secs: u16,
     pub(crate) connect_timeout: Duration,
     pub(crate) publish_timeout: Duration,
@@ -35,7 +36,7 @@ impl AmqpBrokerBuilder {
             url: url.into(),
             exchange: "taskiq".into(),
             queues: vec!["taskiq".into()],
-            prefetch: 32,
+            prefetch: None,
             heartbeat_secs: 5,
             connect_timeout: Duration::from_secs(5),
             publish_timeout: Duration::from_secs(30),
@@ -62,10 +63,11 @@ impl AmqpBrokerBuilder {
         self
     }
 
-    /// Deliveries held unacked at once, in total over the lanes: set it to the worker's
-    /// concurrency (default 32).
+    /// Deliveries held unacked at once, in total over the lanes. By default a worker sets it
+    /// to its concurrency when it starts (32 before that): set it only to hold a different
+    /// number.
     pub fn prefetch(mut self, n: u16) -> Self {
-        self.prefetch = n;
+        self.prefetch = Some(n);
         self
     }
 
@@ -164,7 +166,7 @@ impl AmqpBrokerBuilder {
                     .into(),
             ));
         }
-        if self.prefetch == 0 {
+        if self.prefetch == Some(0) {
             return Err(AmqpError::Setting("prefetch must be at least 1".into()));
         }
         if self.delay_tiers.is_empty() || self.delay_tiers[0].is_zero() {
@@ -183,11 +185,12 @@ impl AmqpBrokerBuilder {
         Ok(())
     }
 
-    /// The URL handed to lapin, with the heartbeat added when the URL has none.
+    /// The URL handed to lapin: an empty vhost read as `/` (see [`vhost_as_pika_reads_it`]),
+    /// and the heartbeat added when the URL has none.
     pub(crate) fn connect_url(&self) -> String {
-        let url = self.url.expose();
+        let url = vhost_as_pika_reads_it(self.url.expose());
         if url.contains("heartbeat=") {
-            return url.to_owned();
+            return url;
         }
         let sep = if url.contains('?') { '&' } else { '?' };
         format!("{url}{sep}heartbeat={}", self.heartbeat_secs)
@@ -224,9 +227,35 @@ impl AmqpBrokerBuilder {
     }
 }
 
+/// `amqp://host:5672/` — the URL taskiq, aio-pika and pika users have — means vhost `/` to
+/// them, but the empty vhost to the AMQP URI spec (and lapin), which RabbitMQ refuses with
+/// `vhost  not found`. Read an empty vhost as `/`, as they do; name another vhost in the path
+/// (`/%2f` is `/` too).
+pub(crate) fn vhost_as_pika_reads_it(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let end = rest.find(['?', '#']).unwrap_or(rest.len());
+    let (authority_and_path, tail) = rest.split_at(end);
+    match authority_and_path.split_once('/') {
+        Some((authority, "")) => format!("{scheme}://{authority}/%2f{tail}"),
+        _ => url.to_owned(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_empty_vhost_is_the_default_vhost_as_in_pika() {
+        let read = vhost_as_pika_reads_it;
+        assert_eq!(read("amqp://u:p@h:5672/"), "amqp://u:p@h:5672/%2f");
+        assert_eq!(read("amqp://h/?heartbeat=5"), "amqp://h/%2f?heartbeat=5");
+        assert_eq!(read("amqp://h:5672"), "amqp://h:5672");
+        assert_eq!(read("amqp://h:5672/%2f"), "amqp://h:5672/%2f");
+        assert_eq!(read("amqp://h:5672/billing"), "amqp://h:5672/billing");
+    }
 
     #[test]
     fn a_delay_waits_in_the_largest_tier_not_longer_than_it() {

@@ -46,6 +46,7 @@
 mod broker;
 mod config;
 mod error;
+mod from_url;
 mod publish;
 mod session;
 mod topology;

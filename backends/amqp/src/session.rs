@@ -124,12 +124,14 @@ pub(crate) struct Shared {
     pub(crate) deliveries: mpsc::Sender<Incoming>,
     pub(crate) last_error: Mutex<String>,
     pub(crate) stop: CancellationToken,
+    /// Deliveries held unacked at once over the lanes: the configured prefetch, else the
+    /// worker's concurrency (32 until a worker says).
+    pub(crate) prefetch: std::sync::atomic::AtomicU16,
 }
 
 impl Shared {
     pub(crate) fn new(config: AmqpBrokerBuilder, deliveries: mpsc::Sender<Incoming>) -> Self {
         Shared {
-            config,
             session: watch::channel(None).0,
             generation: AtomicU64::new(0),
             consume: AtomicBool::new(false),
@@ -137,6 +139,8 @@ impl Shared {
             deliveries,
             last_error: Mutex::new(String::new()),
             stop: CancellationToken::new(),
+            prefetch: std::sync::atomic::AtomicU16::new(config.prefetch.unwrap_or(32)),
+            config,
         }
     }
 
@@ -221,7 +225,7 @@ impl Shared {
         }
         let lanes = self.config.queues.len() as u16;
         // Quorum queues have no global prefetch: split it over the lanes.
-        let per_lane = self.config.prefetch.div_ceil(lanes).max(1);
+        let per_lane = self.prefetch.load(Ordering::SeqCst).div_ceil(lanes).max(1);
         let opened = session
             .consumer_connection
             .get_or_try_init(|| async {

@@ -52,6 +52,7 @@
 mod batch;
 mod config;
 mod error;
+mod from_url;
 mod keys;
 mod ops;
 mod scripts;

@@ -1,0 +1,109 @@
+//! A worker built wholly from `FERRIQ_*` settings on the real RabbitMQ and Redis: the URL forms
+//! taskiq users have, settings for the topology, and the prefetch derived from the worker's
+//! concurrency.
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{unique, Topology};
+use ferriq::connect::{connect_broker_with, ConnectOptions};
+use ferriq::testing::RunningWorker;
+use ferriq::{Client, Registry, State, WorkerBuilder, WorkerConfig};
+// Links the redis:// scheme (nothing else here names the crate).
+use ferriq_valkey as _;
+use tokio::sync::Semaphore;
+
+/// Runs in progress, and a gate that holds them.
+struct Held {
+    running: AtomicUsize,
+    gate: Semaphore,
+}
+
+#[ferriq::task(name = "amqp.env.held")]
+async fn held(h: State<Arc<Held>>) -> u32 {
+    h.running.fetch_add(1, Ordering::SeqCst);
+    let _permit = h.gate.acquire().await.unwrap();
+    7
+}
+
+/// The broker URL with an empty vhost, as taskiq and aio-pika users write it.
+fn url_with_trailing_slash() -> String {
+    common::amqp_url().trim_end_matches("%2f").to_owned()
+}
+
+async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while !check() {
+        assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_from_the_environment_takes_its_prefetch_from_its_concurrency() {
+    let topology = Topology::with_default_tiers();
+    let url = url_with_trailing_slash();
+    assert!(url.ends_with('/'), "{url}");
+    let vars = [
+        ("FERRIQ_BROKER_URL", url.clone()),
+        ("FERRIQ_STORE_URL", common::redis_url()),
+        ("FERRIQ_QUEUES", topology.queue.clone()),
+        ("FERRIQ_AMQP_EXCHANGE", topology.exchange.clone()),
+        ("FERRIQ_RESULT_PREFIX", unique("env").replace('.', "_")),
+        ("FERRIQ_CONCURRENCY", "2".to_owned()),
+    ];
+    let config = WorkerConfig::from_vars(vars.clone()).unwrap();
+    let gate = Arc::new(Held {
+        running: AtomicUsize::new(0),
+        gate: Semaphore::new(0),
+    });
+    let worker = WorkerBuilder::from_config(config)
+        .await
+        .expect("amqp://host:5672/ means vhost / (as in aio-pika and pika)")
+        .registry(
+            Registry::from_inventory()
+                .unwrap()
+                .only(&[held::NAME])
+                .unwrap(),
+        )
+        .state(Arc::clone(&gate))
+        .build()
+        .unwrap();
+    let running = RunningWorker::spawn(worker);
+
+    let options = ConnectOptions::new(url).settings(vars.clone());
+    let broker = connect_broker_with(options).await.unwrap();
+    let store = ferriq::connect::connect_store_with(
+        ConnectOptions::new(common::redis_url()).settings(vars),
+    )
+    .await
+    .unwrap();
+    let client = Client::new(Arc::clone(&broker), store.results());
+    let handles = client
+        .enqueue_batch((0..6).map(|_| held::call()))
+        .await
+        .unwrap();
+
+    eventually("two runs", || gate.running.load(Ordering::SeqCst) == 2).await;
+    // Prefetch 2: the other four wait in the queue, not in the worker's buffer (before the
+    // fix the prefetch stayed 32 whatever the concurrency, and the queue showed 0).
+    let mut ready = 0;
+    for _ in 0..100 {
+        ready = broker.depth().await.unwrap().ready;
+        if ready == 4 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(ready, 4, "messages left in the queue with 2 runs held");
+    assert_eq!(gate.running.load(Ordering::SeqCst), 2);
+
+    gate.gate.add_permits(6);
+    for h in handles {
+        assert_eq!(h.wait(Duration::from_secs(30)).await.unwrap(), 7);
+    }
+    running.stop().await;
+}

@@ -1,0 +1,51 @@
+//! `redis://`, `rediss://`, `valkey://`, `valkeys://` and their `-cluster`/`-sentinel` forms
+//! for [`ferriq::connect`]: a worker or client built from `FERRIQ_STORE_URL` connects through
+//! here.
+//!
+//! Settings read: `FERRIQ_RESULT_PREFIX` (key prefix, default `ferriq`; taskiq-redis's
+//! `prefix_str`), `FERRIQ_RESULT_TTL_SECS` (default 7 days; `0` keeps results forever).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferriq::connect::{ConnectError, ConnectFuture, ConnectOptions, Store, StoreConnector};
+
+use crate::ValkeyStore;
+
+fn connect(options: ConnectOptions) -> ConnectFuture<Arc<dyn Store>> {
+    Box::pin(async move {
+        let mut builder = ValkeyStore::builder(options.url.clone());
+        if let Some(prefix) = options.setting("FERRIQ_RESULT_PREFIX") {
+            builder = builder.prefix(prefix);
+        }
+        if let Some(ttl) = options.setting("FERRIQ_RESULT_TTL_SECS") {
+            let secs = ttl.parse::<u64>().map_err(|_| {
+                ConnectError::Backend(format!(
+                    "FERRIQ_RESULT_TTL_SECS={ttl:?} is invalid: expected whole seconds (0: keep)"
+                ))
+            })?;
+            builder = builder.result_ttl((secs > 0).then(|| Duration::from_secs(secs)));
+        }
+        let store = builder
+            .connect()
+            .await
+            .map_err(|e| ConnectError::Backend(e.to_string()))?;
+        Ok(Arc::new(store) as Arc<dyn Store>)
+    })
+}
+
+ferriq::inventory::submit!(StoreConnector {
+    schemes: &[
+        "redis",
+        "rediss",
+        "valkey",
+        "valkeys",
+        "redis-cluster",
+        "rediss-cluster",
+        "valkey-cluster",
+        "valkeys-cluster",
+        "redis-sentinel",
+        "valkey-sentinel",
+    ],
+    connect,
+});

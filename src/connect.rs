@@ -1,0 +1,324 @@
+//! Backends from URLs: `connect_broker("amqp://…")`, `connect_store("redis://…")`, and a worker
+//! or client built wholly from the environment.
+//!
+//! Each backend crate registers the URL schemes it serves (the way `#[task]` registers
+//! tasks), so the core names no backend: `memory://` is the core's own; `amqp://`/`amqps://`
+//! come with `ferriq-amqp`, `sqs://` with `ferriq-sqs`, `redis://`, `rediss://`,
+//! `redis-cluster://`, `redis-sentinel://` (and the `valkey` spellings) with `ferriq-valkey`.
+//! A scheme no linked crate serves is an error that names the crate to add.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! let broker = ferriq::connect::connect_broker("memory://").await.unwrap();
+//! let store = ferriq::connect::connect_store("memory://").await.unwrap();
+//! let client = ferriq::Client::new(broker, store.results());
+//! # let _ = client;
+//! let err = ferriq::connect::connect_broker("kafka://k:9092").await.unwrap_err();
+//! assert!(err.to_string().contains("kafka"));
+//! # }
+//! ```
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use thiserror::Error;
+
+use crate::broker::Broker;
+use crate::store::{ClaimStore, ResultStore};
+use crate::SecretUrl;
+
+/// A claim store and result store in one (what every backend store is): fencing needs both
+/// answered by the same server.
+pub trait Store: ClaimStore + ResultStore {
+    /// This store as a claim store.
+    fn claims(self: Arc<Self>) -> Arc<dyn ClaimStore>;
+    /// This store as a result store.
+    fn results(self: Arc<Self>) -> Arc<dyn ResultStore>;
+}
+
+impl<T: ClaimStore + ResultStore> Store for T {
+    fn claims(self: Arc<Self>) -> Arc<dyn ClaimStore> {
+        self
+    }
+    fn results(self: Arc<Self>) -> Arc<dyn ResultStore> {
+        self
+    }
+}
+
+/// `FERRIQ_*` settings by name. `Debug` shows URLs redacted and hides values whose names say
+/// they are secret.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct Settings(BTreeMap<String, String>);
+
+impl Settings {
+    /// A setting, when set and not empty.
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.0.get(name).map(|v| v.trim()).filter(|v| !v.is_empty())
+    }
+
+    /// Sets one.
+    pub fn insert(&mut self, name: impl Into<String>, value: impl Into<String>) {
+        self.0.insert(name.into(), value.into());
+    }
+}
+
+impl<K: Into<String>, V: Into<String>> Extend<(K, V)> for Settings {
+    fn extend<I: IntoIterator<Item = (K, V)>>(&mut self, iter: I) {
+        self.0
+            .extend(iter.into_iter().map(|(k, v)| (k.into(), v.into())));
+    }
+}
+
+impl std::fmt::Debug for Settings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut map = f.debug_map();
+        for (k, v) in &self.0 {
+            let upper = k.to_ascii_uppercase();
+            if upper.ends_with("_URL") {
+                map.entry(k, &SecretUrl::new(v.clone()).redacted());
+            } else if ["SECRET", "PASSWORD", "TOKEN", "KEY"]
+                .iter()
+                .any(|s| upper.contains(s))
+            {
+                map.entry(k, &"***");
+            } else {
+                map.entry(k, v);
+            }
+        }
+        map.finish()
+    }
+}
+
+/// A boxed connect future.
+pub type ConnectFuture<T> = Pin<Box<dyn Future<Output = Result<T, ConnectError>> + Send>>;
+
+/// What a backend is connected with: the URL, and the `FERRIQ_*` settings of the process (or
+/// of the caller) for the options a URL does not carry.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct ConnectOptions {
+    /// The URL.
+    pub url: SecretUrl,
+    /// Settings by name (`FERRIQ_QUEUES`, `FERRIQ_AMQP_EXCHANGE`, `FERRIQ_RESULT_PREFIX`…).
+    pub settings: Settings,
+    /// The worker's concurrency, when a worker connects: brokers that push deliveries take
+    /// it as their prefetch.
+    pub concurrency: Option<usize>,
+}
+
+impl ConnectOptions {
+    /// Options for `url` with no settings.
+    pub fn new(url: impl Into<SecretUrl>) -> Self {
+        ConnectOptions {
+            url: url.into(),
+            settings: Settings::default(),
+            concurrency: None,
+        }
+    }
+
+    /// Options for `url` with every `FERRIQ_*` variable of the process environment.
+    pub fn from_env(url: impl Into<SecretUrl>) -> Self {
+        Self::new(url).settings(std::env::vars().filter(|(k, _)| k.starts_with("FERRIQ_")))
+    }
+
+    /// Adds settings.
+    pub fn settings<K: Into<String>, V: Into<String>>(
+        mut self,
+        settings: impl IntoIterator<Item = (K, V)>,
+    ) -> Self {
+        self.settings.extend(settings);
+        self
+    }
+
+    /// The worker's concurrency (brokers that push deliveries take it as their prefetch).
+    pub fn concurrency(mut self, n: usize) -> Self {
+        self.concurrency = Some(n);
+        self
+    }
+
+    /// A setting, when set and not empty.
+    pub fn setting(&self, name: &str) -> Option<&str> {
+        self.settings.get(name)
+    }
+
+    /// `FERRIQ_QUEUES`: the lanes, comma-separated (the first is the default lane).
+    pub fn queues(&self) -> Option<Vec<String>> {
+        let queues: Vec<String> = self
+            .setting("FERRIQ_QUEUES")?
+            .split(',')
+            .map(|q| q.trim().to_owned())
+            .filter(|q| !q.is_empty())
+            .collect();
+        (!queues.is_empty()).then_some(queues)
+    }
+}
+
+/// Why a backend could not be connected from its URL.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum ConnectError {
+    /// No linked crate serves the URL's scheme.
+    #[error("no {kind} backend for {scheme}:// URLs is linked into this binary: {hint}")]
+    UnknownScheme {
+        /// `broker` or `store`.
+        kind: &'static str,
+        /// The scheme.
+        scheme: String,
+        /// What to add.
+        hint: String,
+    },
+    /// The backend refused the URL or a setting, or could not connect; the message says
+    /// which and what to check.
+    #[error("{0}")]
+    Backend(String),
+}
+
+/// A broker backend's registration: the schemes it serves and how it connects. Backend
+/// crates submit one with `ferriq::inventory::submit!`.
+pub struct BrokerConnector {
+    /// URL schemes, lowercase, without `://`.
+    pub schemes: &'static [&'static str],
+    /// Connects.
+    pub connect: fn(ConnectOptions) -> ConnectFuture<Arc<dyn Broker>>,
+}
+
+/// A store backend's registration (see [`BrokerConnector`]).
+pub struct StoreConnector {
+    /// URL schemes, lowercase, without `://`.
+    pub schemes: &'static [&'static str],
+    /// Connects.
+    pub connect: fn(ConnectOptions) -> ConnectFuture<Arc<dyn Store>>,
+}
+
+inventory::collect!(BrokerConnector);
+inventory::collect!(StoreConnector);
+
+/// Which crate serves a scheme, for the error when it is not linked.
+fn hint(scheme: &str) -> String {
+    let krate = match scheme {
+        "amqp" | "amqps" => "ferriq-amqp",
+        "sqs" | "sqs+http" | "sqs+https" => "ferriq-sqs",
+        "redis" | "rediss" | "valkey" | "valkeys" | "redis-cluster" | "rediss-cluster"
+        | "redis-sentinel" | "valkey-cluster" | "valkeys-cluster" | "valkey-sentinel" => {
+            "ferriq-valkey"
+        }
+        "memory" => {
+            return "enable the `memory` feature of ferriq (on by default)".to_owned();
+        }
+        _ => {
+            return "ferriq serves memory://, amqp(s)://, sqs:// and redis/valkey URLs; check \
+                    the URL's scheme"
+                .to_owned()
+        }
+    };
+    format!(
+        "add the `{krate}` crate to the binary's dependencies and `use {} as _;` to its \
+         main.rs (a crate nothing names is dropped by the linker, with its registration)",
+        krate.replace('-', "_")
+    )
+}
+
+/// Connects the broker at `url` (settings from the process environment).
+pub async fn connect_broker(url: &str) -> Result<Arc<dyn Broker>, ConnectError> {
+    connect_broker_with(ConnectOptions::from_env(url)).await
+}
+
+/// Connects the broker described by `options`.
+pub async fn connect_broker_with(options: ConnectOptions) -> Result<Arc<dyn Broker>, ConnectError> {
+    let scheme = options.url.scheme();
+    let found = inventory::iter::<BrokerConnector>
+        .into_iter()
+        .find(|c| c.schemes.contains(&scheme.as_str()));
+    match found {
+        Some(c) => (c.connect)(options).await,
+        None => Err(ConnectError::UnknownScheme {
+            kind: "broker",
+            hint: hint(&scheme),
+            scheme,
+        }),
+    }
+}
+
+/// Connects the claim/result store at `url` (settings from the process environment).
+pub async fn connect_store(url: &str) -> Result<Arc<dyn Store>, ConnectError> {
+    connect_store_with(ConnectOptions::from_env(url)).await
+}
+
+/// Connects the claim/result store described by `options`.
+pub async fn connect_store_with(options: ConnectOptions) -> Result<Arc<dyn Store>, ConnectError> {
+    let scheme = options.url.scheme();
+    let found = inventory::iter::<StoreConnector>
+        .into_iter()
+        .find(|c| c.schemes.contains(&scheme.as_str()));
+    match found {
+        Some(c) => (c.connect)(options).await,
+        None => Err(ConnectError::UnknownScheme {
+            kind: "store",
+            hint: hint(&scheme),
+            scheme,
+        }),
+    }
+}
+
+#[cfg(feature = "memory")]
+mod memory {
+    //! `memory://` and `memory://NAME`: one in-process broker (or store) per name, so a client
+    //! and a worker of the same process that connect to the same URL share it.
+
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex, OnceLock};
+
+    use super::{BrokerConnector, ConnectFuture, ConnectOptions, Store, StoreConnector};
+    use crate::broker::Broker;
+    use crate::memory::{MemoryBroker, MemoryStore};
+
+    fn name(options: &ConnectOptions) -> String {
+        let url = options.url.expose();
+        url.split_once("://")
+            .map_or("", |(_, rest)| rest)
+            .trim_end_matches('/')
+            .to_owned()
+    }
+
+    fn broker(options: ConnectOptions) -> ConnectFuture<Arc<dyn Broker>> {
+        static BROKERS: OnceLock<Mutex<HashMap<String, MemoryBroker>>> = OnceLock::new();
+        let key = name(&options);
+        let queues = options.queues();
+        Box::pin(async move {
+            let mut brokers = BROKERS
+                .get_or_init(Default::default)
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            let broker = brokers.entry(key).or_default().clone();
+            let broker = match queues {
+                Some(q) => broker.consuming(&q.iter().map(String::as_str).collect::<Vec<_>>()),
+                None => broker,
+            };
+            Ok(Arc::new(broker) as Arc<dyn Broker>)
+        })
+    }
+
+    fn store(options: ConnectOptions) -> ConnectFuture<Arc<dyn Store>> {
+        static STORES: OnceLock<Mutex<HashMap<String, MemoryStore>>> = OnceLock::new();
+        let key = name(&options);
+        Box::pin(async move {
+            let mut stores = STORES
+                .get_or_init(Default::default)
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            let store = stores.entry(key).or_default().clone();
+            Ok(Arc::new(store) as Arc<dyn Store>)
+        })
+    }
+
+    inventory::submit!(BrokerConnector {
+        schemes: &["memory"],
+        connect: broker,
+    });
+    inventory::submit!(StoreConnector {
+        schemes: &["memory"],
+        connect: store,
+    });
+}
