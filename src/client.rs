@@ -6,7 +6,10 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::clock::Clock;
-use crate::connect::{connect_broker, connect_store, ConnectError};
+use crate::connect::{
+    connect_broker, connect_broker_with, connect_store, connect_store_with, ConnectError,
+    ConnectOptions, Settings,
+};
 
 use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
@@ -277,18 +280,35 @@ impl Client {
         Ok(Client::new(broker, store.results()))
     }
 
-    /// A client on `FERRIQ_BROKER_URL` and `FERRIQ_STORE_URL` (or `FERRIQ_VALKEY_URL`).
+    /// A client on `FERRIQ_BROKER_URL` and `FERRIQ_STORE_URL` (or `FERRIQ_VALKEY_URL`) of the
+    /// process environment, with the backends' settings from the other `FERRIQ_*` variables.
     pub async fn from_env() -> Result<Self, ConnectError> {
-        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
-        let broker = var("FERRIQ_BROKER_URL").ok_or_else(|| {
-            ConnectError::Backend("environment variable FERRIQ_BROKER_URL is not set".into())
-        })?;
-        let store = var("FERRIQ_STORE_URL")
-            .or_else(|| var("FERRIQ_VALKEY_URL"))
-            .ok_or_else(|| {
-                ConnectError::Backend("environment variable FERRIQ_STORE_URL is not set".into())
-            })?;
-        Self::connect(&broker, &store).await
+        let mut settings = Settings::default();
+        settings.extend(std::env::vars().filter(|(k, _)| k.starts_with("FERRIQ_")));
+        Self::from_settings(&settings).await
+    }
+
+    /// A client on the `FERRIQ_BROKER_URL` and `FERRIQ_STORE_URL` (or `FERRIQ_VALKEY_URL`) of
+    /// `settings`, with the backends' settings from the rest (a worker's
+    /// [`WorkerConfig::settings`](crate::WorkerConfig::settings), for one).
+    pub async fn from_settings(settings: &Settings) -> Result<Self, ConnectError> {
+        let missing =
+            |name: &str| ConnectError::Backend(format!("setting {name} is not set (a URL)"));
+        let broker = settings
+            .get("FERRIQ_BROKER_URL")
+            .ok_or_else(|| missing("FERRIQ_BROKER_URL"))?;
+        let store = settings
+            .get("FERRIQ_STORE_URL")
+            .or_else(|| settings.get("FERRIQ_VALKEY_URL"))
+            .ok_or_else(|| missing("FERRIQ_STORE_URL"))?;
+        let options = |url: &str| {
+            let mut options = ConnectOptions::new(url);
+            options.settings = settings.clone();
+            options
+        };
+        let broker = connect_broker_with(options(broker)).await?;
+        let store = connect_store_with(options(store)).await?;
+        Ok(Client::new(broker, store.results()))
     }
 
     /// The same client, reading due times and deadlines from `clock` (tests).
