@@ -336,6 +336,13 @@ pub trait Broker: Send + Sync + 'static {
     async fn depth(&self) -> Result<QueueDepth, BrokerError>;
     /// Whether the broker is usable.
     async fn health(&self) -> Health;
+    /// The name of `queue` (`None`: the default lane) and how many consumers it has, when the
+    /// broker knows: a client whose wait times out says so when nobody consumes the task's
+    /// queue. The default does not know.
+    async fn consumer_count(&self, queue: Option<&str>) -> Option<(String, u64)> {
+        let _ = queue;
+        None
+    }
     /// The worker runs at most `n` deliveries at once (its concurrency); called before its
     /// first `receive`. A broker that pushes deliveries sizes its prefetch to it, unless one
     /// was set explicitly. The default does nothing.

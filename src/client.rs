@@ -48,6 +48,19 @@ pub enum WaitError {
     /// No result within the timeout; the task may still run. Wait again or check `status`.
     #[error("no result within {0:?}; the task may still be queued or running")]
     TimedOut(Duration),
+    /// No result within the timeout, and no worker consumes the task's queue: it waits
+    /// there until one does.
+    #[error(
+        "no result within {waited:?}: no worker consumes queue {queue:?} (the broker reports \
+         0 consumers); start a worker for it (FERRIQ_QUEUES) or send the task to a queue that \
+         is served"
+    )]
+    NoConsumers {
+        /// The queue the task waits in.
+        queue: String,
+        /// How long the caller waited.
+        waited: Duration,
+    },
     /// The task failed; its error is here.
     #[error(transparent)]
     Failed(#[from] TaskFailure),
@@ -338,8 +351,9 @@ impl Client {
     /// Enqueues one call; returns once the broker holds it durably.
     pub async fn enqueue<T>(&self, call: Call<T>) -> Result<TaskHandle<T>, EnqueueError> {
         let msg = call.into_message_at(&self.clock)?;
-        let handle = self.handle(msg.task_id.clone());
-        self.broker.publish(vec![self.outgoing(msg)?]).await?;
+        let out = self.outgoing(msg)?;
+        let handle = self.sent_handle(out.task_id.clone(), out.queue.clone());
+        self.broker.publish(vec![out]).await?;
         Ok(handle)
     }
 
@@ -351,9 +365,9 @@ impl Client {
         let mut handles = Vec::new();
         let mut batch = Vec::new();
         for call in calls {
-            let msg = call.into_message_at(&self.clock)?;
-            handles.push(self.handle(msg.task_id.clone()));
-            batch.push(self.outgoing(msg)?);
+            let out = self.outgoing(call.into_message_at(&self.clock)?)?;
+            handles.push(self.sent_handle(out.task_id.clone(), out.queue.clone()));
+            batch.push(out);
         }
         self.broker.publish(batch).await?;
         Ok(handles)
@@ -364,8 +378,9 @@ impl Client {
         &self,
         msg: TaskMessage,
     ) -> Result<TaskHandle<Value>, EnqueueError> {
-        let handle = self.handle(msg.task_id.clone());
-        self.broker.publish(vec![self.outgoing(msg)?]).await?;
+        let out = self.outgoing(msg)?;
+        let handle = self.sent_handle(out.task_id.clone(), out.queue.clone());
+        self.broker.publish(vec![out]).await?;
         Ok(handle)
     }
 
@@ -374,7 +389,16 @@ impl Client {
         TaskHandle {
             task_id,
             results: Arc::clone(&self.results),
+            sent_to: None,
             _output: PhantomData,
+        }
+    }
+
+    /// A handle on a task this client sends to `queue` (`None`: the default lane).
+    fn sent_handle<T>(&self, task_id: TaskId, queue: Option<String>) -> TaskHandle<T> {
+        TaskHandle {
+            sent_to: Some((Arc::clone(&self.broker), queue)),
+            ..self.handle(task_id)
         }
     }
 
@@ -415,6 +439,8 @@ pub enum TaskStatus {
 pub struct TaskHandle<T> {
     task_id: TaskId,
     results: Arc<dyn ResultStore>,
+    /// Where the task was sent, when this handle sent it: asked for consumers on a timeout.
+    sent_to: Option<(Arc<dyn Broker>, Option<String>)>,
     _output: PhantomData<fn() -> T>,
 }
 
@@ -423,6 +449,7 @@ impl<T> Clone for TaskHandle<T> {
         TaskHandle {
             task_id: self.task_id.clone(),
             results: Arc::clone(&self.results),
+            sent_to: self.sent_to.clone(),
             _output: PhantomData,
         }
     }
@@ -440,11 +467,27 @@ impl<T: DeserializeOwned> TaskHandle<T> {
         &self.task_id
     }
 
-    /// Waits up to `timeout` for the result (woken by the completion, not by polling).
+    /// Waits up to `timeout` for the result (woken by the completion, not by polling). On a
+    /// timeout of a task this handle sent, the broker is asked whether anyone consumes its
+    /// queue ([`WaitError::NoConsumers`] when nobody does).
     pub async fn wait(&self, timeout: Duration) -> Result<T, WaitError> {
         match self.results.wait(&self.task_id, timeout).await? {
             ResultStatus::Ready(result) => self.decode(result),
-            _ => Err(WaitError::TimedOut(timeout)),
+            _ => Err(self.timed_out(timeout).await),
+        }
+    }
+
+    async fn timed_out(&self, waited: Duration) -> WaitError {
+        let Some((broker, queue)) = &self.sent_to else {
+            return WaitError::TimedOut(waited);
+        };
+        let asked = tokio::time::timeout(
+            Duration::from_secs(2),
+            broker.consumer_count(queue.as_deref()),
+        );
+        match asked.await {
+            Ok(Some((queue, 0))) => WaitError::NoConsumers { queue, waited },
+            _ => WaitError::TimedOut(waited),
         }
     }
 

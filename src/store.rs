@@ -9,6 +9,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use thiserror::Error;
 
+use crate::broker::Health;
 use crate::wire::{TaskId, TaskResult};
 
 /// A claim's fencing token: strictly increasing per task, across store restarts.
@@ -54,6 +55,18 @@ pub enum ClaimOutcome {
     Revoked,
 }
 
+/// A claim after a heartbeat.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ClaimLease {
+    /// Still ours; the lease is extended.
+    Kept,
+    /// Another holder has it now (our lease ran out and it was taken over), or it is gone.
+    Lost,
+    /// The task was revoked: its `Cancelled` result is stored; stop and settle the message.
+    Revoked,
+}
+
 /// After a failed attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -77,6 +90,8 @@ pub enum CompleteOutcome {
     AlreadyStored,
     /// The token is no longer current: nothing was written.
     Stale,
+    /// The task was revoked while it ran: its `Cancelled` result stands; nothing was written.
+    Revoked,
 }
 
 /// A result read back.
@@ -122,16 +137,21 @@ pub trait ClaimStore: Send + Sync + 'static {
         lease: Duration,
         deadline_at: Option<f64>,
     ) -> Result<ClaimOutcome, StoreError>;
-    /// Extends the lease of every current `(id, token)`; per entry, `true` when still held.
+    /// Extends the lease of every current `(id, token)`; per entry, whether it is still held.
     async fn heartbeat(
         &self,
         claims: &[(TaskId, Token)],
         lease: Duration,
-    ) -> Result<Vec<bool>, StoreError>;
+    ) -> Result<Vec<ClaimLease>, StoreError>;
     /// Gives the claim back so another delivery may run now; `false` when the token was stale.
     async fn release(&self, id: &TaskId, token: Token) -> Result<bool, StoreError>;
     /// Counts a failed attempt and releases the claim.
     async fn record_failure(&self, id: &TaskId, token: Token) -> Result<FailureRecord, StoreError>;
+    /// Whether the store answers, for readiness probes (a worker that cannot claim runs
+    /// nothing). The default says healthy.
+    async fn health(&self) -> Health {
+        Health::Healthy
+    }
 }
 
 /// Results: written once, read and awaited (DESIGN §4, §5). Object-safe.

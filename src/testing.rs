@@ -9,11 +9,12 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::task::JoinHandle;
 
+use crate::broker::Health;
 use crate::clock::Clock;
 use crate::memory::{MemoryBroker, MemoryStore};
 use crate::store::{
-    ClaimOutcome, ClaimStore, CompleteOutcome, FailureRecord, ResultStatus, ResultStore,
-    StoreError, Token,
+    ClaimLease, ClaimOutcome, ClaimStore, CompleteOutcome, FailureRecord, ResultStatus,
+    ResultStore, StoreError, Token,
 };
 use crate::wire::{TaskId, TaskResult};
 use crate::{Client, Shutdown, Worker, WorkerBuilder};
@@ -229,7 +230,7 @@ impl ClaimStore for FaultyStore {
         &self,
         claims: &[(TaskId, Token)],
         lease: Duration,
-    ) -> Result<Vec<bool>, StoreError> {
+    ) -> Result<Vec<ClaimLease>, StoreError> {
         self.check(StoreOp::Heartbeat)?;
         self.inner.heartbeat(claims, lease).await
     }
@@ -240,6 +241,12 @@ impl ClaimStore for FaultyStore {
     async fn record_failure(&self, id: &TaskId, token: Token) -> Result<FailureRecord, StoreError> {
         self.check(StoreOp::RecordFailure)?;
         self.inner.record_failure(id, token).await
+    }
+    async fn health(&self) -> Health {
+        match self.check(StoreOp::Claim) {
+            Ok(()) => self.inner.health().await,
+            Err(e) => Health::Unhealthy(e.to_string()),
+        }
     }
 }
 
@@ -416,7 +423,7 @@ impl<S: ClaimStore> ClaimStore for CountingStore<S> {
         &self,
         claims: &[(TaskId, Token)],
         lease: Duration,
-    ) -> Result<Vec<bool>, StoreError> {
+    ) -> Result<Vec<ClaimLease>, StoreError> {
         self.inner.heartbeat(claims, lease).await
     }
     async fn release(&self, id: &TaskId, token: Token) -> Result<bool, StoreError> {
@@ -424,6 +431,9 @@ impl<S: ClaimStore> ClaimStore for CountingStore<S> {
     }
     async fn record_failure(&self, id: &TaskId, token: Token) -> Result<FailureRecord, StoreError> {
         self.inner.record_failure(id, token).await
+    }
+    async fn health(&self) -> Health {
+        self.inner.health().await
     }
 }
 

@@ -8,8 +8,8 @@ use tokio::time::Instant;
 
 use super::Clock;
 use crate::store::{
-    ClaimOutcome, ClaimStore, CompleteOutcome, FailureRecord, ResultStatus, ResultStore,
-    StoreError, Token,
+    ClaimLease, ClaimOutcome, ClaimStore, CompleteOutcome, FailureRecord, ResultStatus,
+    ResultStore, StoreError, Token,
 };
 use crate::wire::{TaskId, TaskResult};
 
@@ -283,7 +283,7 @@ impl ClaimStore for MemoryStore {
         &self,
         claims: &[(TaskId, Token)],
         lease: Duration,
-    ) -> Result<Vec<bool>, StoreError> {
+    ) -> Result<Vec<ClaimLease>, StoreError> {
         let now = Instant::now();
         let mut state = self.lock();
         Ok(claims
@@ -291,9 +291,10 @@ impl ClaimStore for MemoryStore {
             .map(|(id, token)| match state.claims.get_mut(id) {
                 Some(c) if c.phase == Phase::Running && c.token == token.0 => {
                     c.lease_until = now + lease;
-                    true
+                    ClaimLease::Kept
                 }
-                _ => false,
+                Some(c) if c.phase == Phase::Revoked => ClaimLease::Revoked,
+                _ => ClaimLease::Lost,
             })
             .collect())
     }
@@ -338,6 +339,9 @@ impl ResultStore for MemoryStore {
         let Some(claim) = state.claims.get_mut(id) else {
             return Ok(CompleteOutcome::Stale);
         };
+        if claim.phase == Phase::Revoked {
+            return Ok(CompleteOutcome::Revoked);
+        }
         if claim.token != token.0 {
             return Ok(CompleteOutcome::Stale);
         }

@@ -44,13 +44,16 @@ impl Inner {
             attempt = Empty,
             outcome = Empty,
         );
-        let outcome = self.settle(&d).instrument(span.clone()).await;
+        let mut task = None;
+        let outcome = self.settle(&d, &mut task).instrument(span.clone()).await;
         span.record("outcome", outcome.as_str());
-        self.counters.record(outcome);
+        self.counters.record(outcome, task);
         tracing::debug!(parent: &span, outcome = outcome.as_str(), "delivery settled");
     }
 
-    async fn settle(&self, d: &Delivery) -> Outcome {
+    /// Settles one delivery; `served` is set to the task's name once it is known to be one
+    /// this worker serves (the metrics' task label).
+    async fn settle(&self, d: &Delivery, served: &mut Option<&'static str>) -> Outcome {
         let config = &self.config;
         if d.body.len() > config.max_payload {
             // Never parse it: the limit exists to keep such bodies out of memory twice over.
@@ -120,6 +123,7 @@ impl Inner {
         let Some(task) = self.registry.get(&msg.task_name) else {
             return self.unknown_task(d, &msg).await;
         };
+        *served = Some(task.name);
 
         if let Some(pending) = self.take_pending(&msg.task_id) {
             if let Some(outcome) = self.store_pending(d, &msg, pending).await {

@@ -7,6 +7,7 @@ use tokio_util::sync::CancellationToken;
 use super::running::StopReason;
 use super::Inner;
 use crate::broker::LeaseStatus;
+use crate::store::ClaimLease;
 
 /// The two heartbeat loops of a worker: one batched broker lease extension and one batched
 /// claim heartbeat per period, over every running delivery (not a timer per task).
@@ -94,14 +95,19 @@ async fn claim_beat(inner: Arc<Inner>) {
         .collect();
     let sent = Instant::now();
     match inner.claims.heartbeat(&claims, inner.config.lease).await {
-        Ok(kept) => {
+        Ok(leases) => {
             let mut renewed = Vec::with_capacity(entries.len());
-            for ((key, id, _), kept) in entries.iter().zip(kept) {
-                if kept {
-                    renewed.push(*key);
-                } else {
-                    tracing::warn!(task_id = %id, "claim lost to another worker: cancelling the run");
-                    inner.running.stop(*key, StopReason::ClaimLost);
+            for ((key, id, _), lease) in entries.iter().zip(leases) {
+                match lease {
+                    ClaimLease::Kept => renewed.push(*key),
+                    ClaimLease::Revoked => {
+                        tracing::info!(task_id = %id, "task revoked while running: cancelling the run");
+                        inner.running.stop(*key, StopReason::Revoked);
+                    }
+                    _ => {
+                        tracing::warn!(task_id = %id, "claim lost to another worker: cancelling the run");
+                        inner.running.stop(*key, StopReason::ClaimLost);
+                    }
                 }
             }
             inner.running.renewed(&renewed, sent);

@@ -4,6 +4,7 @@
 mod config;
 mod delivery;
 mod heartbeat;
+mod metrics;
 mod probes;
 mod run;
 mod running;
@@ -11,8 +12,9 @@ mod settle;
 mod shutdown;
 
 pub use config::{ConfigError, WorkerConfig};
+pub use metrics::WorkerStats;
 pub use probes::ProbeServer;
-pub use running::{Outcome, WorkerStats};
+pub use running::Outcome;
 pub use shutdown::Shutdown;
 
 use std::collections::HashMap;
@@ -31,7 +33,8 @@ use crate::registry::{Registry, RegistryError};
 use crate::store::{ClaimStore, ResultStore};
 use crate::task::AppState;
 use delivery::PendingResult;
-use running::{Counters, RunningTable, StopReason};
+use metrics::Counters;
+use running::{RunningTable, StopReason};
 
 /// Why a worker could not be built.
 #[derive(Debug, Error)]
@@ -216,10 +219,26 @@ impl WorkerBuilder {
             return Err(BuildError::NoTasks(no_tasks_reason()));
         }
         registry.check_state(&self.state)?;
+        for name in registry.names() {
+            let initial = registry
+                .get(name)
+                .map(|t| t.options().get_backoff_initial())
+                .unwrap_or_default();
+            if initial < self.config.min_defer {
+                tracing::warn!(
+                    task = name,
+                    backoff_initial = ?initial,
+                    min_defer = ?self.config.min_defer,
+                    "backoff_initial is shorter than the worker's min_defer: retries of this \
+                     task wait at least min_defer (every release costs a receive)"
+                );
+            }
+        }
         let rng = match self.seed {
             Some(seed) => SmallRng::seed_from_u64(seed),
             None => SmallRng::from_os_rng(),
         };
+        let counters = Counters::new(&registry);
         Ok(Worker {
             inner: Arc::new(Inner {
                 broker,
@@ -231,7 +250,7 @@ impl WorkerBuilder {
                 running: RunningTable::default(),
                 pending: Mutex::new(HashMap::new()),
                 rng: Mutex::new(rng),
-                counters: Counters::default(),
+                counters,
             }),
         })
     }
@@ -313,9 +332,23 @@ impl Worker {
         self.inner.counters.snapshot(self.inner.running.len())
     }
 
-    /// The broker's health, for readiness probes.
+    /// Whether the worker can do its work, for readiness probes: both the broker and the
+    /// claim store must answer (a worker cut off from either runs nothing).
     pub async fn health(&self) -> Health {
-        self.inner.broker.health().await
+        let (broker, store) = tokio::join!(self.inner.broker.health(), self.inner.claims.health());
+        match (broker, store) {
+            (Health::Healthy, Health::Healthy) => Health::Healthy,
+            (b, s) => {
+                let reasons: Vec<String> = [("broker", b), ("store", s)]
+                    .into_iter()
+                    .filter_map(|(what, h)| match h {
+                        Health::Unhealthy(why) => Some(format!("{what}: {why}")),
+                        _ => None,
+                    })
+                    .collect();
+                Health::Unhealthy(reasons.join("; "))
+            }
+        }
     }
 
     /// Messages waiting, the autoscaling signal.

@@ -3,12 +3,14 @@
 
 use std::fmt::Write as _;
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
-use super::running::RUN_SECONDS_BUCKETS;
+use super::metrics::{Histogram, RUN_SECONDS_BUCKETS};
+use super::running::Outcome;
 use super::Worker;
 
 /// The probe server of a worker; stops when dropped.
@@ -99,62 +101,110 @@ impl Worker {
         }
     }
 
-    /// The metrics in Prometheus' text format.
+    /// The metrics in Prometheus' text format. Per-task series carry a `task` label (the
+    /// registry's names, and `_other` for deliveries of tasks this worker does not serve);
+    /// a task appears once it has had a delivery.
     pub async fn metrics_text(&self) -> String {
-        let stats = self.stats();
+        let counters = &self.inner.counters;
+        let tasks: Vec<_> = counters
+            .per_task()
+            .into_iter()
+            .filter(|(_, c)| c.outcomes.iter().any(|n| n.load(Ordering::Relaxed) > 0))
+            .collect();
         let mut out = String::new();
-        let _ = writeln!(
-            out,
-            "# HELP ferriq_deliveries_total Deliveries settled, by outcome."
+        header(
+            &mut out,
+            "ferriq_deliveries_total",
+            "counter",
+            "Deliveries settled, by task and outcome.",
         );
-        let _ = writeln!(out, "# TYPE ferriq_deliveries_total counter");
-        for (outcome, n) in &stats.outcomes {
+        for (task, c) in &tasks {
+            for (i, outcome) in Outcome::ALL.iter().enumerate() {
+                let n = c.outcomes[i].load(Ordering::Relaxed);
+                let _ = writeln!(
+                    out,
+                    "ferriq_deliveries_total{{task=\"{}\",outcome=\"{}\"}} {n}",
+                    escape(task),
+                    outcome.as_str()
+                );
+            }
+        }
+        header(
+            &mut out,
+            "ferriq_runs_started_total",
+            "counter",
+            "Task runs started, by task.",
+        );
+        for (task, c) in &tasks {
             let _ = writeln!(
                 out,
-                "ferriq_deliveries_total{{outcome=\"{}\"}} {n}",
-                outcome.as_str()
+                "ferriq_runs_started_total{{task=\"{}\"}} {}",
+                escape(task),
+                c.started.load(Ordering::Relaxed)
             );
         }
-        let _ = writeln!(out, "# HELP ferriq_runs_started_total Task runs started.");
-        let _ = writeln!(out, "# TYPE ferriq_runs_started_total counter");
-        let _ = writeln!(out, "ferriq_runs_started_total {}", stats.started);
-        let _ = writeln!(out, "# HELP ferriq_runs_in_flight Task runs in progress.");
-        let _ = writeln!(out, "# TYPE ferriq_runs_in_flight gauge");
-        let _ = writeln!(out, "ferriq_runs_in_flight {}", stats.in_flight);
-        let _ = writeln!(out, "# HELP ferriq_run_seconds How long runs took.");
-        let _ = writeln!(out, "# TYPE ferriq_run_seconds histogram");
-        let mut cumulative = 0;
-        for (i, n) in stats.run_histogram.iter().enumerate() {
-            cumulative += n;
-            let le = RUN_SECONDS_BUCKETS
-                .get(i)
-                .map_or_else(|| "+Inf".to_owned(), |b| b.to_string());
-            let _ = writeln!(out, "ferriq_run_seconds_bucket{{le=\"{le}\"}} {cumulative}");
+        header(
+            &mut out,
+            "ferriq_runs_in_flight",
+            "gauge",
+            "Task runs in progress.",
+        );
+        let _ = writeln!(out, "ferriq_runs_in_flight {}", self.inner.running.len());
+        header(
+            &mut out,
+            "ferriq_run_seconds",
+            "histogram",
+            "How long runs took, by task.",
+        );
+        for (task, c) in &tasks {
+            histogram(&mut out, "ferriq_run_seconds", task, &c.run_seconds);
         }
-        let _ = writeln!(out, "ferriq_run_seconds_sum {}", stats.run_seconds);
-        let _ = writeln!(out, "ferriq_run_seconds_count {cumulative}");
         if let Ok(depth) = self.depth().await {
-            let _ = writeln!(
-                out,
-                "# HELP ferriq_queue_messages Messages in the worker's queues."
+            header(
+                &mut out,
+                "ferriq_queue_messages",
+                "gauge",
+                "Messages in the worker's queues, by state.",
             );
-            let _ = writeln!(out, "# TYPE ferriq_queue_messages gauge");
-            let _ = writeln!(
-                out,
-                "ferriq_queue_messages{{state=\"ready\"}} {}",
-                depth.ready
-            );
-            let _ = writeln!(
-                out,
-                "ferriq_queue_messages{{state=\"delayed\"}} {}",
-                depth.delayed
-            );
-            let _ = writeln!(
-                out,
-                "ferriq_queue_messages{{state=\"in_flight\"}} {}",
-                depth.in_flight
-            );
+            for (state, n) in [
+                ("ready", depth.ready),
+                ("delayed", depth.delayed),
+                ("in_flight", depth.in_flight),
+            ] {
+                let _ = writeln!(out, "ferriq_queue_messages{{state=\"{state}\"}} {n}");
+            }
         }
         out
     }
+}
+
+fn header(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+}
+
+fn histogram(out: &mut String, name: &str, task: &str, h: &Histogram) {
+    let (counts, sum) = h.read();
+    let task = escape(task);
+    let mut cumulative = 0;
+    for (i, n) in counts.iter().enumerate() {
+        cumulative += n;
+        let le = RUN_SECONDS_BUCKETS
+            .get(i)
+            .map_or_else(|| "+Inf".to_owned(), |b| b.to_string());
+        let _ = writeln!(
+            out,
+            "{name}_bucket{{task=\"{task}\",le=\"{le}\"}} {cumulative}"
+        );
+    }
+    let _ = writeln!(out, "{name}_sum{{task=\"{task}\"}} {sum}");
+    let _ = writeln!(out, "{name}_count{{task=\"{task}\"}} {cumulative}");
+}
+
+/// A label value in Prometheus' text format: backslash, quote and newline escaped.
+fn escape(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }

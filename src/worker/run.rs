@@ -76,7 +76,7 @@ impl Inner {
             let why = reason.get().copied().unwrap_or(StopReason::Shutdown);
             return self.stopped(d, &msg.task_id, token, why).await;
         }
-        self.counters.started();
+        self.counters.started(task.name);
         let ctx = TaskContext::new(
             msg.task_id.clone(),
             msg.task_name.clone(),
@@ -123,7 +123,7 @@ impl Inner {
             end = RunEnd::Stopped(*why);
         }
         let elapsed = started.elapsed();
-        self.counters.ran_for(elapsed.as_micros() as u64);
+        self.counters.ran_for(elapsed.as_micros() as u64, task.name);
         let secs = elapsed.as_secs_f64();
 
         let error = match end {
@@ -145,7 +145,8 @@ impl Inner {
         };
 
         if error.is_retryable() && retry_allowed && attempt < max_attempts {
-            let delay = self.backoff(opts, attempt);
+            // What will happen: no release is shorter than `min_defer`.
+            let delay = self.backoff(opts, attempt).max(self.config.min_defer);
             tracing::info!(error = %error, attempt, max_attempts, retry_in = ?delay, "run failed; will retry");
             return match self.claims.record_failure(&msg.task_id, token).await {
                 Ok(FailureRecord::Recorded { .. }) => {
@@ -228,6 +229,8 @@ impl Inner {
                 self.release(d, self.config.min_defer, Outcome::ClaimLost)
                     .await
             }
+            // The revoke stored the task's result: the message is done with.
+            StopReason::Revoked => self.ack(d, Outcome::Revoked).await,
             StopReason::StoreUnreachable => {
                 let outcome = self
                     .release(d, self.config.min_defer, Outcome::ClaimLost)

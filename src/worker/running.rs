@@ -1,5 +1,4 @@
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use tokio::time::Instant;
@@ -21,6 +20,8 @@ pub(crate) enum StopReason {
     StoreUnreachable,
     /// Shutdown after the grace period: release claim and message for another worker.
     Shutdown,
+    /// The task was revoked: its `Cancelled` result is stored; ack the message.
+    Revoked,
 }
 
 /// One running delivery, as the heartbeat loops see it.
@@ -149,7 +150,7 @@ pub enum Outcome {
     Deferred,
     /// Past its deadline; `DeadlineExceeded` stored, acked.
     Expired,
-    /// Revoked; acked.
+    /// Revoked (before it started, or while it ran); its `Cancelled` result stands, acked.
     Revoked,
     /// Malformed, too large or unserved; dead-lettered.
     DeadLettered,
@@ -208,85 +209,4 @@ impl Outcome {
         Outcome::ShutdownReleased,
         Outcome::BrokerError,
     ];
-}
-
-/// Counters of delivery outcomes and runs, shared by a worker and its handles.
-#[derive(Default)]
-pub(crate) struct Counters {
-    outcomes: [AtomicU64; Outcome::ALL.len()],
-    started: AtomicU64,
-    run_micros: AtomicU64,
-    /// Run durations, counted per bucket of [`RUN_SECONDS_BUCKETS`] (the last is +Inf).
-    run_buckets: [AtomicU64; RUN_SECONDS_BUCKETS.len() + 1],
-}
-
-/// Upper bounds (seconds) of the run-duration histogram's buckets.
-pub(crate) const RUN_SECONDS_BUCKETS: [f64; 12] = [
-    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 60.0, 300.0,
-];
-
-impl Counters {
-    pub(crate) fn record(&self, outcome: Outcome) {
-        let i = Outcome::ALL.iter().position(|o| *o == outcome).unwrap_or(0);
-        self.outcomes[i].fetch_add(1, Ordering::Relaxed);
-    }
-
-    pub(crate) fn started(&self) {
-        self.started.fetch_add(1, Ordering::Relaxed);
-    }
-
-    pub(crate) fn ran_for(&self, micros: u64) {
-        self.run_micros.fetch_add(micros, Ordering::Relaxed);
-        let secs = micros as f64 / 1e6;
-        let bucket = RUN_SECONDS_BUCKETS
-            .iter()
-            .position(|b| secs <= *b)
-            .unwrap_or(RUN_SECONDS_BUCKETS.len());
-        self.run_buckets[bucket].fetch_add(1, Ordering::Relaxed);
-    }
-
-    pub(crate) fn snapshot(&self, in_flight: usize) -> WorkerStats {
-        let get = |o: Outcome| {
-            let i = Outcome::ALL.iter().position(|x| *x == o).unwrap_or(0);
-            self.outcomes[i].load(Ordering::Relaxed)
-        };
-        WorkerStats {
-            started: self.started.load(Ordering::Relaxed),
-            in_flight,
-            run_seconds: self.run_micros.load(Ordering::Relaxed) as f64 / 1e6,
-            outcomes: Outcome::ALL.iter().map(|o| (*o, get(*o))).collect(),
-            run_histogram: self
-                .run_buckets
-                .iter()
-                .map(|b| b.load(Ordering::Relaxed))
-                .collect(),
-        }
-    }
-}
-
-/// A snapshot of a worker's counters.
-#[derive(Debug, Clone, PartialEq)]
-#[non_exhaustive]
-pub struct WorkerStats {
-    /// Runs started.
-    pub started: u64,
-    /// Runs in progress.
-    pub in_flight: usize,
-    /// Total seconds spent running tasks.
-    pub run_seconds: f64,
-    /// Deliveries per outcome.
-    pub outcomes: Vec<(Outcome, u64)>,
-    /// Runs per duration bucket (not cumulative), for the upper bounds in seconds
-    /// 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10, 60, 300 and +Inf.
-    pub run_histogram: Vec<u64>,
-}
-
-impl WorkerStats {
-    /// Deliveries that ended with `outcome`.
-    pub fn count(&self, outcome: Outcome) -> u64 {
-        self.outcomes
-            .iter()
-            .find(|(o, _)| *o == outcome)
-            .map_or(0, |(_, n)| *n)
-    }
 }

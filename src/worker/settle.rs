@@ -40,6 +40,10 @@ impl Inner {
             Ok(CompleteOutcome::Stored | CompleteOutcome::AlreadyStored) => {
                 self.settle_message(d, &settle, outcome).await
             }
+            Ok(CompleteOutcome::Revoked) => {
+                tracing::info!("task revoked while it ran: its result is not stored");
+                self.ack(d, Outcome::Revoked).await
+            }
             Ok(_) => {
                 // Fenced off: another holder owns the task and its message now.
                 tracing::warn!("result write rejected: the claim was taken over; not acking");

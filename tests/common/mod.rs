@@ -96,3 +96,37 @@ pub async fn eventually(what: &str, limit: Duration, mut check: impl FnMut() -> 
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
+
+/// Every log line at INFO or above of this test process, from every thread (tests of one
+/// binary share it: look for your own task's name).
+pub fn logs() -> String {
+    String::from_utf8_lossy(&log_buffer().lock().unwrap()).into_owned()
+}
+
+/// Starts capturing logs (call before what should be logged).
+pub fn capture_logs() {
+    let _ = log_buffer();
+}
+
+fn log_buffer() -> &'static std::sync::Mutex<Vec<u8>> {
+    static LOG: std::sync::OnceLock<std::sync::Mutex<Vec<u8>>> = std::sync::OnceLock::new();
+    LOG.get_or_init(|| {
+        struct Sink;
+        impl std::io::Write for Sink {
+            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                log_buffer().lock().unwrap().extend_from_slice(buf);
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::INFO)
+            .with_ansi(false)
+            .with_writer(|| Sink)
+            .finish();
+        let _ = tracing::subscriber::set_global_default(subscriber);
+        std::sync::Mutex::new(Vec::new())
+    })
+}

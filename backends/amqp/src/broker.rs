@@ -421,6 +421,26 @@ impl Broker for AmqpBroker {
         Ok(QueueDepth::new(ready, 0, delayed))
     }
 
+    async fn consumer_count(&self, queue: Option<&str>) -> Option<(String, u64)> {
+        let lane = queue.unwrap_or(&self.shared.config.queues[0]).to_owned();
+        let session = self
+            .live_session(Instant::now() + Duration::from_secs(2))
+            .await
+            .ok()?;
+        // A scratch channel: a passive declare of a missing queue closes its channel.
+        let channel = session.connection.create_channel().await.ok()?;
+        let declared = channel
+            .queue_declare(
+                lane.as_str().into(),
+                QueueDeclareOptions::default().passive(),
+                FieldTable::default(),
+            )
+            .await;
+        let _ = channel.close(200, "consumer count read".into()).await;
+        // A queue that does not exist has no consumer either.
+        Some((lane, declared.map_or(0, |q| u64::from(q.consumer_count()))))
+    }
+
     fn limit_in_flight(&self, n: usize) {
         let n = u16::try_from(n).unwrap_or(u16::MAX).max(1);
         match self.shared.config.prefetch {

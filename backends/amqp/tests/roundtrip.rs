@@ -324,3 +324,22 @@ async fn a_worker_serves_several_lanes() {
     assert_eq!(delayed_second.wait(WAIT).await.unwrap(), 6);
     worker.stop().await;
 }
+
+#[tokio::test]
+async fn waiting_on_a_queue_nobody_consumes_says_so() {
+    let topology = Topology::new();
+    let store = Arc::new(common::store(&topology.queue.replace('.', "_")).await);
+    let broker = Arc::new(topology.broker().await);
+    let client = Client::new(broker, store);
+    let handle = add::kiq(&client, 1, 2).await.unwrap();
+    match handle.wait(Duration::from_millis(300)).await {
+        Err(WaitError::NoConsumers { queue, .. }) => assert_eq!(queue, topology.queue),
+        other => panic!("expected NoConsumers, got {other:?}"),
+    }
+    // A handle made from an id alone does not know the queue: a plain timeout.
+    let by_id = client.handle::<i64>(handle.task_id().clone());
+    assert!(matches!(
+        by_id.wait(Duration::from_millis(100)).await,
+        Err(WaitError::TimedOut(_))
+    ));
+}

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use ferriq::store::{ClaimOutcome, CompleteOutcome, FailureRecord, StoreError, Token};
+use ferriq::store::{ClaimLease, ClaimOutcome, CompleteOutcome, FailureRecord, StoreError, Token};
 use ferriq::wire::{TaskId, TaskResult};
 use fred::prelude::Pool;
 use fred::types::Value;
@@ -132,6 +132,7 @@ impl Core {
                 Some("stored") => Ok(CompleteOutcome::Stored),
                 Some("already") => Ok(CompleteOutcome::AlreadyStored),
                 Some("stale") => Ok(CompleteOutcome::Stale),
+                Some("revoked") => Ok(CompleteOutcome::Revoked),
                 Some(other) if other.starts_with("err") => Err(StoreError::Unavailable(format!(
                     "valkey failed this completion: {other}"
                 ))),
@@ -145,7 +146,7 @@ impl Core {
         &self,
         claims: &[(TaskId, Token)],
         lease: Duration,
-    ) -> Result<Vec<bool>, StoreError> {
+    ) -> Result<Vec<ClaimLease>, StoreError> {
         let build = || {
             let keys = claims.iter().map(|(id, _)| self.keys.claim(id)).collect();
             let mut args = vec![ms(lease), self.claim_ttl()];
@@ -159,7 +160,14 @@ impl Core {
         if kept.len() != claims.len() {
             return Err(unexpected("heartbeat", kept));
         }
-        Ok(kept.into_iter().map(|k| k == 1).collect())
+        Ok(kept
+            .into_iter()
+            .map(|k| match k {
+                1 => ClaimLease::Kept,
+                2 => ClaimLease::Revoked,
+                _ => ClaimLease::Lost,
+            })
+            .collect())
     }
 
     pub(crate) async fn release(&self, id: &TaskId, token: Token) -> Result<bool, StoreError> {

@@ -79,8 +79,8 @@ end
 return out
 "#;
 
-/// KEYS: claims. ARGV: lease ms, claim ttl ms, then one token per key. Returns 1 (kept) or 0
-/// (lost) per key. The record's TTL restarts at claim ttl + lease: a live claim never expires
+/// KEYS: claims. ARGV: lease ms, claim ttl ms, then one token per key. Returns 1 (kept), 0
+/// (lost) or 2 (revoked) per key. The record's TTL restarts at claim ttl + lease: a live claim never expires
 /// under its holder, and outlives its completion by at least the claim ttl.
 const HEARTBEAT: &str = r#"
 local lease_until = now_us() + tonumber(ARGV[1]) * 1000
@@ -92,6 +92,8 @@ for i, key in ipairs(KEYS) do
     r.lease = lease_until
     save(key, r, 'PX', ttl)
     out[i] = 1
+  elseif r.state == 'v' then
+    out[i] = 2
   else
     out[i] = 0
   end
@@ -121,8 +123,8 @@ return r.failures
 
 /// The fenced write, for one task or many at once. KEYS: claim and result of each task, in
 /// pairs. ARGV: result ttl ms ('0' = none), claim ttl ms, then per task: token, store
-/// ('1'/'0'), result JSON, channel, task id. Returns per task 'stored' | 'already' | 'stale' | 'err <message>' (that
-/// task only). Completions are announced once per channel per batch, the task ids separated by
+/// ('1'/'0'), result JSON, channel, task id. Returns per task 'stored' | 'already' | 'stale' |
+/// 'revoked' | 'err <message>' (that task only). Completions are announced once per channel per batch, the task ids separated by
 /// spaces (task ids hold no whitespace): each `PUBLISH` costs the server a write to every
 /// subscriber, so one per task was an eighth of the batch's cost.
 const COMPLETE: &str = r#"
@@ -130,6 +132,7 @@ local channels, announced = {}, {}
 local function complete(ck, rk, tok, store, json, channel, id, result_ttl, claim_ttl)
   local raw = redis.call('GET', ck)
   if not raw then return 'stale' end
+  if string.byte(raw, 1) == 118 then return 'revoked' end -- 'v'
   -- The record starts 'state token ': compare the token as text instead of parsing it all.
   local n = #tok
   if string.sub(raw, 3, 2 + n) ~= tok or string.byte(raw, 3 + n) ~= 32 then return 'stale' end

@@ -2,9 +2,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use ferriq::broker::Health;
 use ferriq::store::{
-    ClaimOutcome, ClaimStore, CompleteOutcome, FailureRecord, ResultStatus, ResultStore,
-    StoreError, Token,
+    ClaimLease, ClaimOutcome, ClaimStore, CompleteOutcome, FailureRecord, ResultStatus,
+    ResultStore, StoreError, Token,
 };
 use ferriq::wire::{TaskId, TaskResult};
 use fred::clients::SubscriberClient;
@@ -114,10 +115,11 @@ impl ValkeyStore {
             scripts::check_server(pool.next())
                 .await
                 .map_err(|e| fred::error::Error::new(fred::error::ErrorKind::Config, e))?;
+            // The dispatcher listens for reconnects before the first subscription and
+            // resubscribes itself, so a drop right after it is covered too. (Not fred's
+            // `manage_subscriptions`: its `resubscribe_all` sends an empty PSUBSCRIBE, whose
+            // error then answers the next command, our confirming PING.)
             background.push(spawn_dispatcher(&subscriber, Arc::clone(&waiters), leaves));
-            // Resubscribing after reconnects starts before the first subscription, so a drop
-            // right after it is covered too.
-            background.push(subscriber.manage_subscriptions());
             subscriber.subscribe(reply_channel.as_str()).await?;
             confirm_subscribed(&subscriber).await?;
             Ok::<_, fred::error::Error>(())
@@ -308,7 +310,7 @@ impl ClaimStore for ValkeyStore {
         &self,
         claims: &[(TaskId, Token)],
         lease: Duration,
-    ) -> Result<Vec<bool>, StoreError> {
+    ) -> Result<Vec<ClaimLease>, StoreError> {
         if claims.is_empty() {
             return Ok(Vec::new());
         }
@@ -330,7 +332,7 @@ impl ClaimStore for ValkeyStore {
                 .await
                 .map(|kept| (indexes, kept))
         });
-        let mut kept = vec![false; claims.len()];
+        let mut kept = vec![ClaimLease::Lost; claims.len()];
         for answer in futures_util::future::join_all(calls).await {
             let (indexes, group_kept) = answer?;
             for (i, k) in indexes.iter().zip(group_kept) {
@@ -346,6 +348,18 @@ impl ClaimStore for ValkeyStore {
 
     async fn record_failure(&self, id: &TaskId, token: Token) -> Result<FailureRecord, StoreError> {
         self.inner.core.record_failure(id, token).await
+    }
+
+    async fn health(&self) -> Health {
+        let client = self.inner.core.pool.next();
+        let limit = self.inner.core.settings.command_timeout;
+        match tokio::time::timeout(limit, client.ping::<fred::types::Value>(None)).await {
+            Ok(Ok(_)) => Health::Healthy,
+            Ok(Err(e)) => Health::Unhealthy(format!("Valkey/Redis: {}", e.details())),
+            Err(_) => {
+                Health::Unhealthy(format!("Valkey/Redis did not answer PING within {limit:?}"))
+            }
+        }
     }
 }
 

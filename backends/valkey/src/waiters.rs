@@ -201,7 +201,14 @@ pub(crate) fn spawn_dispatcher(
                         // Subscribed again before the re-reads: a completion between the two
                         // is then either announced or already stored.
                         let resubscribed = async {
-                            subscriber.resubscribe_all().await?;
+                            // The channels fred tracks (the reply channel and every task
+                            // channel in use), never an empty PSUBSCRIBE: its error reply would
+                            // answer the PING below.
+                            let channels: Vec<_> =
+                                subscriber.tracked_channels().into_iter().collect();
+                            if !channels.is_empty() {
+                                subscriber.subscribe(channels).await?;
+                            }
                             confirm_subscribed(&subscriber).await
                         };
                         if let Err(e) = resubscribed.await {

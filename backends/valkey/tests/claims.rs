@@ -8,7 +8,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use common::ok;
 use ferriq::store::{
-    ClaimOutcome, ClaimStore, CompleteOutcome, FailureRecord, ResultStatus, ResultStore, Token,
+    ClaimLease, ClaimOutcome, ClaimStore, CompleteOutcome, FailureRecord, ResultStatus,
+    ResultStore, Token,
 };
 use ferriq::wire::{ErrorKind, TaskId, TaskResult};
 use ferriq_valkey::ClaimState;
@@ -143,14 +144,14 @@ async fn revoke_stores_cancelled_and_fences_the_holder() {
     assert!(store.revoke(&busy, &cancelled).await.unwrap());
     assert_eq!(
         store.heartbeat(&[(busy.clone(), t)], LEASE).await.unwrap(),
-        [false]
+        [ClaimLease::Revoked]
     );
     assert_eq!(
         store
             .complete(&busy, t, Some(&ok(json!(1))), None)
             .await
             .unwrap(),
-        CompleteOutcome::Stale
+        CompleteOutcome::Revoked
     );
     match store.get(&busy).await.unwrap() {
         ResultStatus::Ready(r) => assert_eq!(
@@ -221,7 +222,7 @@ async fn heartbeat_extends_current_claims_and_reports_lost_ones_in_one_call() {
         )
         .await
         .unwrap();
-    assert_eq!(kept, [true, false, false]);
+    assert_eq!(kept, [ClaimLease::Kept, ClaimLease::Lost, ClaimLease::Lost]);
     // a's lease now runs 5 s from the heartbeat, well past its original 300 ms.
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert!(matches!(
@@ -242,7 +243,7 @@ async fn a_paused_holder_is_fenced_off_and_a_success_is_never_overwritten() {
     let (new, _) = run(store.claim(&id, "fresh", LEASE, None).await.unwrap());
     assert_eq!(
         store.heartbeat(&[(id.clone(), old)], LEASE).await.unwrap(),
-        [false]
+        [ClaimLease::Lost]
     );
     assert_eq!(
         store
@@ -446,7 +447,7 @@ async fn a_finished_claim_outlives_its_result_and_keeps_its_token() {
             .heartbeat(&[(id.clone(), token)], LEASE)
             .await
             .unwrap(),
-        [true]
+        [ClaimLease::Kept]
     );
     assert_eq!(
         store

@@ -9,7 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::ok;
-use ferriq::store::{ClaimOutcome, ClaimStore, CompleteOutcome, ResultStatus, ResultStore, Token};
+use ferriq::store::{
+    ClaimLease, ClaimOutcome, ClaimStore, CompleteOutcome, ResultStatus, ResultStore, Token,
+};
 use ferriq::wire::{ErrorKind, TaskId, TaskResult};
 use ferriq::{Client, TaskError};
 use fred::prelude::ClientLike;
@@ -60,8 +62,8 @@ async fn claims_results_and_announcements_work_across_a_cluster() {
     let mut beats: Vec<(TaskId, Token)> = ids.iter().cloned().zip(tokens.iter().copied()).collect();
     beats[0].1 = Token(tokens[0].0 - 1);
     let kept = store.heartbeat(&beats, LEASE).await.unwrap();
-    assert!(!kept[0]);
-    assert!(kept[1..].iter().all(|k| *k), "{kept:?}");
+    assert_eq!(kept[0], ClaimLease::Lost);
+    assert!(kept[1..].iter().all(|k| *k == ClaimLease::Kept), "{kept:?}");
 
     // Announcements reach a subscriber on one node whichever node ran the script.
     let channel = format!("{prefix}:reply:cluster-test");
@@ -140,7 +142,7 @@ async fn claims_results_and_announcements_work_across_a_cluster() {
             .heartbeat(&[(fresh.clone(), token)], LEASE)
             .await
             .unwrap(),
-        [false]
+        [ClaimLease::Lost]
     );
     assert!(matches!(
         store.claim(&fresh, "w", LEASE, None).await.unwrap(),

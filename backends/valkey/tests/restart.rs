@@ -125,3 +125,98 @@ async fn urls_are_checked_and_passwords_never_shown() {
     let store = common::store().await;
     assert!(!format!("{store:?}").contains("s3cret"));
 }
+
+/// Every WARN or ERROR line logged in this test process, from every thread.
+fn warnings() -> &'static std::sync::Mutex<Vec<u8>> {
+    static LOG: std::sync::OnceLock<std::sync::Mutex<Vec<u8>>> = std::sync::OnceLock::new();
+    LOG.get_or_init(|| {
+        struct Sink;
+        impl std::io::Write for Sink {
+            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                warnings().lock().unwrap().extend_from_slice(buf);
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::WARN)
+            .with_ansi(false)
+            .with_writer(|| Sink)
+            .finish();
+        tracing::subscriber::set_global_default(subscriber).unwrap();
+        std::sync::Mutex::new(Vec::new())
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_from_before_a_restart_is_woken_by_the_notification_after_it() {
+    let log = warnings();
+    let mut redis = common::PrivateRedis::start().await;
+    // Re-reads so rare that only the notification can wake the waiter in time.
+    let waiter = common::store_at(&redis.url(), "wake", |b| {
+        b.recheck_interval(Duration::from_secs(120))
+            .command_timeout(Duration::from_millis(500))
+            .connect_timeout(Duration::from_millis(300))
+    })
+    .await;
+    let id = TaskId::random();
+    let channel = format!("wake:done:{id}");
+    let waiting = tokio::spawn({
+        let (waiter, id) = (waiter.clone(), id.clone());
+        async move {
+            let status = waiter.wait(&id, Duration::from_secs(60)).await;
+            (status, Instant::now())
+        }
+    });
+    let raw = common::raw_client(&redis.url()).await;
+    let mut n = 0;
+    for _ in 0..250 {
+        n = common::subscribers(&raw, &channel).await;
+        if n == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(n, 1, "the waiter listens on its task's channel");
+
+    redis.kill();
+    redis.restart().await;
+    // The waiter's connection comes back and subscribes again by itself.
+    let raw = common::raw_client(&redis.url()).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while common::subscribers(&raw, &channel).await != 1 {
+        assert!(
+            Instant::now() < deadline,
+            "not subscribed again after the restart"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let writer = common::store_at(&redis.url(), "wake", |b| b).await;
+    let token = common::run_claim(&writer, &id).await.unwrap();
+    let completed = Instant::now();
+    assert_eq!(
+        writer
+            .complete(&id, token, Some(&common::ok(serde_json::json!(5))), None)
+            .await
+            .unwrap(),
+        CompleteOutcome::Stored
+    );
+    let (status, woke) = waiting.await.unwrap();
+    assert!(
+        matches!(status, Ok(ferriq::store::ResultStatus::Ready(_))),
+        "{status:?}"
+    );
+    let took = woke.saturating_duration_since(completed);
+    assert!(
+        took < Duration::from_secs(2),
+        "woken {took:?} after the completion"
+    );
+    let log = String::from_utf8_lossy(&log.lock().unwrap()).into_owned();
+    assert!(
+        !log.contains("resubscribing after a reconnect failed"),
+        "resubscribing failed:\n{log}"
+    );
+}
