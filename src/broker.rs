@@ -309,7 +309,7 @@ pub enum BrokerError {
 
 /// A message broker (SQS, RabbitMQ, in-memory). Object-safe: workers hold an `Arc<dyn Broker>`.
 ///
-/// The contract (DESIGN §4, §7): `publish` returns only once the broker holds the messages
+/// The contract (design §4, §7): `publish` returns only once the broker holds the messages
 /// durably; a delivery stays invisible to others while its lease (visibility) is extended;
 /// `release(after)` makes it visible again after `after`; `dead_letter` parks a copy with its
 /// reason and removes the original; `ack` removes it. `receive` must be cancel-safe: a worker

@@ -10,6 +10,10 @@
 //!   claims and results in a [`ClaimStore`](store::ClaimStore)/[`ResultStore`](store::ResultStore)
 //!   (Valkey, in-memory).
 //!
+//! How the promises are kept — the wire format, claims and fencing, what a worker does with
+//! each delivery, how each broker works — is in `docs/design.md` in the repository; "design §N"
+//! in these docs refers to its sections.
+//!
 //! ```
 //! use std::time::Duration;
 //! use ferriq::testing::TestEnv;

@@ -1,4 +1,4 @@
-//! The registry: the allow-list of task names a worker runs (DESIGN §1.5, §4).
+//! The registry: the allow-list of task names a worker runs (design §1.5, §4).
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;

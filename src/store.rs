@@ -1,7 +1,7 @@
 //! The [`ClaimStore`] and [`ResultStore`] traits: who may run a task now, and its one result.
 //!
 //! Exactly-once lives in [`ResultStore::complete`]: it writes only for the current claim token
-//! (fencing) and only if no result is stored yet. Claims only save duplicate work (DESIGN §5).
+//! (fencing) and only if no result is stored yet. Claims only save duplicate work (design §5).
 
 use std::fmt;
 use std::time::Duration;
@@ -22,7 +22,7 @@ impl fmt::Display for Token {
     }
 }
 
-/// What a claim attempt decided (DESIGN §5).
+/// What a claim attempt decided (design §5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ClaimOutcome {
@@ -125,7 +125,7 @@ pub enum StoreError {
     Config(String),
 }
 
-/// Claims: who may run a task now (DESIGN §4, §5). Object-safe.
+/// Claims: who may run a task now (design §4, §5). Object-safe.
 #[async_trait]
 pub trait ClaimStore: Send + Sync + 'static {
     /// Tries to take the claim for `lease`. `deadline_at` (unix seconds) makes a late claim
@@ -154,7 +154,7 @@ pub trait ClaimStore: Send + Sync + 'static {
     }
 }
 
-/// Results: written once, read and awaited (DESIGN §4, §5). Object-safe.
+/// Results: written once, read and awaited (design §4, §5). Object-safe.
 #[async_trait]
 pub trait ResultStore: Send + Sync + 'static {
     /// The fenced write: if `token` is the current claim's, stores `result` unless one is

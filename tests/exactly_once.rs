@@ -1,4 +1,4 @@
-//! DESIGN §1.3 under duress, on the memory store (the same scenario runs on Valkey in
+//! design §1.3 under duress, on the memory store (the same scenario runs on Valkey in
 //! ferriq-valkey's tests).
 
 #[path = "support/chaos.rs"]

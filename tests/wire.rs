@@ -5,7 +5,7 @@ use ferriq::wire::{ErrorKind, LabelValue, Labels, TaskId, TaskMessage, TaskResul
 use proptest::prelude::*;
 use serde_json::{json, Map, Value};
 
-/// Bytes produced by taskiq 0.13 (DESIGN §3, issue 2).
+/// Bytes produced by taskiq 0.13 (design §3).
 const TASKIQ_MESSAGE: &str = r#"{"task_id": "0123456789abcdef0123456789abcdef", "task_name": "custom.name", "labels": {"retry_on_error": "True", "max_retries": "5", "timeout": "2.5", "priority": "3", "delay": "10", "queue_name": "q2", "blob": "AP8=", "extra": "[1, 2]"}, "labels_types": {"retry_on_error": 5, "max_retries": 2, "timeout": 4, "priority": 2, "delay": 2, "queue_name": 3, "blob": 6, "extra": 1}, "args": ["hi"], "kwargs": {"flag": true}}"#;
 
 const TASKIQ_RESULT: &str = r#"{"is_err": false, "log": null, "return_value": 5, "execution_time": 0.0, "labels": {}, "error": null}"#;

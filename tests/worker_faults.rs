@@ -1,4 +1,4 @@
-//! Fault paths beyond DESIGN §6's rows: runs that cancel themselves, errors returned after a
+//! Fault paths beyond design §6's rows: runs that cancel themselves, errors returned after a
 //! stop, crash loops, copies of failed tasks, lanes sharing a queue, a store cut off from this
 //! worker only. Memory backends, paused time.
 

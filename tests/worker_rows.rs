@@ -1,4 +1,4 @@
-//! One test per row of DESIGN §6, on the memory backends. Time is paused: tokio's clock jumps
+//! One test per row of design §6, on the memory backends. Time is paused: tokio's clock jumps
 //! whenever every task is waiting, so backoffs and leases are asserted in virtual seconds.
 
 mod common;

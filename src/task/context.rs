@@ -12,7 +12,7 @@ use crate::wire::{Labels, TaskId};
 /// What a run knows about itself: its id, attempt, labels, deadline and cancellation.
 ///
 /// A task takes it as a parameter of type `TaskContext`. Use [`TaskContext::task_id`] as the
-/// idempotency key for side effects: a run whose worker died is run again (DESIGN §1.2).
+/// idempotency key for side effects: a run whose worker died is run again (design §1.2).
 ///
 /// ```
 /// use ferriq::TaskContext;

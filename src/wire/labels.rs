@@ -240,7 +240,7 @@ impl From<Vec<u8>> for LabelValue {
     }
 }
 
-/// A message's labels, with typed accessors for the labels that have meaning (DESIGN §3).
+/// A message's labels, with typed accessors for the labels that have meaning (design §3).
 ///
 /// ```
 /// use ferriq::wire::Labels;

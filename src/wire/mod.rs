@@ -2,7 +2,7 @@
 //!
 //! A message body is a taskiq `TaskiqMessage` (JSON). ferriq reads any valid JSON form taskiq or
 //! its middlewares produce and writes compact JSON the way taskiq writes it, so Python and Rust
-//! services can share queues. See `DESIGN.md` §3 and `STABILITY.md`.
+//! services can share queues. See `docs/design.md` §3 and `STABILITY.md`.
 
 mod args;
 mod error;

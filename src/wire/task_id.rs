@@ -9,7 +9,7 @@ use super::WireError;
 /// taskiq producers use a uuid4 without dashes (32 lowercase hex characters), which is what
 /// [`TaskId::random`] makes. Ids from other producers are accepted when they are 1–200 printable
 /// ASCII characters without whitespace or braces: braces would break the Valkey Cluster hash tag
-/// that keeps a task's claim and result in one slot (DESIGN §5).
+/// that keeps a task's claim and result in one slot (design §5).
 ///
 /// ```
 /// use ferriq::wire::TaskId;

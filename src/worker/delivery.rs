@@ -1,4 +1,4 @@
-//! What the worker does with one delivery: DESIGN §6, row by row. The run itself is in
+//! What the worker does with one delivery: design §6, row by row. The run itself is in
 //! `run.rs`; settling messages and error results in `settle.rs`.
 
 use std::sync::Arc;
@@ -22,7 +22,7 @@ pub(crate) enum Settle {
 }
 
 /// A result computed while the store was unreachable: written on the message's redelivery
-/// with the claim token it was computed under (DESIGN §6, "Valkey unreachable at complete").
+/// with the claim token it was computed under (design §6, "Valkey unreachable at complete").
 #[derive(Debug)]
 pub(crate) struct PendingResult {
     pub(crate) token: Token,

@@ -1,5 +1,5 @@
 //! The worker runtime: receives deliveries, claims, runs, heartbeats and settles each one as
-//! DESIGN §6 says, with bounded concurrency and a graceful drain.
+//! design §6 says, with bounded concurrency and a graceful drain.
 
 mod config;
 mod delivery;
@@ -297,7 +297,7 @@ pub(crate) struct Inner {
     counters: Counters,
 }
 
-/// A worker: runs the registered tasks from a broker, settling each delivery per DESIGN §6.
+/// A worker: runs the registered tasks from a broker, settling each delivery per design §6.
 /// Cheap to clone; clones share everything.
 ///
 /// ```no_run

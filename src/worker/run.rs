@@ -217,7 +217,7 @@ impl Inner {
         .await
     }
 
-    /// A run stopped from outside (DESIGN §6 heartbeat and shutdown rows).
+    /// A run stopped from outside (design §6 heartbeat and shutdown rows).
     async fn stopped(&self, d: &Delivery, id: &TaskId, token: Token, why: StopReason) -> Outcome {
         match why {
             StopReason::DeliveryLost => {

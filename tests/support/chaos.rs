@@ -1,4 +1,4 @@
-//! The exactly-once scenario of DESIGN §9, shared by the core tests (memory store) and the
+//! The exactly-once scenario of the design (docs/design.md), shared by the core tests (memory store) and the
 //! ferriq-valkey tests (Valkey store): 1,000 tasks, each message delivered twice, four workers,
 //! and a chaos loop that expires claim leases and broker visibility at random. Every task must
 //! end with exactly one result, written once.

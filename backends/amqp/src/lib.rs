@@ -1,7 +1,7 @@
 #![warn(missing_docs)]
 //! # ferriq-amqp
 //!
-//! ferriq's RabbitMQ broker (DESIGN §7), on `lapin`.
+//! ferriq's RabbitMQ broker (design §7), on `lapin`.
 //!
 //! - **Topology**, declared idempotently on every (re)connect, everything durable: a topic
 //!   exchange (`taskiq`), one quorum queue per lane (`taskiq`) with taskiq-aio-pika 0.6's exact

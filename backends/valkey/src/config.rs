@@ -186,7 +186,7 @@ impl ValkeyStoreBuilder {
                 c.connection_timeout = connect;
                 c.internal_command_timeout = connect;
                 // A dropped connection fails its in-flight calls at once rather than replaying
-                // them later: the worker then releases the message (DESIGN §6).
+                // them later: the worker then releases the message (design §6).
                 c.max_command_attempts = 1;
             })
             .with_performance_config(|p| {

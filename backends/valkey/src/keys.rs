@@ -1,4 +1,4 @@
-//! The key layout (DESIGN §5, STABILITY.md).
+//! The key layout (design §5, STABILITY.md).
 
 use ferriq::wire::TaskId;
 

@@ -2,7 +2,7 @@
 //! # ferriq-valkey
 //!
 //! ferriq's claims and results on Valkey (or Redis 7): the piece that turns at-least-once
-//! brokers into "runs once at a time, answers exactly once" (DESIGN §1, §5).
+//! brokers into "runs once at a time, answers exactly once" (design §1, §5).
 //!
 //! - One Lua script per operation (claim, heartbeat, release, record_failure, complete,
 //!   revoke), loaded once and called by SHA, reloaded on `NOSCRIPT`. Every time comes from the

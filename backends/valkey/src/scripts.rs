@@ -1,4 +1,4 @@
-//! One Lua script per operation, so each is atomic on the server (DESIGN §5).
+//! One Lua script per operation, so each is atomic on the server (design §5).
 //!
 //! A claim is one string value, `state token lease_until failures starts takeovers holder`:
 //! state `r` running, `x` released, `d` done, `v` revoked; `lease_until` in server µs;
