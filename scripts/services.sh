@@ -42,11 +42,11 @@ ensure_rabbitmq() {
 ensure_python_env() {
   local venv=.venv-interop
   export FERRIQ_TEST_PYTHON="$PWD/$venv/bin/python"
-  if [ -x "$FERRIQ_TEST_PYTHON" ] && "$FERRIQ_TEST_PYTHON" -c 'import taskiq, taskiq_aio_pika, taskiq_redis' 2>/dev/null; then
+  if [ -x "$FERRIQ_TEST_PYTHON" ] && "$FERRIQ_TEST_PYTHON" -c 'import taskiq, taskiq_aio_pika, taskiq_redis, taskiq_aio_sqs' 2>/dev/null; then
     echo "python: $venv ready"
     return
   fi
-  echo "python: creating $venv (taskiq, taskiq-aio-pika, taskiq-redis)"
+  echo "python: creating $venv (taskiq, taskiq-aio-pika, taskiq-aio-sqs, taskiq-redis)"
   python3 -m venv "$venv"
   "$venv/bin/pip" install --quiet --disable-pip-version-check -r scripts/requirements-interop.txt
 }

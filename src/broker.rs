@@ -172,11 +172,15 @@ impl Delivery {
 
 /// Whether a delivery is still held after a heartbeat.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum LeaseStatus {
     /// Still ours, lease extended.
     Kept,
     /// No longer ours (visibility expired and redelivered, channel closed…): never ack it.
     Lost,
+    /// Still ours, but the broker cannot hold it much longer (SQS: 12 hours after the
+    /// receive): settle it now. The worker fails the run with a `Timeout` that is not retried.
+    LimitReached,
 }
 
 /// Why a message is parked in the dead-letter queue.
@@ -269,6 +273,24 @@ impl QueueDepth {
     }
 }
 
+/// How a worker consumes, for [`Broker::prepare_consumer`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ConsumerSettings {
+    /// Most deliveries the worker runs at once.
+    pub concurrency: usize,
+    /// How long the worker asks a delivery to stay its own between heartbeats (heartbeats
+    /// run every third of it).
+    pub lease: Duration,
+}
+
+impl ConsumerSettings {
+    /// Settings for a worker of `concurrency` runs and `lease`.
+    pub fn new(concurrency: usize, lease: Duration) -> Self {
+        ConsumerSettings { concurrency, lease }
+    }
+}
+
 /// A backend's health, for readiness probes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -286,6 +308,41 @@ impl Health {
     }
 }
 
+/// One message a broker refused in a batch it otherwise took.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RejectedMessage {
+    /// The refused message's task.
+    pub task_id: TaskId,
+    /// Why (the broker's words).
+    pub reason: String,
+}
+
+impl RejectedMessage {
+    /// A refusal.
+    pub fn new(task_id: TaskId, reason: impl Into<String>) -> Self {
+        RejectedMessage {
+            task_id,
+            reason: reason.into(),
+        }
+    }
+}
+
+fn describe_rejections(rejected: &[RejectedMessage]) -> String {
+    let shown: Vec<String> = rejected
+        .iter()
+        .take(3)
+        .map(|r| format!("task {}: {}", r.task_id, r.reason))
+        .collect();
+    let more = rejected.len().saturating_sub(shown.len());
+    let tail = if more > 0 {
+        format!("; and {more} more")
+    } else {
+        String::new()
+    };
+    format!("{}{tail}", shown.join("; "))
+}
+
 /// What went wrong talking to a broker.
 #[derive(Debug, Error)]
 #[non_exhaustive]
@@ -296,6 +353,13 @@ pub enum BrokerError {
     /// The broker refused a message (nack, unroutable, over its size limit…).
     #[error("broker rejected the message: {0}")]
     Rejected(String),
+    /// Some messages of a batch were refused; every other one was published.
+    #[error(
+        "{} message(s) of the batch were refused, the others were published: {}",
+        .0.len(),
+        describe_rejections(.0)
+    )]
+    PartlyRejected(Vec<RejectedMessage>),
     /// The delivery is no longer ours (lease expired, channel closed): it was not acked.
     #[error("delivery is no longer held by this worker; its redelivered copy will be handled")]
     DeliveryLost,
@@ -343,11 +407,12 @@ pub trait Broker: Send + Sync + 'static {
         let _ = queue;
         None
     }
-    /// The worker runs at most `n` deliveries at once (its concurrency); called before its
-    /// first `receive`. A broker that pushes deliveries sizes its prefetch to it, unless one
-    /// was set explicitly. The default does nothing.
-    fn limit_in_flight(&self, n: usize) {
-        let _ = n;
+    /// How the worker will consume, called before its first `receive`: a broker that pushes
+    /// deliveries sizes its prefetch to the concurrency (unless one was set explicitly), one
+    /// that leases them holds each for `lease` until the first heartbeat. The default does
+    /// nothing.
+    fn prepare_consumer(&self, consumer: &ConsumerSettings) {
+        let _ = consumer;
     }
     /// The worker has drained (every delivery it took is settled) and will not call `receive`
     /// again: a broker that pushes deliveries gives back the ones it buffered. The default

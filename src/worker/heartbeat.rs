@@ -72,9 +72,16 @@ async fn broker_beat(inner: Arc<Inner>) {
     match inner.broker.extend(&handles, inner.config.lease).await {
         Ok(statuses) => {
             for (handle, status) in handles.iter().zip(statuses) {
-                if status == LeaseStatus::Lost {
-                    tracing::warn!(delivery = ?handle, "broker lease lost: cancelling the run");
-                    inner.running.stop(handle.key(), StopReason::DeliveryLost);
+                match status {
+                    LeaseStatus::Lost => {
+                        tracing::warn!(delivery = ?handle, "broker lease lost: cancelling the run");
+                        inner.running.stop(handle.key(), StopReason::DeliveryLost);
+                    }
+                    LeaseStatus::LimitReached => {
+                        tracing::warn!(delivery = ?handle, "the broker cannot hold this message longer: failing the run");
+                        inner.running.stop(handle.key(), StopReason::LeaseLimit);
+                    }
+                    _ => {}
                 }
             }
         }

@@ -27,7 +27,7 @@ use thiserror::Error;
 use tokio::sync::Semaphore;
 use tokio_util::task::TaskTracker;
 
-use crate::broker::{Broker, Health, QueueDepth};
+use crate::broker::{Broker, ConsumerSettings, Health, QueueDepth};
 use crate::connect::{connect_broker_with, connect_store_with, ConnectOptions, Store};
 use crate::registry::{Registry, RegistryError};
 use crate::store::{ClaimStore, ResultStore};
@@ -392,7 +392,10 @@ impl Worker {
     pub async fn run(&self, shutdown: Shutdown) {
         let inner = &self.inner;
         inner.running.open();
-        inner.broker.limit_in_flight(inner.config.concurrency);
+        inner.broker.prepare_consumer(&ConsumerSettings::new(
+            inner.config.concurrency,
+            inner.config.lease,
+        ));
         let slots = Arc::new(Semaphore::new(inner.config.concurrency));
         let tracker = TaskTracker::new();
         let heartbeats = heartbeat::spawn(Arc::clone(inner));

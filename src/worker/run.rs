@@ -135,6 +135,14 @@ impl Inner {
                     .finish(d, &msg, token, result, Settle::Ack, Outcome::Succeeded)
                     .await;
             }
+            RunEnd::Stopped(StopReason::LeaseLimit) => TaskError::with_kind(
+                ErrorKind::Timeout,
+                format!(
+                    "the run outlived the longest time the broker can hold its message \
+                     (SQS: 12 hours after it was received); stopped after {elapsed:?}"
+                ),
+                false,
+            ),
             RunEnd::Stopped(why) => return self.stopped(d, &msg.task_id, token, why).await,
             RunEnd::Error(e) => e,
             RunEnd::TimedOut(limit) => TaskError::with_kind(
@@ -231,6 +239,11 @@ impl Inner {
             }
             // The revoke stored the task's result: the message is done with.
             StopReason::Revoked => self.ack(d, Outcome::Revoked).await,
+            // Handled by the run as a failure (it needs the message and attempt).
+            StopReason::LeaseLimit => {
+                self.release(d, self.config.min_defer, Outcome::ClaimLost)
+                    .await
+            }
             StopReason::StoreUnreachable => {
                 let outcome = self
                     .release(d, self.config.min_defer, Outcome::ClaimLost)

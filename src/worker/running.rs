@@ -22,6 +22,9 @@ pub(crate) enum StopReason {
     Shutdown,
     /// The task was revoked: its `Cancelled` result is stored; ack the message.
     Revoked,
+    /// The broker cannot hold the message longer (SQS's 12-hour visibility limit): fail the
+    /// run for good while the message is still ours.
+    LeaseLimit,
 }
 
 /// One running delivery, as the heartbeat loops see it.

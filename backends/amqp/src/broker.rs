@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use ferriq::broker::{
-    Broker, BrokerError, DeadLetter, Delivery, DeliveryHandle, Health, LeaseStatus,
-    OutgoingMessage, QueueDepth,
+    Broker, BrokerError, ConsumerSettings, DeadLetter, Delivery, DeliveryHandle, Health,
+    LeaseStatus, OutgoingMessage, QueueDepth,
 };
 use lapin::options::QueueDeclareOptions;
 use lapin::types::{AMQPValue, FieldTable};
@@ -441,8 +441,10 @@ impl Broker for AmqpBroker {
         Some((lane, declared.map_or(0, |q| u64::from(q.consumer_count()))))
     }
 
-    fn limit_in_flight(&self, n: usize) {
-        let n = u16::try_from(n).unwrap_or(u16::MAX).max(1);
+    fn prepare_consumer(&self, consumer: &ConsumerSettings) {
+        let n = u16::try_from(consumer.concurrency)
+            .unwrap_or(u16::MAX)
+            .max(1);
         match self.shared.config.prefetch {
             None => self.shared.prefetch.store(n, Ordering::SeqCst),
             Some(set) if set != n => tracing::warn!(

@@ -1,0 +1,33 @@
+//! `sqs://`, `sqs+https://` and `sqs+http://` for [`ferriq::connect`]: a worker or client built
+//! from `FERRIQ_BROKER_URL` connects through here.
+//!
+//! Settings read: `FERRIQ_QUEUES` (lanes, comma-separated, by name or URL; replaces the URL's
+//! queue), `FERRIQ_SQS_DLQ` (the dead-letter queue, by name or URL). Region, endpoint and
+//! credentials come from the URL and the `AWS_*` variables (see the crate docs).
+
+use std::sync::Arc;
+
+use ferriq::broker::Broker;
+use ferriq::connect::{BrokerConnector, ConnectError, ConnectFuture, ConnectOptions};
+
+use crate::SqsBrokerBuilder;
+
+fn connect(options: ConnectOptions) -> ConnectFuture<Arc<dyn Broker>> {
+    Box::pin(async move {
+        let backend = |e: crate::SqsError| ConnectError::Backend(e.to_string());
+        let mut builder = SqsBrokerBuilder::from_url(options.url.clone()).map_err(backend)?;
+        if let Some(queues) = options.queues() {
+            builder = builder.queues(queues);
+        }
+        if let Some(dlq) = options.setting("FERRIQ_SQS_DLQ") {
+            builder = builder.dead_letter_queue(dlq);
+        }
+        let broker = builder.connect().await.map_err(backend)?;
+        Ok(Arc::new(broker) as Arc<dyn Broker>)
+    })
+}
+
+ferriq::inventory::submit!(BrokerConnector {
+    schemes: &["sqs", "sqs+https", "sqs+http"],
+    connect,
+});

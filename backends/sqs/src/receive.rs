@@ -1,0 +1,295 @@
+//! Receiving: a few long pollers feed a channel, asking SQS only for as many messages as the
+//! worker has free run slots. A message waiting in a local buffer would burn its visibility
+//! and its receive count, so pollers take *credits* — granted by `receive` for the slots the
+//! worker offers — and hand back the ones a poll did not use.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use aws_sdk_sqs::types::{Message, MessageAttributeValue, MessageSystemAttributeName};
+use ferriq::broker::{BrokerError, Delivery, DeliveryHandle};
+use tokio::sync::{mpsc, Notify};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::broker::Shared;
+use crate::error::describe;
+use crate::queue::Queue;
+
+/// Our message attribute: unix milliseconds before which a re-sent copy is not to run (set
+/// when a release is longer than SQS's 900-second `DelaySeconds`).
+pub(crate) const NOT_BEFORE_ATTRIBUTE: &str = "ferriq_not_before";
+
+/// What a delivery's handle keeps: enough to delete it, change its visibility, or copy it.
+pub(crate) struct Held {
+    pub(crate) broker: u64,
+    pub(crate) queue: Arc<Queue>,
+    pub(crate) receipt: String,
+    /// Taken just before the receive call: SQS's 12-hour visibility budget runs from the
+    /// receive, and an earlier instant keeps every ask inside it.
+    pub(crate) received_at: Instant,
+    pub(crate) receive_count: u32,
+    pub(crate) body: String,
+    pub(crate) attributes: HashMap<String, MessageAttributeValue>,
+    pub(crate) group_id: Option<String>,
+    /// Set once this broker deleted the message or replaced it with a copy: later calls on
+    /// the handle are answered without SQS (a delete proves nothing there: SQS accepts stale
+    /// handles).
+    pub(crate) gone: AtomicBool,
+}
+
+#[derive(Default)]
+struct Credits {
+    /// Granted by the worker, not yet taken by a poller.
+    available: usize,
+    /// Asked for by polls in progress.
+    asked: usize,
+    /// Most a single poll takes, so one idle lane does not hold every credit.
+    fair_share: usize,
+}
+
+/// The pollers and the buffer between them and `receive`.
+pub(crate) struct Receiver {
+    credits: Mutex<Credits>,
+    wake: Notify,
+    tx: mpsc::UnboundedSender<Delivery>,
+    rx: tokio::sync::Mutex<mpsc::UnboundedReceiver<Delivery>>,
+    buffered: AtomicUsize,
+    pollers: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl Receiver {
+    pub(crate) fn new() -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
+        Receiver {
+            credits: Mutex::new(Credits::default()),
+            wake: Notify::new(),
+            tx,
+            rx: tokio::sync::Mutex::new(rx),
+            buffered: AtomicUsize::new(0),
+            pollers: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Credits> {
+        self.credits.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Up to `max` deliveries, waiting up to `wait` for the first.
+    pub(crate) async fn receive(
+        &self,
+        shared: &Arc<Shared>,
+        max: usize,
+        wait: Duration,
+    ) -> Result<Vec<Delivery>, BrokerError> {
+        self.start(shared);
+        let max = max.max(1);
+        {
+            let mut c = self.lock();
+            let outstanding = c.available + c.asked + self.buffered.load(Ordering::SeqCst);
+            if max > outstanding {
+                c.available += max - outstanding;
+                drop(c);
+                self.wake.notify_waiters();
+            }
+        }
+        let mut rx = self.rx.lock().await;
+        let mut out = Vec::new();
+        match tokio::time::timeout(wait, rx.recv()).await {
+            Ok(Some(d)) => out.push(d),
+            Ok(None) => return Err(BrokerError::Unavailable("the broker was closed".into())),
+            Err(_) => return Ok(out),
+        }
+        while out.len() < max {
+            match rx.try_recv() {
+                Ok(d) => out.push(d),
+                Err(_) => break,
+            }
+        }
+        self.buffered.fetch_sub(out.len(), Ordering::SeqCst);
+        Ok(out)
+    }
+
+    /// Starts the pollers, once per consuming run.
+    fn start(&self, shared: &Arc<Shared>) {
+        let mut pollers = self.pollers.lock().unwrap_or_else(|p| p.into_inner());
+        if !pollers.is_empty() {
+            return;
+        }
+        let lanes = shared.lanes.len();
+        let concurrency = shared.consumer().concurrency.max(1);
+        let n = shared
+            .settings
+            .pollers
+            .unwrap_or_else(|| concurrency.div_ceil(10).clamp(1, 8))
+            .max(lanes);
+        self.lock().fair_share = concurrency.div_ceil(n).clamp(1, 10);
+        for i in 0..n {
+            let lane = Arc::clone(&shared.lanes[i % lanes]);
+            pollers.push(tokio::spawn(poll(Arc::clone(shared), lane)));
+        }
+    }
+
+    /// Stops the pollers and hands back every buffered delivery, visible at once.
+    pub(crate) async fn stop(&self, shared: &Shared) {
+        let pollers: Vec<_> = self
+            .pollers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain(..)
+            .collect();
+        // A poll cut off mid-call may have taken messages SQS will hand out again when
+        // their visibility (the lease) runs out: late, never lost.
+        for p in pollers {
+            p.abort();
+        }
+        *self.lock() = Credits::default();
+        let mut rx = self.rx.lock().await;
+        let mut buffered = Vec::new();
+        while let Ok(d) = rx.try_recv() {
+            buffered.push(d);
+        }
+        self.buffered.store(0, Ordering::SeqCst);
+        for d in buffered {
+            if let Err(e) = shared.change_visibility(&d.handle, 0).await {
+                tracing::debug!(error = %e, "handing back a buffered delivery failed; it returns with its visibility");
+            }
+        }
+    }
+
+    /// Takes credits for one poll, waiting for the worker to grant some.
+    async fn take(&self) -> usize {
+        loop {
+            let granted = self.wake.notified();
+            tokio::pin!(granted);
+            granted.as_mut().enable();
+            {
+                let mut c = self.lock();
+                if c.available > 0 {
+                    let n = c.available.min(c.fair_share.max(1)).min(10);
+                    c.available -= n;
+                    c.asked += n;
+                    return n;
+                }
+            }
+            granted.await;
+        }
+    }
+
+    /// A poll of `asked` credits ended with `got` deliveries: the rest go back.
+    fn settle(&self, asked: usize, got: usize) {
+        let mut c = self.lock();
+        c.asked -= asked;
+        c.available += asked.saturating_sub(got);
+        drop(c);
+        if got < asked {
+            self.wake.notify_waiters();
+        }
+    }
+}
+
+/// One long poller on one lane.
+async fn poll(shared: Arc<Shared>, lane: Arc<Queue>) {
+    let receiver = &shared.receiver;
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let asked = tokio::select! {
+            _ = shared.stop.cancelled() => return,
+            n = receiver.take() => n,
+        };
+        let visibility = shared.consumer().lease.as_secs().clamp(1, 43_200) as i32;
+        let received_at = Instant::now();
+        let call = shared
+            .clients
+            .receive
+            .receive_message()
+            .queue_url(&lane.url)
+            .max_number_of_messages(asked as i32)
+            .wait_time_seconds(shared.settings.wait_time.as_secs() as i32)
+            .visibility_timeout(visibility)
+            .message_system_attribute_names(MessageSystemAttributeName::ApproximateReceiveCount)
+            .message_system_attribute_names(MessageSystemAttributeName::MessageGroupId)
+            .message_attribute_names("All")
+            .send();
+        let answer = tokio::select! {
+            _ = shared.stop.cancelled() => return,
+            answer = call => answer,
+        };
+        match answer {
+            Ok(out) => {
+                backoff = Duration::from_millis(100);
+                let messages = out.messages.unwrap_or_default();
+                let got = messages.len();
+                receiver.buffered.fetch_add(got, Ordering::SeqCst);
+                for m in messages {
+                    if let Some(d) = delivery(&shared, &lane, m, received_at) {
+                        let _ = receiver.tx.send(d);
+                    } else {
+                        receiver.buffered.fetch_sub(1, Ordering::SeqCst);
+                    }
+                }
+                receiver.settle(asked, got);
+            }
+            Err(e) => {
+                receiver.settle(asked, 0);
+                let why = describe(&e);
+                tracing::warn!(queue = %lane.name, error = %why, retry_in = ?backoff, "receive failed");
+                shared.set_error(why);
+                tokio::select! {
+                    _ = shared.stop.cancelled() => return,
+                    _ = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(10));
+            }
+        }
+    }
+}
+
+/// A received message as a delivery.
+fn delivery(
+    shared: &Shared,
+    lane: &Arc<Queue>,
+    m: Message,
+    received_at: Instant,
+) -> Option<Delivery> {
+    let receipt = m.receipt_handle?;
+    let system = m.attributes.unwrap_or_default();
+    let receive_count = system
+        .get(&MessageSystemAttributeName::ApproximateReceiveCount)
+        .and_then(|c| c.parse::<u32>().ok())
+        .unwrap_or(1)
+        .max(1);
+    let group_id = system
+        .get(&MessageSystemAttributeName::MessageGroupId)
+        .cloned();
+    let attributes = m.message_attributes.unwrap_or_default();
+    let text = |name: &str| attributes.get(name).and_then(|v| v.string_value());
+    let task_id = text("task_id").map(str::to_owned);
+    let not_before = text(NOT_BEFORE_ATTRIBUTE)
+        .and_then(|ms| ms.parse::<f64>().ok())
+        .map(|ms| ms / 1000.0);
+    let body = m.body.unwrap_or_default();
+    let held = Held {
+        broker: shared.id,
+        queue: Arc::clone(lane),
+        receipt,
+        received_at,
+        receive_count,
+        body: body.clone(),
+        attributes,
+        group_id,
+        gone: AtomicBool::new(false),
+    };
+    Some(
+        Delivery::new(
+            body.into_bytes(),
+            task_id,
+            receive_count,
+            lane.name.clone(),
+            DeliveryHandle::new(held),
+        )
+        .with_not_before(not_before),
+    )
+}
