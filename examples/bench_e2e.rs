@@ -1,16 +1,19 @@
-//! End-to-end benchmark: producer and worker in separate processes (`--broker amqp`; the
-//! memory broker runs both in one), a no-op task with claims and results in Valkey (memory
-//! for `--broker memory`), then the raw broker with the same durability in the same run.
+//! End-to-end benchmark: producer and worker in separate processes (`--broker amqp` and
+//! `--broker sqs`; the memory broker runs both in one), a no-op task with claims and results in
+//! Valkey (memory for `--broker memory`), then the raw broker with the same durability in the
+//! same run.
 //!
 //! ```text
-//! cargo run --release --example bench_e2e -- --broker amqp   [--n 10000] [--lat-n 1000]
+//! cargo run --release --example bench_e2e -- --broker amqp   [--tasks 10000] [--lat-n 1000]
+//! cargo run --release --example bench_e2e -- --broker sqs    # FERRIQ_SQS_ENDPOINT, else fauxqs
 //! cargo run --release --example bench_e2e -- --broker memory
 //! ```
 //!
 //! Bulk: N tasks enqueued in batches of 1000 (publisher confirms), then every result awaited.
-//! Latency: sequential round trips (enqueue one, await its result). Raw: N persistent messages
-//! published with confirms in batches of 1000 to a quorum queue while a consumer (prefetch 64)
-//! acks each. The last line is
+//! Latency: sequential round trips (enqueue one, await its result). Raw RabbitMQ: N persistent
+//! messages published with confirms in batches of 1000 to a quorum queue while a consumer
+//! (prefetch 64) acks each. Raw SQS: N messages sent in batches of 10 by 8 senders while 4
+//! long pollers receive and batch-delete them. The last line is
 //! `e2e_tasks_per_s=… raw_msgs_per_s=… ratio=… p50_ms=… p99_ms=… rss_mib=…`
 //! (rss = the worker process's peak resident set).
 
@@ -18,13 +21,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ferriq::broker::{Broker, OutgoingMessage};
+use ferriq::broker::Broker;
 use ferriq::memory::{MemoryBroker, MemoryStore};
 use ferriq::store::ResultStore;
-use ferriq::wire::TaskMessage;
 use ferriq::{Client, Registry, Shutdown, Worker};
 use ferriq_amqp::AmqpBroker;
+use ferriq_examples::raw::{raw_lapin, raw_memory, raw_sqs};
 use ferriq_examples::{amqp_url, arg, peak_rss_mib, percentile, redis_url};
+use ferriq_sqs::SqsBroker;
 use ferriq_valkey::ValkeyStore;
 use futures_util::StreamExt;
 
@@ -43,6 +47,16 @@ async fn amqp(exchange: &str, queue: &str) -> AmqpBroker {
         .connect()
         .await
         .expect("RabbitMQ")
+}
+
+async fn sqs(endpoint: &str, queue: &str) -> SqsBroker {
+    ferriq_sqs::SqsBrokerBuilder::new(queue)
+        .endpoint_url(endpoint)
+        .region("us-east-1")
+        .credentials("test", "test")
+        .connect()
+        .await
+        .expect("SQS")
 }
 
 async fn valkey(prefix: &str) -> ValkeyStore {
@@ -73,12 +87,13 @@ fn worker(
         .unwrap()
 }
 
-/// The worker process of `--broker amqp`: runs until its stdin closes.
-async fn worker_process(exchange: String, queue: String, prefix: String) {
-    let w = worker(
-        Arc::new(amqp(&exchange, &queue).await),
-        Arc::new(valkey(&prefix).await),
-    );
+/// The worker process of `--broker amqp|sqs`: runs until its stdin closes.
+async fn worker_process(kind: String, exchange: String, queue: String, prefix: String) {
+    let broker: Arc<dyn Broker> = match kind.as_str() {
+        "sqs" => Arc::new(sqs(&arg("--endpoint", ""), &queue).await),
+        _ => Arc::new(amqp(&exchange, &queue).await),
+    };
+    let w = worker(broker, Arc::new(valkey(&prefix).await));
     let shutdown = Shutdown::new();
     let running = tokio::spawn({
         let (w, s) = (w.clone(), shutdown.clone());
@@ -161,108 +176,6 @@ async fn drive(client: &Client, n: u64, lat_n: usize) -> Figures {
     }
 }
 
-/// Raw lapin: persistent messages, confirms in batches of 1000, a prefetch-64 consumer acking
-/// each, on a quorum queue; publisher and consumer at once. Messages per second end to end.
-async fn raw_lapin(queue: &str, n: u64) -> f64 {
-    use lapin::options::*;
-    use lapin::types::{AMQPValue, FieldTable};
-    use lapin::{BasicProperties, Connection, ConnectionProperties};
-    let conn = Connection::connect(&amqp_url(), ConnectionProperties::default())
-        .await
-        .unwrap();
-    let ch = conn.create_channel().await.unwrap();
-    let mut args = FieldTable::default();
-    args.insert(
-        "x-queue-type".into(),
-        AMQPValue::LongString("quorum".into()),
-    );
-    ch.queue_declare(queue.into(), QueueDeclareOptions::durable(), args)
-        .await
-        .unwrap();
-    let consumer_ch = conn.create_channel().await.unwrap();
-    consumer_ch
-        .basic_qos(CONCURRENCY as u16, BasicQosOptions::default())
-        .await
-        .unwrap();
-    let mut consumer = consumer_ch
-        .basic_consume(
-            queue.into(),
-            "raw".into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
-    ch.confirm_select(ConfirmSelectOptions::default())
-        .await
-        .unwrap();
-    let body = TaskMessage::new("bench.noop").to_json().unwrap();
-    let start = Instant::now();
-    let consumed = tokio::spawn(async move {
-        let mut got = 0;
-        while got < n {
-            let d = consumer.next().await.unwrap().unwrap();
-            d.ack(BasicAckOptions::default()).await.unwrap();
-            got += 1;
-        }
-    });
-    let props = BasicProperties::default().with_delivery_mode(2);
-    for _ in 0..n.div_ceil(1000) {
-        let mut confirms = Vec::with_capacity(1000);
-        for _ in 0..1000 {
-            confirms.push(
-                ch.basic_publish(
-                    "".into(),
-                    queue.into(),
-                    BasicPublishOptions::default(),
-                    &body,
-                    props.clone(),
-                )
-                .await
-                .unwrap(),
-            );
-        }
-        for c in confirms {
-            assert!(c.await.unwrap().is_ack());
-        }
-    }
-    consumed.await.unwrap();
-    let rate = n as f64 / start.elapsed().as_secs_f64();
-    let _ = ch
-        .queue_delete(queue.into(), QueueDeleteOptions::default())
-        .await;
-    let _ = conn.close(200, "".into()).await;
-    rate
-}
-
-/// The same for the memory broker: publish in batches, receive and ack.
-async fn raw_memory(n: u64) -> f64 {
-    let broker = MemoryBroker::new();
-    let msg = OutgoingMessage::from_message(&TaskMessage::new("bench.noop")).unwrap();
-    let start = Instant::now();
-    let consumer = {
-        let broker = broker.clone();
-        tokio::spawn(async move {
-            let mut got = 0;
-            while got < n {
-                for d in broker
-                    .receive(CONCURRENCY, Duration::from_secs(1))
-                    .await
-                    .unwrap()
-                {
-                    broker.ack(&d.handle).await.unwrap();
-                    got += 1;
-                }
-            }
-        })
-    };
-    for _ in 0..n.div_ceil(1000) {
-        broker.publish(vec![msg.clone(); 1000]).await.unwrap();
-    }
-    consumer.await.unwrap();
-    n as f64 / start.elapsed().as_secs_f64()
-}
-
 async fn delete_topology(exchange: &str, queue: &str) {
     use lapin::options::QueueDeleteOptions;
     let Ok(conn) =
@@ -293,6 +206,7 @@ async fn delete_topology(exchange: &str, queue: &str) {
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     if arg("--role", "producer") == "worker" {
         worker_process(
+            arg("--broker", "amqp"),
             arg("--exchange", ""),
             arg("--queue", ""),
             arg("--prefix", ""),
@@ -301,7 +215,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         return Ok(());
     }
     let broker_kind = arg("--broker", "amqp");
-    let n: u64 = arg("--n", "10000").parse()?;
+    let n: u64 = arg("--tasks", &arg("--n", "10000")).parse()?;
     let lat_n: usize = arg("--lat-n", "1000").parse()?;
     let tag = &uuid::Uuid::new_v4().simple().to_string()[..8];
 
@@ -318,7 +232,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             let figures = drive(&Client::new(broker, store), n, lat_n).await;
             shutdown.drain();
             running.await?;
-            let raw = raw_memory(n).await;
+            let raw = raw_memory(n, CONCURRENCY).await;
             (
                 figures,
                 raw,
@@ -354,16 +268,43 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             let rss = peak_rss_mib(pid);
             drop(child.stdin.take()); // the worker drains and exits
             let _ = tokio::time::timeout(Duration::from_secs(30), child.wait()).await;
-            let raw = raw_lapin(&format!("fqbench.{tag}.raw"), n).await;
+            let raw = raw_lapin(&format!("fqbench.{tag}.raw"), n, CONCURRENCY as u16).await;
             let _ = store.purge_prefix().await;
             delete_topology(&exchange, &queue).await;
             (figures, raw, rss, "RabbitMQ quorum queue (confirms, persistent) + Redis claims/results, worker in its own process")
         }
-        other => return Err(format!("--broker must be amqp or memory, not {other}").into()),
+        "sqs" => {
+            let endpoint = ferriq_examples::sqs::endpoint();
+            let admin = ferriq_examples::sqs::client(&endpoint);
+            let (queue, prefix) = (format!("fqbench-{tag}"), format!("fqbench{tag}"));
+            let (url, dlq) = ferriq_examples::sqs::create_queue_pair(&admin, &queue).await;
+            let store = Arc::new(valkey(&prefix).await);
+            let client = Client::new(Arc::new(sqs(&endpoint, &queue).await), store.clone());
+            let mut child = tokio::process::Command::new(std::env::current_exe()?)
+                .args(["--role", "worker", "--broker", "sqs", "--queue", &queue])
+                .args(["--prefix", &prefix, "--endpoint", &endpoint])
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .kill_on_drop(true)
+                .spawn()?;
+            let pid = child.id().unwrap_or(0);
+            let figures = drive(&client, n, lat_n).await;
+            let rss = peak_rss_mib(pid);
+            drop(child.stdin.take());
+            let _ = tokio::time::timeout(Duration::from_secs(30), child.wait()).await;
+            let (raw_url, raw_dlq) =
+                ferriq_examples::sqs::create_queue_pair(&admin, &format!("{queue}-raw")).await;
+            let raw = raw_sqs(&admin, &raw_url, n).await;
+            let _ = store.purge_prefix().await;
+            ferriq_examples::sqs::delete_queues(&admin, &[url, dlq, raw_url, raw_dlq]).await;
+            (figures, raw, rss, "SQS (fauxqs emulator unless FERRIQ_SQS_ENDPOINT) + Redis claims/results, worker in its own process")
+        }
+        other => return Err(format!("--broker must be amqp, sqs or memory, not {other}").into()),
     };
 
     let p = |q| percentile(&figures.lat_ms, q);
     println!("ferriq bench_e2e: {what}; N={n}, concurrency {CONCURRENCY}, {lat_n} sequential round trips");
+    println!("CPU: {}", ferriq_examples::cpu_model());
     println!("| measure | value |");
     println!("|---|---|");
     println!(

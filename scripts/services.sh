@@ -50,3 +50,27 @@ ensure_python_env() {
   python3 -m venv "$venv"
   "$venv/bin/pip" install --quiet --disable-pip-version-check -r scripts/requirements-interop.txt
 }
+
+# The SQS emulators (fauxqs, moto), installed and started by scripts/sqs-emulator.sh under
+# .tools/; their endpoints exported for the tests. Those this shell started are stopped by
+# stop_sqs_emulators.
+STARTED_EMULATORS=()
+ensure_sqs_emulators() {
+  local which out
+  for which in fauxqs moto; do
+    out=$(bash scripts/sqs-emulator.sh "$which" 2>&1) || { echo "$out" >&2; return 1; }
+    echo "$out" | grep -v '^http' >&2 || true
+    case "$out" in *started*) STARTED_EMULATORS+=("$which") ;; esac
+    case "$which" in
+      fauxqs) export FERRIQ_SQS_ENDPOINT=$(echo "$out" | tail -n1) ;;
+      moto) export FERRIQ_MOTO_ENDPOINT=$(echo "$out" | tail -n1) ;;
+    esac
+  done
+  echo "sqs: fauxqs at $FERRIQ_SQS_ENDPOINT, moto at $FERRIQ_MOTO_ENDPOINT"
+}
+
+stop_sqs_emulators() {
+  if [ ${#STARTED_EMULATORS[@]} -gt 0 ]; then
+    bash scripts/sqs-emulator.sh stop >/dev/null 2>&1 || true
+  fi
+}

@@ -3,6 +3,9 @@
 
 use std::time::Duration;
 
+pub mod raw;
+pub mod sqs;
+
 /// The value after `--name` on the command line, or `default`.
 pub fn arg(name: &str, default: &str) -> String {
     let args: Vec<String> = std::env::args().collect();

@@ -1,0 +1,178 @@
+//! The raw brokers' own figures, measured beside ferriq's in the same run: the same messages
+//! and durability with nothing of ferriq in the way.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ferriq::broker::{Broker, OutgoingMessage};
+use ferriq::memory::MemoryBroker;
+use ferriq::wire::TaskMessage;
+use futures_util::StreamExt;
+
+use crate::amqp_url;
+
+/// Raw lapin: persistent messages, confirms in batches of 1000, a prefetch-64 consumer acking
+/// each, on a quorum queue; publisher and consumer at once. Messages per second end to end.
+pub async fn raw_lapin(queue: &str, n: u64, prefetch: u16) -> f64 {
+    use lapin::options::*;
+    use lapin::types::{AMQPValue, FieldTable};
+    use lapin::{BasicProperties, Connection, ConnectionProperties};
+    let conn = Connection::connect(&amqp_url(), ConnectionProperties::default())
+        .await
+        .unwrap();
+    let ch = conn.create_channel().await.unwrap();
+    let mut args = FieldTable::default();
+    args.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString("quorum".into()),
+    );
+    ch.queue_declare(queue.into(), QueueDeclareOptions::durable(), args)
+        .await
+        .unwrap();
+    let consumer_ch = conn.create_channel().await.unwrap();
+    consumer_ch
+        .basic_qos(prefetch, BasicQosOptions::default())
+        .await
+        .unwrap();
+    let mut consumer = consumer_ch
+        .basic_consume(
+            queue.into(),
+            "raw".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    ch.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    let body = TaskMessage::new("bench.noop").to_json().unwrap();
+    let start = Instant::now();
+    let consumed = tokio::spawn(async move {
+        let mut got = 0;
+        while got < n {
+            let d = consumer.next().await.unwrap().unwrap();
+            d.ack(BasicAckOptions::default()).await.unwrap();
+            got += 1;
+        }
+    });
+    let props = BasicProperties::default().with_delivery_mode(2);
+    for _ in 0..n.div_ceil(1000) {
+        let mut confirms = Vec::with_capacity(1000);
+        for _ in 0..1000 {
+            confirms.push(
+                ch.basic_publish(
+                    "".into(),
+                    queue.into(),
+                    BasicPublishOptions::default(),
+                    &body,
+                    props.clone(),
+                )
+                .await
+                .unwrap(),
+            );
+        }
+        for c in confirms {
+            assert!(c.await.unwrap().is_ack());
+        }
+    }
+    consumed.await.unwrap();
+    let rate = n as f64 / start.elapsed().as_secs_f64();
+    let _ = ch
+        .queue_delete(queue.into(), QueueDeleteOptions::default())
+        .await;
+    let _ = conn.close(200, "".into()).await;
+    rate
+}
+
+/// The same for the memory broker: publish in batches, receive and ack.
+pub async fn raw_memory(n: u64, batch: usize) -> f64 {
+    let broker = MemoryBroker::new();
+    let msg = OutgoingMessage::from_message(&TaskMessage::new("bench.noop")).unwrap();
+    let start = Instant::now();
+    let consumer = {
+        let broker = broker.clone();
+        tokio::spawn(async move {
+            let mut got = 0;
+            while got < n {
+                for d in broker.receive(batch, Duration::from_secs(1)).await.unwrap() {
+                    broker.ack(&d.handle).await.unwrap();
+                    got += 1;
+                }
+            }
+        })
+    };
+    for _ in 0..n.div_ceil(1000) {
+        broker.publish(vec![msg.clone(); 1000]).await.unwrap();
+    }
+    consumer.await.unwrap();
+    n as f64 / start.elapsed().as_secs_f64()
+}
+
+/// Raw aws-sdk-sqs on `queue_url`: 8 senders in batches of 10 while 4 long pollers receive
+/// up to 10 at a time and delete each batch with `DeleteMessageBatch`. Messages per second
+/// from the first send to the last delete.
+pub async fn raw_sqs(client: &aws_sdk_sqs::Client, queue_url: &str, n: u64) -> f64 {
+    use aws_sdk_sqs::types::{DeleteMessageBatchRequestEntry, SendMessageBatchRequestEntry};
+    let body = String::from_utf8(TaskMessage::new("bench.noop").to_json().unwrap()).unwrap();
+    let received = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let receivers: Vec<_> = (0..4)
+        .map(|_| {
+            let (client, url, received) = (client.clone(), queue_url.to_owned(), received.clone());
+            tokio::spawn(async move {
+                while received.load(Ordering::SeqCst) < n {
+                    let out = client
+                        .receive_message()
+                        .queue_url(&url)
+                        .max_number_of_messages(10)
+                        .wait_time_seconds(1)
+                        .send()
+                        .await
+                        .expect("receive");
+                    let messages = out.messages.unwrap_or_default();
+                    if messages.is_empty() {
+                        continue;
+                    }
+                    let mut delete = client.delete_message_batch().queue_url(&url);
+                    for (i, m) in messages.iter().enumerate() {
+                        delete = delete.entries(
+                            DeleteMessageBatchRequestEntry::builder()
+                                .id(i.to_string())
+                                .receipt_handle(m.receipt_handle().unwrap_or_default())
+                                .build()
+                                .unwrap(),
+                        );
+                    }
+                    delete.send().await.expect("delete");
+                    received.fetch_add(messages.len() as u64, Ordering::SeqCst);
+                }
+            })
+        })
+        .collect();
+    let batches: Vec<u64> = (0..n.div_ceil(10)).collect();
+    futures_util::stream::iter(batches)
+        .for_each_concurrent(8, |b| {
+            let (client, body) = (client.clone(), body.clone());
+            async move {
+                let count = (n - b * 10).min(10);
+                let mut send = client.send_message_batch().queue_url(queue_url);
+                for i in 0..count {
+                    send = send.entries(
+                        SendMessageBatchRequestEntry::builder()
+                            .id(i.to_string())
+                            .message_body(body.as_str())
+                            .build()
+                            .unwrap(),
+                    );
+                }
+                send.send().await.expect("send");
+            }
+        })
+        .await;
+    for r in receivers {
+        r.await.unwrap();
+    }
+    n as f64 / start.elapsed().as_secs_f64()
+}
