@@ -142,7 +142,7 @@ async fn claims_results_and_announcements_work_across_a_cluster() {
             .heartbeat(&[(fresh.clone(), token)], LEASE)
             .await
             .unwrap(),
-        [ClaimLease::Lost]
+        [ClaimLease::Revoked]
     );
     assert!(matches!(
         store.claim(&fresh, "w", LEASE, None).await.unwrap(),
