@@ -23,7 +23,6 @@ use std::time::{Duration, Instant};
 
 use ferriq::broker::Broker;
 use ferriq::memory::{MemoryBroker, MemoryStore};
-use ferriq::store::ResultStore;
 use ferriq::{Client, Registry, Shutdown, Worker};
 use ferriq_amqp::AmqpBroker;
 use ferriq_examples::raw::{raw_lapin, raw_memory, raw_sqs};
@@ -71,7 +70,7 @@ async fn valkey(prefix: &str) -> ValkeyStore {
 
 fn worker(
     broker: Arc<dyn Broker>,
-    store: Arc<impl ferriq::store::ClaimStore + ResultStore>,
+    store: Arc<impl ferriq::store::Store>,
 ) -> Worker {
     Worker::builder()
         .broker(broker)

@@ -419,3 +419,9 @@ pub trait Broker: Send + Sync + 'static {
     /// does nothing (pull brokers hold nothing unasked).
     async fn stop_receiving(&self) {}
 }
+
+impl fmt::Debug for dyn Broker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("dyn Broker")
+    }
+}

@@ -16,7 +16,7 @@ use serde_json::{Map, Value};
 use thiserror::Error;
 
 use crate::broker::{Broker, BrokerError, OutgoingMessage};
-use crate::store::{ResultStatus, ResultStore, StoreError};
+use crate::store::{ResultStatus, Store, StoreError};
 use crate::task::TaskOptions;
 use crate::wire::{
     names, ErrorKind, LabelValue, Labels, TaskFailure, TaskId, TaskMessage, TaskResult, WireError,
@@ -263,18 +263,34 @@ impl<T> fmt::Debug for Call<T> {
 #[derive(Clone)]
 pub struct Client {
     broker: Arc<dyn Broker>,
-    results: Arc<dyn ResultStore>,
+    store: Arc<dyn Store>,
     clock: Clock,
 }
 
 impl Client {
-    /// A client publishing to `broker` and reading results from `results`.
-    pub fn new(broker: Arc<dyn Broker>, results: Arc<dyn ResultStore>) -> Self {
+    /// A client publishing to `broker` and reading results (and workflow records) from
+    /// `store`.
+    pub fn new<S: Store + ?Sized>(broker: Arc<dyn Broker>, store: Arc<S>) -> Self {
         Client {
             broker,
-            results,
+            store: store.into_dyn(),
             clock: Clock::system(),
         }
+    }
+
+    /// The broker this client publishes to.
+    pub fn broker(&self) -> &Arc<dyn Broker> {
+        &self.broker
+    }
+
+    /// The store this client reads from.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// The clock due times and deadlines are read from.
+    pub fn clock(&self) -> &Clock {
+        &self.clock
     }
 
     /// A client on the broker and store at these URLs, connected by whichever linked backend
@@ -290,7 +306,7 @@ impl Client {
     pub async fn connect(broker_url: &str, store_url: &str) -> Result<Self, ConnectError> {
         let broker = connect_broker(broker_url).await?;
         let store = connect_store(store_url).await?;
-        Ok(Client::new(broker, store.results()))
+        Ok(Client::new(broker, store))
     }
 
     /// A client on `FERRIQ_BROKER_URL` and `FERRIQ_STORE_URL` (or `FERRIQ_VALKEY_URL`) of the
@@ -321,7 +337,7 @@ impl Client {
         };
         let broker = connect_broker_with(options(broker)).await?;
         let store = connect_store_with(options(store)).await?;
-        Ok(Client::new(broker, store.results()))
+        Ok(Client::new(broker, store))
     }
 
     /// The same client, reading due times and deadlines from `clock` (tests).
@@ -331,7 +347,7 @@ impl Client {
     }
 
     fn outgoing(&self, mut msg: TaskMessage) -> Result<OutgoingMessage, WireError> {
-        if let Some(channel) = self.results.reply_channel() {
+        if let Some(channel) = self.store.reply_channel() {
             if msg.labels.get(names::REPLY_TO).is_none() {
                 msg.labels.insert(names::REPLY_TO, channel);
             }
@@ -388,7 +404,7 @@ impl Client {
     pub fn handle<T>(&self, task_id: TaskId) -> TaskHandle<T> {
         TaskHandle {
             task_id,
-            results: Arc::clone(&self.results),
+            store: Arc::clone(&self.store),
             sent_to: None,
             _output: PhantomData,
         }
@@ -413,7 +429,7 @@ impl Client {
             0.0,
             Map::new(),
         );
-        self.results.revoke(task_id, &result).await
+        self.store.revoke(task_id, &result).await
     }
 }
 
@@ -438,7 +454,7 @@ pub enum TaskStatus {
 /// A handle on one enqueued task, typed by its output.
 pub struct TaskHandle<T> {
     task_id: TaskId,
-    results: Arc<dyn ResultStore>,
+    store: Arc<dyn Store>,
     /// Where the task was sent, when this handle sent it: asked for consumers on a timeout.
     sent_to: Option<(Arc<dyn Broker>, Option<String>)>,
     _output: PhantomData<fn() -> T>,
@@ -448,7 +464,7 @@ impl<T> Clone for TaskHandle<T> {
     fn clone(&self) -> Self {
         TaskHandle {
             task_id: self.task_id.clone(),
-            results: Arc::clone(&self.results),
+            store: Arc::clone(&self.store),
             sent_to: self.sent_to.clone(),
             _output: PhantomData,
         }
@@ -471,7 +487,7 @@ impl<T: DeserializeOwned> TaskHandle<T> {
     /// timeout of a task this handle sent, the broker is asked whether anyone consumes its
     /// queue ([`WaitError::NoConsumers`] when nobody does).
     pub async fn wait(&self, timeout: Duration) -> Result<T, WaitError> {
-        match self.results.wait(&self.task_id, timeout).await? {
+        match self.store.wait(&self.task_id, timeout).await? {
             ResultStatus::Ready(result) => self.decode(result),
             _ => Err(self.timed_out(timeout).await),
         }
@@ -493,7 +509,7 @@ impl<T: DeserializeOwned> TaskHandle<T> {
 
     /// The status now, without waiting.
     pub async fn status(&self) -> Result<TaskStatus, StoreError> {
-        Ok(match self.results.get(&self.task_id).await? {
+        Ok(match self.store.get(&self.task_id).await? {
             ResultStatus::Ready(r) => match r.failure_details() {
                 Some(f) => TaskStatus::Failed(f),
                 None => TaskStatus::Succeeded,
@@ -504,7 +520,7 @@ impl<T: DeserializeOwned> TaskHandle<T> {
 
     /// The stored result now, if any.
     pub async fn try_result(&self) -> Result<Option<T>, WaitError> {
-        match self.results.get(&self.task_id).await? {
+        match self.store.get(&self.task_id).await? {
             ResultStatus::Ready(r) => self.decode(r).map(Some),
             _ => Ok(None),
         }

@@ -11,7 +11,7 @@
 //! # #[tokio::main(flavor = "current_thread")] async fn main() {
 //! let broker = ferriq::connect::connect_broker("memory://").await.unwrap();
 //! let store = ferriq::connect::connect_store("memory://").await.unwrap();
-//! let client = ferriq::Client::new(broker, store.results());
+//! let client = ferriq::Client::new(broker, store);
 //! # let _ = client;
 //! let err = ferriq::connect::connect_broker("kafka://k:9092").await.unwrap_err();
 //! assert!(err.to_string().contains("kafka"));
@@ -26,26 +26,9 @@ use std::sync::Arc;
 use thiserror::Error;
 
 use crate::broker::Broker;
-use crate::store::{ClaimStore, ResultStore};
 use crate::SecretUrl;
 
-/// A claim store and result store in one (what every backend store is): fencing needs both
-/// answered by the same server.
-pub trait Store: ClaimStore + ResultStore {
-    /// This store as a claim store.
-    fn claims(self: Arc<Self>) -> Arc<dyn ClaimStore>;
-    /// This store as a result store.
-    fn results(self: Arc<Self>) -> Arc<dyn ResultStore>;
-}
-
-impl<T: ClaimStore + ResultStore> Store for T {
-    fn claims(self: Arc<Self>) -> Arc<dyn ClaimStore> {
-        self
-    }
-    fn results(self: Arc<Self>) -> Arc<dyn ResultStore> {
-        self
-    }
-}
+pub use crate::store::Store;
 
 /// `FERRIQ_*` settings by name. `Debug` shows URLs redacted and hides values whose names say
 /// they are secret.

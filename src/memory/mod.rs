@@ -7,6 +7,7 @@
 
 mod broker;
 mod store;
+mod workflow;
 
 pub use broker::{DeadLettered, MemoryBroker, MemoryBrokerStats};
 pub use store::MemoryStore;

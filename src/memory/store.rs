@@ -41,27 +41,31 @@ use crate::wire::{TaskId, TaskResult};
 /// ```
 #[derive(Clone)]
 pub struct MemoryStore {
-    inner: Arc<Inner>,
+    pub(super) inner: Arc<Inner>,
 }
 
-struct Inner {
+pub(super) struct Inner {
     state: Mutex<State>,
-    clock: Clock,
+    pub(super) clock: Clock,
     retention: Option<Duration>,
 }
 
 #[derive(Default)]
-struct State {
-    claims: HashMap<TaskId, Claim>,
-    results: HashMap<TaskId, TaskResult>,
+pub(super) struct State {
+    pub(super) claims: HashMap<TaskId, Claim>,
+    pub(super) results: HashMap<TaskId, TaskResult>,
     writes: HashMap<TaskId, u32>,
     waiters: HashMap<TaskId, Arc<Notify>>,
-    /// Finished tasks in the order they are forgotten (only with a retention).
+    /// Finished tasks (and settled workflows) in the order they are forgotten (only with a
+    /// retention).
     finished: VecDeque<(Instant, TaskId)>,
+    pub(super) groups: HashMap<TaskId, super::workflow::MemGroup>,
+    pub(super) chains: HashMap<TaskId, crate::store::ChainRecord>,
+    pub(super) progress: HashMap<TaskId, crate::store::TaskProgress>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Phase {
+pub(super) enum Phase {
     Running,
     Released,
     Done,
@@ -69,14 +73,31 @@ enum Phase {
 }
 
 #[derive(Debug, Clone)]
-struct Claim {
-    phase: Phase,
-    token: u64,
-    lease_until: Instant,
-    holder: String,
-    failures: u32,
-    starts: u32,
-    takeovers: u32,
+pub(super) struct Claim {
+    pub(super) phase: Phase,
+    pub(super) token: u64,
+    pub(super) lease_until: Instant,
+    pub(super) holder: String,
+    pub(super) failures: u32,
+    pub(super) starts: u32,
+    pub(super) takeovers: u32,
+    /// When the current run started (unix seconds on the store's clock).
+    pub(super) started_at: f64,
+}
+
+impl Claim {
+    pub(super) fn new(now: Instant) -> Self {
+        Claim {
+            phase: Phase::Released,
+            token: 0,
+            lease_until: now,
+            holder: String::new(),
+            failures: 0,
+            starts: 0,
+            takeovers: 0,
+            started_at: 0.0,
+        }
+    }
 }
 
 impl Default for MemoryStore {
@@ -117,7 +138,7 @@ impl MemoryStore {
     }
 
     /// Remembers when a task that just finished is to be forgotten.
-    fn finished(&self, state: &mut State, id: &TaskId) {
+    pub(super) fn finished(&self, state: &mut State, id: &TaskId) {
         // A retention too long to add to the clock keeps the task forever.
         if let Some(at) = self
             .inner
@@ -129,7 +150,7 @@ impl MemoryStore {
     }
 
     /// Forgets the finished tasks whose retention is over (amortized over the writes).
-    fn sweep(&self, state: &mut State) {
+    pub(super) fn sweep(&self, state: &mut State) {
         let now = Instant::now();
         while state.finished.front().is_some_and(|(at, _)| *at <= now) {
             let Some((_, id)) = state.finished.pop_front() else {
@@ -144,10 +165,13 @@ impl MemoryStore {
             }
             state.results.remove(&id);
             state.writes.remove(&id);
+            state.progress.remove(&id);
+            state.groups.remove(&id);
+            state.chains.remove(&id);
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
+    pub(super) fn lock(&self) -> MutexGuard<'_, State> {
         // Every update is a single map operation, so data behind a poisoned lock is consistent.
         self.inner
             .state
@@ -213,7 +237,7 @@ impl MemoryStore {
         Some(Token(c.token))
     }
 
-    fn store_result(state: &mut State, id: &TaskId, result: &TaskResult) -> bool {
+    pub(super) fn store_result(state: &mut State, id: &TaskId, result: &TaskResult) -> bool {
         if state.results.contains_key(id) {
             return false;
         }
@@ -239,15 +263,10 @@ impl ClaimStore for MemoryStore {
         let expired = deadline_at.is_some_and(|d| self.inner.clock.now_unix() > d);
         let mut state = self.lock();
         self.sweep(&mut state);
-        let claim = state.claims.entry(id.clone()).or_insert_with(|| Claim {
-            phase: Phase::Released,
-            token: 0,
-            lease_until: now,
-            holder: String::new(),
-            failures: 0,
-            starts: 0,
-            takeovers: 0,
-        });
+        let claim = state
+            .claims
+            .entry(id.clone())
+            .or_insert_with(|| Claim::new(now));
         match claim.phase {
             Phase::Done => return Ok(ClaimOutcome::Done),
             Phase::Revoked => return Ok(ClaimOutcome::Revoked),
@@ -264,6 +283,7 @@ impl ClaimStore for MemoryStore {
         claim.phase = Phase::Running;
         claim.lease_until = now + lease;
         claim.holder = worker.to_owned();
+        claim.started_at = self.inner.clock.now_unix();
         let token = Token(claim.token);
         let starts = claim.starts;
         claim.starts += 1;
@@ -409,15 +429,10 @@ impl ResultStore for MemoryStore {
         if finished || !Self::store_result(&mut state, id, result) {
             return Ok(false);
         }
-        let claim = state.claims.entry(id.clone()).or_insert_with(|| Claim {
-            phase: Phase::Released,
-            token: 0,
-            lease_until: Instant::now(),
-            holder: String::new(),
-            failures: 0,
-            starts: 0,
-            takeovers: 0,
-        });
+        let claim = state
+            .claims
+            .entry(id.clone())
+            .or_insert_with(|| Claim::new(Instant::now()));
         // A new token: a running holder's heartbeat and result write are now rejected.
         claim.token += 1;
         claim.phase = Phase::Revoked;

@@ -132,7 +132,7 @@ impl Inner {
         }
 
         let claim = self
-            .claims
+            .store
             .claim(
                 &msg.task_id,
                 &config.worker_id,
@@ -212,7 +212,7 @@ impl Inner {
         let detail = format!("no worker serves task {:?}", msg.task_name);
         let last_chance = d.receive_count >= config.max_unroutable_receives.saturating_mul(4);
         match self
-            .claims
+            .store
             .claim(&msg.task_id, &config.worker_id, config.lease, None)
             .await
         {
@@ -270,7 +270,7 @@ impl Inner {
     ) -> Option<Outcome> {
         let reply_to = msg.labels.reply_to();
         match self
-            .results
+            .store
             .complete(&msg.task_id, p.token, p.result.as_ref(), reply_to)
             .await
         {

@@ -101,7 +101,7 @@ async fn claim_beat(inner: Arc<Inner>) {
         .map(|(_, id, token)| (id.clone(), *token))
         .collect();
     let sent = Instant::now();
-    match inner.claims.heartbeat(&claims, inner.config.lease).await {
+    match inner.store.heartbeat(&claims, inner.config.lease).await {
         Ok(leases) => {
             let mut renewed = Vec::with_capacity(entries.len());
             for ((key, id, _), lease) in entries.iter().zip(leases) {

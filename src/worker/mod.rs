@@ -28,9 +28,9 @@ use tokio::sync::Semaphore;
 use tokio_util::task::TaskTracker;
 
 use crate::broker::{Broker, ConsumerSettings, Health, QueueDepth};
-use crate::connect::{connect_broker_with, connect_store_with, ConnectOptions, Store};
+use crate::connect::{connect_broker_with, connect_store_with, ConnectOptions};
+use crate::store::Store;
 use crate::registry::{Registry, RegistryError};
-use crate::store::{ClaimStore, ResultStore};
 use crate::task::AppState;
 use delivery::PendingResult;
 use metrics::Counters;
@@ -44,7 +44,7 @@ pub enum BuildError {
     #[error("no broker: call WorkerBuilder::broker")]
     MissingBroker,
     /// No claim or result store was given.
-    #[error("no claim/result store: call WorkerBuilder::store (or claims and results)")]
+    #[error("no claim/result store: call WorkerBuilder::store")]
     MissingStore,
     /// The registry is invalid (duplicate names, missing state).
     #[error(transparent)]
@@ -82,8 +82,7 @@ pub enum BuildError {
 #[derive(Default)]
 pub struct WorkerBuilder {
     broker: Option<Arc<dyn Broker>>,
-    claims: Option<Arc<dyn ClaimStore>>,
-    results: Option<Arc<dyn ResultStore>>,
+    store: Option<Arc<dyn Store>>,
     registry: Option<Registry>,
     state: AppState,
     config: WorkerConfig,
@@ -132,22 +131,9 @@ impl WorkerBuilder {
         self
     }
 
-    /// One store for both claims and results (the usual case: fencing needs them together).
+    /// The store of claims, results and workflows (Valkey, memory).
     pub fn store<S: Store + ?Sized>(mut self, store: Arc<S>) -> Self {
-        self.claims = Some(Arc::clone(&store).claims());
-        self.results = Some(store.results());
-        self
-    }
-
-    /// The claim store, when given separately.
-    pub fn claims(mut self, claims: Arc<dyn ClaimStore>) -> Self {
-        self.claims = Some(claims);
-        self
-    }
-
-    /// The result store, when given separately.
-    pub fn results(mut self, results: Arc<dyn ResultStore>) -> Self {
-        self.results = Some(results);
+        self.store = Some(store.into_dyn());
         self
     }
 
@@ -209,8 +195,7 @@ impl WorkerBuilder {
     pub fn build(self) -> Result<Worker, BuildError> {
         self.config.validate()?;
         let broker = self.broker.ok_or(BuildError::MissingBroker)?;
-        let claims = self.claims.ok_or(BuildError::MissingStore)?;
-        let results = self.results.ok_or(BuildError::MissingStore)?;
+        let store = self.store.ok_or(BuildError::MissingStore)?;
         let registry = match self.registry {
             Some(r) => r,
             None => Registry::from_inventory()?,
@@ -242,8 +227,7 @@ impl WorkerBuilder {
         Ok(Worker {
             inner: Arc::new(Inner {
                 broker,
-                claims,
-                results,
+                store,
                 registry,
                 state: Arc::new(self.state),
                 config: self.config,
@@ -284,8 +268,7 @@ fn no_tasks_reason() -> String {
 
 pub(crate) struct Inner {
     broker: Arc<dyn Broker>,
-    claims: Arc<dyn ClaimStore>,
-    results: Arc<dyn ResultStore>,
+    store: Arc<dyn Store>,
     registry: Registry,
     state: Arc<AppState>,
     config: WorkerConfig,
@@ -335,7 +318,7 @@ impl Worker {
     /// Whether the worker can do its work, for readiness probes: both the broker and the
     /// claim store must answer (a worker cut off from either runs nothing).
     pub async fn health(&self) -> Health {
-        let (broker, store) = tokio::join!(self.inner.broker.health(), self.inner.claims.health());
+        let (broker, store) = tokio::join!(self.inner.broker.health(), self.inner.store.health());
         match (broker, store) {
             (Health::Healthy, Health::Healthy) => Health::Healthy,
             (b, s) => {

@@ -156,7 +156,7 @@ impl Inner {
             // What will happen: no release is shorter than `min_defer`.
             let delay = self.backoff(opts, attempt).max(self.config.min_defer);
             tracing::info!(error = %error, attempt, max_attempts, retry_in = ?delay, "run failed; will retry");
-            return match self.claims.record_failure(&msg.task_id, token).await {
+            return match self.store.record_failure(&msg.task_id, token).await {
                 Ok(FailureRecord::Recorded { .. }) => {
                     self.release(d, delay, Outcome::Retried).await
                 }

@@ -33,7 +33,7 @@ impl Inner {
     ) -> Outcome {
         let reply_to = msg.labels.reply_to();
         match self
-            .results
+            .store
             .complete(&msg.task_id, token, result.as_ref(), reply_to)
             .await
         {
@@ -71,7 +71,7 @@ impl Inner {
     /// copy is parked too. A failed task's first copy may never have reached the dead-letter
     /// queue (the worker died between the result write and the dead-letter).
     pub(crate) async fn duplicate_of_finished(&self, d: &Delivery, id: &TaskId) -> Outcome {
-        let failure = match self.results.get(id).await {
+        let failure = match self.store.get(id).await {
             Ok(ResultStatus::Ready(r)) => r.failure_details(),
             Ok(_) => None,
             Err(e) => {
@@ -152,13 +152,13 @@ impl Inner {
         result: &TaskResult,
     ) -> Result<(), NotWritten> {
         let claim = self
-            .claims
+            .store
             .claim(id, &self.config.worker_id, self.config.lease, None)
             .await
             .map_err(NotWritten::Store)?;
         match claim {
             ClaimOutcome::Run { token, .. } | ClaimOutcome::Expired { token } => {
-                if let Err(e) = self.results.complete(id, token, Some(result), None).await {
+                if let Err(e) = self.store.complete(id, token, Some(result), None).await {
                     // Do not leave our claim in the way of the next try.
                     self.release_claim(id, token).await;
                     return Err(NotWritten::Store(e));
@@ -235,7 +235,7 @@ impl Inner {
     /// Releases a claim in the background, retrying while the store is unreachable (for up to
     /// a lease: after that the claim has run out anyway).
     pub(crate) fn release_claim_later(&self, id: TaskId, token: Token) {
-        let claims = std::sync::Arc::clone(&self.claims);
+        let claims = std::sync::Arc::clone(&self.store);
         let lease = self.config.lease;
         tokio::spawn(async move {
             let deadline = Instant::now() + lease;
@@ -249,7 +249,7 @@ impl Inner {
     }
 
     pub(crate) async fn release_claim(&self, id: &TaskId, token: Token) {
-        if let Err(e) = self.claims.release(id, token).await {
+        if let Err(e) = self.store.release(id, token).await {
             tracing::warn!(error = %e, "could not release the claim; it expires with its lease");
         }
     }

@@ -11,7 +11,6 @@ use std::time::Duration;
 
 use ferriq::broker::{Broker, OutgoingMessage};
 use ferriq::memory::MemoryBroker;
-use ferriq::store::{ClaimStore, ResultStore};
 use ferriq::testing::{CountingStore, Oracle, RunningWorker};
 use ferriq::wire::TaskId;
 use ferriq::worker::Outcome;
@@ -55,7 +54,7 @@ fn config() -> WorkerConfig {
 }
 
 /// Runs the scenario on `store` and asserts lost = 0 and duplicate result writes = 0.
-pub async fn exactly_once<S: ClaimStore + ResultStore>(
+pub async fn exactly_once<S: ferriq::store::Store>(
     store: Arc<S>,
     expire_lease: ExpireLease,
     tasks: u64,

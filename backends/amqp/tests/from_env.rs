@@ -81,7 +81,7 @@ async fn a_worker_from_the_environment_takes_its_prefetch_from_its_concurrency()
     )
     .await
     .unwrap();
-    let client = Client::new(Arc::clone(&broker), store.results());
+    let client = Client::new(Arc::clone(&broker), store);
     let handles = client
         .enqueue_batch((0..6).map(|_| held::call()))
         .await

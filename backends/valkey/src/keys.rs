@@ -26,6 +26,24 @@ impl Keys {
         format!("{}:claim:{{{}:{}}}", self.prefix, self.prefix, id)
     }
 
+    /// `{prefix}:{task_id}__progress`: where taskiq-redis keeps a task's progress.
+    pub(crate) fn progress(&self, id: &TaskId) -> String {
+        format!("{}:{}__progress", self.prefix, id)
+    }
+
+    /// A group's hash and its member bitmap: `{prefix}:group:{<id>}` and
+    /// `{prefix}:group:{<id>}:members`, one cluster slot (the group id is the hash tag).
+    pub(crate) fn group(&self, id: &TaskId) -> (String, String) {
+        let hash = format!("{}:group:{{{}}}", self.prefix, id);
+        let members = format!("{hash}:members");
+        (hash, members)
+    }
+
+    /// `{prefix}:chain:{id}`: a chain's steps.
+    pub(crate) fn chain(&self, id: &TaskId) -> String {
+        format!("{}:chain:{}", self.prefix, id)
+    }
+
     /// The channel a completion is announced on when the message named no `reply_to`.
     pub(crate) fn done_channel(&self, id: &TaskId) -> String {
         format!("{}:done:{}", self.prefix, id)

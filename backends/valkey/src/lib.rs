@@ -58,6 +58,7 @@ mod ops;
 mod scripts;
 mod store;
 mod waiters;
+mod workflow;
 
 pub use config::ValkeyStoreBuilder;
 pub use error::ValkeyError;

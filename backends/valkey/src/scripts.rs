@@ -1,7 +1,8 @@
 //! One Lua script per operation, so each is atomic on the server (design §5).
 //!
-//! A claim is one string value, `state token lease_until failures starts takeovers holder`:
-//! state `r` running, `x` released, `d` done, `v` revoked; `lease_until` in server µs;
+//! A claim is one string value, `state token lease_until started failures starts takeovers
+//! holder`: state `r` running, `x` released, `d` done, `v` revoked; `lease_until` and
+//! `started` (when the current run was granted) in server µs;
 //! `failures` counts failed attempts, `starts` the runs granted, `takeovers` the runs whose
 //! holder's lease ran out before it finished (crashed or stalled workers). One string (GET/SET
 //! with PX) costs the server less than a hash plus PEXPIRE on every claim. Numbers are written
@@ -27,17 +28,25 @@ end
 local function load(key)
   local raw = redis.call('GET', key)
   if raw then
-    local s, t, l, f, n, k, h = string.match(raw, '^(%a) (%d+) (%d+) (%d+) (%d+) (%d+) ?(.*)$')
+    local s, t, l, b, f, n, k, h =
+      string.match(raw, '^(%a) (%d+) (%d+) (%d+) (%d+) (%d+) (%d+) ?(.*)$')
     if s then
-      return {state = s, token = tonumber(t), lease = tonumber(l), failures = tonumber(f),
-              starts = tonumber(n), takeovers = tonumber(k), holder = h}
+      return {state = s, token = tonumber(t), lease = tonumber(l), started = tonumber(b),
+              failures = tonumber(f), starts = tonumber(n), takeovers = tonumber(k), holder = h}
+    end
+    -- Records written before `started` was kept.
+    s, t, l, f, n, k, h = string.match(raw, '^(%a) (%d+) (%d+) (%d+) (%d+) (%d+) ?(.*)$')
+    if s then
+      return {state = s, token = tonumber(t), lease = tonumber(l), started = 0,
+              failures = tonumber(f), starts = tonumber(n), takeovers = tonumber(k), holder = h}
     end
   end
-  return {state = nil, token = 0, lease = 0, failures = 0, starts = 0, takeovers = 0, holder = ''}
+  return {state = nil, token = 0, lease = 0, started = 0, failures = 0, starts = 0,
+          takeovers = 0, holder = ''}
 end
 local function save(key, r, ...)
-  local raw = string.format('%s %d %d %d %d %d %s',
-    r.state, r.token, r.lease, r.failures, r.starts, r.takeovers, r.holder)
+  local raw = string.format('%s %d %d %d %d %d %d %s',
+    r.state, r.token, r.lease, r.started, r.failures, r.starts, r.takeovers, r.holder)
   return redis.call('SET', key, raw, ...)
 end
 "#;
@@ -62,6 +71,7 @@ local function claim(ck, rk, worker, lease_ms, deadline, ttl, now)
   r.token = math.max(r.token + 1, now)
   r.state = 'r'
   r.lease = now + tonumber(lease_ms) * 1000
+  r.started = now
   r.holder = worker
   local starts = r.starts
   r.starts = starts + 1
@@ -193,6 +203,53 @@ redis.call('PUBLISH', ARGV[4], ARGV[5])
 return 1
 "#;
 
+/// A result written outside any run (a workflow's outcome). KEYS: claim, result. ARGV: result
+/// JSON, result ttl ms ('0' = none), claim ttl ms, channel, task id. Returns 1 when written, 0
+/// when a result was there. The claim is marked done (a message of the task is a duplicate).
+const STORE_ONCE: &str = r#"
+if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
+if ARGV[2] ~= '0' then
+  redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
+else
+  redis.call('SET', KEYS[2], ARGV[1])
+end
+local r = load(KEYS[1])
+if r.state ~= 'v' then
+  r.token = math.max(r.token + 1, now_us())
+  r.state = 'd'
+end
+save(KEYS[1], r, 'PX', ARGV[3])
+redis.call('PUBLISH', ARGV[4], ARGV[5])
+return 1
+"#;
+
+/// Creates a group. KEYS: group hash, member bitmap. ARGV: record JSON, size, ttl ms. Returns
+/// 1 when created, 0 when it existed.
+const CREATE_GROUP: &str = r#"
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('HSET', KEYS[1], 'record', ARGV[1], 'size', ARGV[2], 'done', 0, 'failed', 0)
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+-- The bitmap at its full size now: counting never grows it.
+redis.call('SETBIT', KEYS[2], math.max(tonumber(ARGV[2]) - 1, 0), 0)
+redis.call('PEXPIRE', KEYS[2], ARGV[3])
+return 1
+"#;
+
+/// Counts a member once. KEYS: group hash, member bitmap. ARGV: index, failed ('1'/'0').
+/// Returns {done, failed, size, settled} or {-1} when the group is unknown.
+const COUNT_MEMBER: &str = r#"
+local size = tonumber(redis.call('HGET', KEYS[1], 'size'))
+if not size then return {-1} end
+local i = tonumber(ARGV[1])
+if i < 0 or i >= size then return {-2} end
+if redis.call('SETBIT', KEYS[2], i, 1) == 0 then
+  redis.call('HINCRBY', KEYS[1], 'done', 1)
+  if ARGV[2] == '1' then redis.call('HINCRBY', KEYS[1], 'failed', 1) end
+end
+local v = redis.call('HMGET', KEYS[1], 'done', 'failed', 'settled')
+return {tonumber(v[1]), tonumber(v[2]), size, v[3] and 1 or 0}
+"#;
+
 /// Refuses a server whose Lua formats `%d` through a 32-bit C `long` (32-bit builds, some
 /// Windows ports): tokens and µs timestamps need 64 bits.
 pub(crate) async fn check_server(client: &Client) -> Result<(), String> {
@@ -224,6 +281,9 @@ pub(crate) struct Scripts {
     pub(crate) record_failure: Script,
     pub(crate) complete: Script,
     pub(crate) revoke: Script,
+    pub(crate) store_once: Script,
+    pub(crate) create_group: Script,
+    pub(crate) count_member: Script,
 }
 
 impl Scripts {
@@ -236,10 +296,13 @@ impl Scripts {
             record_failure: script(RECORD_FAILURE),
             complete: script(COMPLETE),
             revoke: script(REVOKE),
+            store_once: script(STORE_ONCE),
+            create_group: script(CREATE_GROUP),
+            count_member: script(COUNT_MEMBER),
         }
     }
 
-    fn all(&self) -> [&Script; 6] {
+    fn all(&self) -> [&Script; 9] {
         [
             &self.claim,
             &self.heartbeat,
@@ -247,6 +310,9 @@ impl Scripts {
             &self.record_failure,
             &self.complete,
             &self.revoke,
+            &self.store_once,
+            &self.create_group,
+            &self.count_member,
         ]
     }
 

@@ -180,6 +180,16 @@ impl ValkeyStore {
         })
     }
 
+    pub(crate) fn core(&self) -> &Core {
+        &self.inner.core
+    }
+
+    /// Wakes this process's waiters of `id` (a write they would otherwise learn of by the
+    /// announcement, a round trip later).
+    pub(crate) fn wake_local(&self, id: &TaskId) {
+        self.inner.waiters.wake(id.as_str());
+    }
+
     /// Closes the connections now (they also close when the last clone is dropped).
     pub async fn close(&self) {
         let _ = self.inner.subscriber.quit().await;
@@ -213,24 +223,21 @@ impl ValkeyStore {
         let Some(raw) = self.inner.core.read(self.inner.core.keys.claim(id)).await? else {
             return Ok(ClaimState::Absent);
         };
-        // `state token lease_until failures starts takeovers holder` (see the scripts).
-        let mut fields = raw.splitn(7, ' ');
-        let state = fields.next().unwrap_or_default().to_owned();
-        let token = fields.next().and_then(|t| t.parse().ok()).unwrap_or(0);
-        let _lease_until = fields.next();
-        let failures = fields.next().and_then(|f| f.parse().ok()).unwrap_or(0);
-        let _starts = fields.next();
-        let _takeovers = fields.next();
-        let holder = fields.next().unwrap_or_default().to_owned();
-        Ok(match state.as_str() {
-            "r" => ClaimState::Running {
+        let record = parse_record(&raw).ok_or_else(|| StoreError::Corrupt {
+            task_id: id.to_string(),
+            reason: format!("claim record {raw:?} is not in ferriq's format"),
+        })?;
+        let (state, token, failures, holder) =
+            (record.state, record.token, record.failures, record.holder);
+        Ok(match state {
+            'r' => ClaimState::Running {
                 token,
                 failures,
                 holder,
             },
-            "d" => ClaimState::Done,
-            "v" => ClaimState::Revoked,
-            "x" => ClaimState::Released { failures },
+            'd' => ClaimState::Done,
+            'v' => ClaimState::Revoked,
+            'x' => ClaimState::Released { failures },
             _ => {
                 return Err(StoreError::Corrupt {
                     task_id: id.to_string(),
@@ -490,4 +497,53 @@ impl std::fmt::Debug for ValkeyStore {
             .field("prefix", &self.inner.core.settings.prefix)
             .finish_non_exhaustive()
     }
+}
+
+/// A claim record read on the client side.
+pub(crate) struct Record {
+    pub(crate) state: char,
+    pub(crate) token: u64,
+    pub(crate) lease_us: u64,
+    pub(crate) started_us: u64,
+    pub(crate) failures: u32,
+    pub(crate) starts: u32,
+    pub(crate) takeovers: u32,
+    pub(crate) holder: String,
+}
+
+/// `state token lease_until started failures starts takeovers holder` (see the scripts), or
+/// the form before `started` was kept.
+pub(crate) fn parse_record(raw: &str) -> Option<Record> {
+    let parts: Vec<&str> = raw.splitn(8, ' ').collect();
+    let num = |s: &str| s.parse::<u64>().ok();
+    let state = parts.first()?.chars().next()?;
+    let current = parts.len() == 8 && parts[2..7].iter().all(|p| num(p).is_some());
+    let (started, rest) = if current {
+        (num(parts[3])?, &parts[4..])
+    } else {
+        let legacy: Vec<&str> = raw.splitn(7, ' ').collect();
+        if legacy.len() < 6 {
+            return None;
+        }
+        return Some(Record {
+            state,
+            token: num(legacy[1])?,
+            lease_us: num(legacy[2])?,
+            started_us: 0,
+            failures: num(legacy[3])? as u32,
+            starts: num(legacy[4])? as u32,
+            takeovers: num(legacy[5])? as u32,
+            holder: legacy.get(6).copied().unwrap_or_default().to_owned(),
+        });
+    };
+    Some(Record {
+        state,
+        token: num(parts[1])?,
+        lease_us: num(parts[2])?,
+        started_us: started,
+        failures: num(rest[0])? as u32,
+        starts: num(rest[1])? as u32,
+        takeovers: num(rest[2])? as u32,
+        holder: rest.get(3).copied().unwrap_or_default().to_owned(),
+    })
 }

@@ -3,7 +3,15 @@
 //! Exactly-once lives in [`ResultStore::complete`]: it writes only for the current claim token
 //! (fencing) and only if no result is stored yet. Claims only save duplicate work (design §5).
 
+mod workflow;
+
+pub use workflow::{
+    ChainRecord, ChordPolicy, ClaimInfo, ClaimState, GroupMark, GroupRecord, GroupState,
+    ProgressStore, TaskProgress, WorkflowStore,
+};
+
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -179,5 +187,34 @@ pub trait ResultStore: Send + Sync + 'static {
     /// the store wakes waiters another way.
     fn reply_channel(&self) -> Option<String> {
         None
+    }
+}
+
+/// Everything a backend store provides: claims and results (which fencing needs answered by
+/// one server), workflows, and progress. Workers and clients hold an `Arc<dyn Store>`.
+pub trait Store: ClaimStore + ResultStore + WorkflowStore + ProgressStore {
+    /// This store as a trait object.
+    fn into_dyn(self: Arc<Self>) -> Arc<dyn Store>;
+    /// This store as a claim store.
+    fn claims(self: Arc<Self>) -> Arc<dyn ClaimStore>;
+    /// This store as a result store.
+    fn results(self: Arc<Self>) -> Arc<dyn ResultStore>;
+}
+
+impl<T: ClaimStore + ResultStore + WorkflowStore + ProgressStore> Store for T {
+    fn into_dyn(self: Arc<Self>) -> Arc<dyn Store> {
+        self
+    }
+    fn claims(self: Arc<Self>) -> Arc<dyn ClaimStore> {
+        self
+    }
+    fn results(self: Arc<Self>) -> Arc<dyn ResultStore> {
+        self
+    }
+}
+
+impl fmt::Debug for dyn Store {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("dyn Store")
     }
 }
