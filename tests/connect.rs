@@ -42,8 +42,7 @@ async fn a_worker_and_a_client_from_urls_share_a_named_memory_backend() {
 async fn an_unknown_scheme_names_the_crate_to_link() {
     let err = connect_broker("amqp://guest:s3cret@rabbit:5672/")
         .await
-        .err()
-        .expect("must fail");
+        .expect_err("must fail");
     assert!(matches!(err, ConnectError::UnknownScheme { .. }), "{err:?}");
     let text = err.to_string();
     assert!(
@@ -54,14 +53,12 @@ async fn an_unknown_scheme_names_the_crate_to_link() {
 
     let text = connect_store("rediss://h:6379")
         .await
-        .err()
-        .expect("must fail")
+        .expect_err("must fail")
         .to_string();
     assert!(text.contains("ferriq-valkey"), "{text}");
     let text = connect_broker("kafka://k:9092")
         .await
-        .err()
-        .expect("must fail")
+        .expect_err("must fail")
         .to_string();
     assert!(
         text.contains("kafka://") && text.contains("check the URL"),
@@ -74,8 +71,7 @@ async fn a_worker_from_the_environment_needs_its_urls() {
     let config = WorkerConfig::from_vars([("FERRIQ_STORE_URL", "memory://")]).unwrap();
     let err = WorkerBuilder::from_config(config)
         .await
-        .err()
-        .expect("must fail");
+        .expect_err("must fail");
     assert!(err.to_string().contains("FERRIQ_BROKER_URL"), "{err}");
 }
 

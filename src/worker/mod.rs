@@ -89,6 +89,17 @@ pub struct WorkerBuilder {
     seed: Option<u64>,
 }
 
+impl std::fmt::Debug for WorkerBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkerBuilder")
+            .field("has_broker", &self.broker.is_some())
+            .field("has_store", &self.store.is_some())
+            .field("registry", &self.registry)
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
 impl WorkerBuilder {
     /// A builder configured wholly from the environment: [`WorkerConfig::from_env`], then the
     /// broker at `FERRIQ_BROKER_URL` and the store at `FERRIQ_STORE_URL` (or
