@@ -68,10 +68,7 @@ async fn valkey(prefix: &str) -> ValkeyStore {
         .expect("Redis")
 }
 
-fn worker(
-    broker: Arc<dyn Broker>,
-    store: Arc<impl ferriq::store::Store>,
-) -> Worker {
+fn worker(broker: Arc<dyn Broker>, store: Arc<impl ferriq::store::Store>) -> Worker {
     Worker::builder()
         .broker(broker)
         .store(store)

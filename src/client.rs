@@ -16,7 +16,7 @@ use serde_json::{Map, Value};
 use thiserror::Error;
 
 use crate::broker::{Broker, BrokerError, OutgoingMessage};
-use crate::store::{ResultStatus, Store, StoreError};
+use crate::store::{ClaimState, ResultStatus, Store, StoreError};
 use crate::task::TaskOptions;
 use crate::wire::{
     names, ErrorKind, LabelValue, Labels, TaskFailure, TaskId, TaskMessage, TaskResult, WireError,
@@ -39,6 +39,9 @@ pub enum EnqueueError {
     /// (claims and the once-only result write absorb duplicates).
     #[error("publish failed: {0}")]
     Broker(#[from] BrokerError),
+    /// A workflow's record could not be written; nothing of it was published.
+    #[error("the workflow's record could not be stored: {0}")]
+    Store(StoreError),
 }
 
 /// Why waiting for a result did not give a value.
@@ -346,7 +349,7 @@ impl Client {
         self
     }
 
-    fn outgoing(&self, mut msg: TaskMessage) -> Result<OutgoingMessage, WireError> {
+    pub(crate) fn outgoing(&self, mut msg: TaskMessage) -> Result<OutgoingMessage, WireError> {
         if let Some(channel) = self.store.reply_channel() {
             if msg.labels.get(names::REPLY_TO).is_none() {
                 msg.labels.insert(names::REPLY_TO, channel);
@@ -411,7 +414,7 @@ impl Client {
     }
 
     /// A handle on a task this client sends to `queue` (`None`: the default lane).
-    fn sent_handle<T>(&self, task_id: TaskId, queue: Option<String>) -> TaskHandle<T> {
+    pub(crate) fn sent_handle<T>(&self, task_id: TaskId, queue: Option<String>) -> TaskHandle<T> {
         TaskHandle {
             sent_to: Some((Arc::clone(&self.broker), queue)),
             ..self.handle(task_id)
@@ -439,12 +442,19 @@ impl fmt::Debug for Client {
     }
 }
 
-/// Where a task stands, as its result store sees it.
+/// Where a task stands, as its store sees it.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub enum TaskStatus {
-    /// No result yet: queued, running or retrying.
+    /// No result yet, and no run holds it: queued, or waiting to be retried.
     Pending,
+    /// A run holds it now.
+    Started {
+        /// The worker running it.
+        worker: String,
+        /// When the run started (unix ms), when the store knows.
+        started_at_ms: Option<u64>,
+    },
     /// Finished successfully.
     Succeeded,
     /// Finished with an error.
@@ -507,15 +517,28 @@ impl<T: DeserializeOwned> TaskHandle<T> {
         }
     }
 
-    /// The status now, without waiting.
+    /// The status now, without waiting: finished, started (with the worker and start time)
+    /// or pending.
     pub async fn status(&self) -> Result<TaskStatus, StoreError> {
-        Ok(match self.store.get(&self.task_id).await? {
-            ResultStatus::Ready(r) => match r.failure_details() {
+        if let ResultStatus::Ready(r) = self.store.get(&self.task_id).await? {
+            return Ok(match r.failure_details() {
                 Some(f) => TaskStatus::Failed(f),
                 None => TaskStatus::Succeeded,
+            });
+        }
+        Ok(match self.store.claim_info(&self.task_id).await? {
+            Some(c) if c.state == ClaimState::Running => TaskStatus::Started {
+                worker: c.holder,
+                started_at_ms: c.started_at_ms,
             },
             _ => TaskStatus::Pending,
         })
+    }
+
+    /// The progress the running task last reported
+    /// ([`TaskContext::set_progress`](crate::TaskContext::set_progress)), if any.
+    pub async fn progress(&self) -> Result<Option<Value>, StoreError> {
+        Ok(self.store.progress(&self.task_id).await?.map(|p| p.meta))
     }
 
     /// The stored result now, if any.

@@ -47,6 +47,7 @@ pub mod task;
 pub mod testing;
 pub mod wire;
 pub mod worker;
+pub mod workflow;
 
 pub use client::{Call, Client, EnqueueError, TaskHandle, TaskStatus, WaitError};
 pub use registry::{Registry, RegistryError};

@@ -7,7 +7,12 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio_util::sync::CancellationToken;
 
-use crate::wire::{Labels, TaskId};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use super::TaskError;
+use crate::store::{ResultStatus, Store, TaskProgress, Token};
+use crate::wire::{Labels, TaskFailure, TaskId};
 
 /// What a run knows about itself: its id, attempt, labels, deadline and cancellation.
 ///
@@ -42,6 +47,8 @@ struct ContextInner {
     labels: Labels,
     deadline_at: Option<f64>,
     cancel: CancellationToken,
+    /// The store and claim token of a run in a worker (none for direct calls).
+    run: Option<(Arc<dyn Store>, Token)>,
 }
 
 impl TaskContext {
@@ -79,8 +86,17 @@ impl TaskContext {
                 labels,
                 deadline_at,
                 cancel,
+                run: None,
             }),
         }
+    }
+
+    /// The same context, for a run in a worker holding the claim under `token`.
+    pub(crate) fn with_run(mut self, store: Arc<dyn Store>, token: Token) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.run = Some((store, token));
+        }
+        self
     }
 
     /// The task's id: the same for every attempt and every copy of the message.
@@ -125,6 +141,83 @@ impl TaskContext {
     /// Completes when the run is cancelled.
     pub async fn cancelled(&self) {
         self.inner.cancel.cancelled().await
+    }
+
+    /// Reports progress: any JSON value, readable by
+    /// [`TaskHandle::progress`](crate::TaskHandle::progress) (and by Python through
+    /// taskiq-redis's `get_progress`). Written only while this run holds the task's claim; a
+    /// no-op when the task is called directly.
+    pub async fn set_progress(&self, meta: impl Serialize) -> Result<(), TaskError> {
+        let Some((store, token)) = &self.inner.run else {
+            return Ok(());
+        };
+        let meta = serde_json::to_value(meta)
+            .map_err(|e| TaskError::fatal(format!("the progress value is not JSON: {e}")))?;
+        store
+            .set_progress(&self.inner.task_id, *token, &TaskProgress::started(meta))
+            .await
+            .map(|_| ())
+            .map_err(|e| TaskError::retryable(format!("progress not stored: {e}")))
+    }
+
+    /// A chord callback's members' outcomes, in member order: each its value or its failure.
+    /// An error when this task is not a chord's callback.
+    pub async fn group_results<T: DeserializeOwned>(
+        &self,
+    ) -> Result<Vec<Result<T, TaskFailure>>, TaskError> {
+        let Some(group) = self.inner.labels.group_results_of() else {
+            return Err(TaskError::fatal(
+                "group_results: this task is not a chord's callback",
+            ));
+        };
+        let Some((store, _)) = &self.inner.run else {
+            return Err(TaskError::fatal(
+                "group_results: the task runs outside a worker",
+            ));
+        };
+        let unavailable = |e: crate::store::StoreError| {
+            TaskError::retryable(format!("the group's results cannot be read: {e}"))
+        };
+        let Some(state) = store.group(&group).await.map_err(unavailable)? else {
+            return Err(TaskError::fatal(format!(
+                "group {group} is not in the store (expired?)"
+            )));
+        };
+        let ids: Vec<TaskId> = (0..state.record.size)
+            .map(|i| crate::workflow::member_id(&group, i))
+            .collect();
+        let mut out = Vec::with_capacity(ids.len());
+        for chunk in ids.chunks(1000) {
+            for (id, status) in chunk
+                .iter()
+                .zip(store.get_many(chunk).await.map_err(unavailable)?)
+            {
+                let ResultStatus::Ready(r) = status else {
+                    return Err(TaskError::retryable(format!(
+                        "member {id} has no result yet"
+                    )));
+                };
+                out.push(match r.failure_details() {
+                    Some(f) => Err(f),
+                    None => Ok(serde_json::from_value::<T>(r.return_value).map_err(|e| {
+                        TaskError::fatal(format!("member {id}'s result does not decode: {e}"))
+                    })?),
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// A chord callback's members' values, in member order; an error if any member failed
+    /// (which, with the default [`ChordPolicy`](crate::workflow::ChordPolicy), never reaches a
+    /// callback).
+    pub async fn group_values<T: DeserializeOwned>(&self) -> Result<Vec<T>, TaskError> {
+        self.group_results()
+            .await?
+            .into_iter()
+            .enumerate()
+            .map(|(i, r)| r.map_err(|f| TaskError::fatal(format!("member {i} failed: {f}"))))
+            .collect()
     }
 }
 

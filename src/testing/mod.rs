@@ -203,4 +203,3 @@ impl Oracle {
         self.starts.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
 }
-

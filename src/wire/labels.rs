@@ -4,6 +4,8 @@ use std::time::Duration;
 use base64::Engine as _;
 use serde_json::{Map, Value};
 
+use super::TaskId;
+
 /// taskiq's `LabelType` codes, as written in `labels_types`.
 mod code {
     pub const ANY: i64 = 1;
@@ -268,6 +270,11 @@ pub mod names {
     pub const DUE_AT: &str = "due_at";
     pub const WIRE: &str = "ferriq_wire";
     pub const REPLY_TO: &str = "reply_to";
+    pub const GROUP: &str = "ferriq_group";
+    pub const GROUP_INDEX: &str = "ferriq_group_index";
+    pub const GROUP_RESULTS: &str = "ferriq_group_results";
+    pub const CHAIN: &str = "ferriq_chain";
+    pub const CHAIN_STEP: &str = "ferriq_chain_step";
 }
 
 /// Longest timeout a label may ask for; larger values are clamped.
@@ -388,6 +395,26 @@ impl Labels {
     /// `reply_to`: the notification channel of the client waiting for this task.
     pub fn reply_to(&self) -> Option<&str> {
         self.get(names::REPLY_TO)?.as_str()
+    }
+
+    /// `ferriq_group` and `ferriq_group_index`: the group this message is member `index` of.
+    pub fn group_member(&self) -> Option<(TaskId, u32)> {
+        let id = TaskId::parse(self.get(names::GROUP)?.as_str()?).ok()?;
+        let index = self.get(names::GROUP_INDEX)?.as_i64()?;
+        Some((id, u32::try_from(index).ok()?))
+    }
+
+    /// `ferriq_group_results`: the group whose members' outcomes this (chord callback) task
+    /// reads.
+    pub fn group_results_of(&self) -> Option<TaskId> {
+        TaskId::parse(self.get(names::GROUP_RESULTS)?.as_str()?).ok()
+    }
+
+    /// `ferriq_chain` and `ferriq_chain_step`: the chain this message is step `index` of.
+    pub fn chain_step(&self) -> Option<(TaskId, u32)> {
+        let id = TaskId::parse(self.get(names::CHAIN)?.as_str()?).ok()?;
+        let index = self.get(names::CHAIN_STEP)?.as_i64()?;
+        Some((id, u32::try_from(index).ok()?))
     }
 
     /// Reads `labels` and `labels_types` as taskiq writes them.

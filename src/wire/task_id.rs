@@ -30,6 +30,31 @@ impl TaskId {
         TaskId(uuid::Uuid::new_v4().simple().to_string())
     }
 
+    /// An id derived from `parts`: the same parts always give the same id (a uuid5 in
+    /// taskiq's format). Workflow steps, chord callbacks and schedule ticks get such ids, so
+    /// a step sent twice is one task (claims and the once-only result absorb the second).
+    ///
+    /// ```
+    /// use ferriq::wire::TaskId;
+    /// let a = TaskId::derived(&["schedule", "nightly", "1764547200"]);
+    /// assert_eq!(a, TaskId::derived(&["schedule", "nightly", "1764547200"]));
+    /// assert_ne!(a, TaskId::derived(&["schedule", "nightly", "1764633600"]));
+    /// assert_eq!(a.as_str().len(), 32);
+    /// ```
+    pub fn derived(parts: &[&str]) -> Self {
+        // A namespace of ferriq's own (a fixed uuid4): the contract for derived ids.
+        const NAMESPACE: uuid::Uuid =
+            uuid::Uuid::from_u128(0x7c1e_6f1b_8d0a_4b8e_9f6c_2a4d_5e3b_1c07);
+        // Length-prefixed, so ("ab", "c") and ("a", "bc") differ.
+        let mut name = Vec::new();
+        for p in parts {
+            name.extend_from_slice(p.len().to_string().as_bytes());
+            name.push(b':');
+            name.extend_from_slice(p.as_bytes());
+        }
+        TaskId(uuid::Uuid::new_v5(&NAMESPACE, &name).simple().to_string())
+    }
+
     /// Checks `id` and wraps it.
     pub fn parse(id: impl Into<String>) -> Result<Self, WireError> {
         let id = id.into();

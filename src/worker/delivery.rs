@@ -148,8 +148,8 @@ impl Inner {
                 self.release(d, config.store_retry_after, Outcome::Released)
                     .await
             }
-            Ok(ClaimOutcome::Done) => self.duplicate_of_finished(d, &msg.task_id).await,
-            Ok(ClaimOutcome::Revoked) => self.ack(d, Outcome::Revoked).await,
+            Ok(ClaimOutcome::Done) => self.duplicate_of_finished(d, &msg).await,
+            Ok(ClaimOutcome::Revoked) => self.revoked(d, &msg).await,
             Ok(ClaimOutcome::Defer { retry_after }) => {
                 self.release(d, retry_after, Outcome::Deferred).await
             }
@@ -247,8 +247,8 @@ impl Inner {
                 )
                 .await
             }
-            Ok(ClaimOutcome::Done) => self.duplicate_of_finished(d, &msg.task_id).await,
-            Ok(ClaimOutcome::Revoked) => self.ack(d, Outcome::Revoked).await,
+            Ok(ClaimOutcome::Done) => self.duplicate_of_finished(d, msg).await,
+            Ok(ClaimOutcome::Revoked) => self.revoked(d, msg).await,
             Ok(ClaimOutcome::Defer { retry_after }) => {
                 self.release(d, retry_after, Outcome::Deferred).await
             }
@@ -275,6 +275,12 @@ impl Inner {
             .await
         {
             Ok(CompleteOutcome::Stored | CompleteOutcome::AlreadyStored) => {
+                if !self.advance_workflow(msg, p.result.as_ref()).await {
+                    return Some(
+                        self.release(d, self.advance_retry(), Outcome::Released)
+                            .await,
+                    );
+                }
                 Some(self.settle_message(d, &p.settle, p.outcome).await)
             }
             Ok(_) => None,

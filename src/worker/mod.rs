@@ -10,6 +10,7 @@ mod run;
 mod running;
 mod settle;
 mod shutdown;
+mod workflow;
 
 pub use config::{ConfigError, WorkerConfig};
 pub use metrics::WorkerStats;
@@ -29,8 +30,8 @@ use tokio_util::task::TaskTracker;
 
 use crate::broker::{Broker, ConsumerSettings, Health, QueueDepth};
 use crate::connect::{connect_broker_with, connect_store_with, ConnectOptions};
-use crate::store::Store;
 use crate::registry::{Registry, RegistryError};
+use crate::store::Store;
 use crate::task::AppState;
 use delivery::PendingResult;
 use metrics::Counters;

@@ -86,7 +86,8 @@ impl Inner {
             msg.labels.clone(),
             msg.labels.deadline_at(),
             cancel.child_token(),
-        );
+        )
+        .with_run(Arc::clone(&self.store), token);
         let invocation = Invocation::new(
             ctx,
             std::mem::take(&mut msg.args),
@@ -143,6 +144,7 @@ impl Inner {
                 ),
                 false,
             ),
+            RunEnd::Stopped(StopReason::Revoked) => return self.revoked(d, &msg).await,
             RunEnd::Stopped(why) => return self.stopped(d, &msg.task_id, token, why).await,
             RunEnd::Error(e) => e,
             RunEnd::TimedOut(limit) => TaskError::with_kind(

@@ -38,11 +38,16 @@ impl Inner {
             .await
         {
             Ok(CompleteOutcome::Stored | CompleteOutcome::AlreadyStored) => {
+                if !self.advance_workflow(msg, result.as_ref()).await {
+                    return self
+                        .release(d, self.advance_retry(), Outcome::Released)
+                        .await;
+                }
                 self.settle_message(d, &settle, outcome).await
             }
             Ok(CompleteOutcome::Revoked) => {
                 tracing::info!("task revoked while it ran: its result is not stored");
-                self.ack(d, Outcome::Revoked).await
+                self.revoked(d, msg).await
             }
             Ok(_) => {
                 // Fenced off: another holder owns the task and its message now.
@@ -70,9 +75,9 @@ impl Inner {
     /// A copy of a finished task: acked, unless the task failed for good, in which case the
     /// copy is parked too. A failed task's first copy may never have reached the dead-letter
     /// queue (the worker died between the result write and the dead-letter).
-    pub(crate) async fn duplicate_of_finished(&self, d: &Delivery, id: &TaskId) -> Outcome {
-        let failure = match self.store.get(id).await {
-            Ok(ResultStatus::Ready(r)) => r.failure_details(),
+    pub(crate) async fn duplicate_of_finished(&self, d: &Delivery, msg: &TaskMessage) -> Outcome {
+        let stored = match self.store.get(&msg.task_id).await {
+            Ok(ResultStatus::Ready(r)) => Some(r),
             Ok(_) => None,
             Err(e) => {
                 tracing::warn!(error = %e, "result store unreachable: releasing the duplicate");
@@ -81,6 +86,14 @@ impl Inner {
                     .await;
             }
         };
+        // The copy of a workflow's member or step: its first copy's worker may have died
+        // between storing the outcome and acting on it.
+        if !self.advance_workflow(msg, stored.as_ref()).await {
+            return self
+                .release(d, self.advance_retry(), Outcome::Released)
+                .await;
+        }
+        let failure = stored.as_ref().and_then(TaskResult::failure_details);
         let park = failure.filter(|f| {
             !matches!(
                 f.kind,

@@ -73,7 +73,12 @@ impl WorkflowStore for ValkeyStore {
         };
         let record: GroupRecord =
             serde_json::from_str(raw).map_err(|e| corrupt(id, format!("group record: {e}")))?;
-        let n = |k: &str| fields.get(k).and_then(|v| v.parse::<u32>().ok()).unwrap_or(0);
+        let n = |k: &str| {
+            fields
+                .get(k)
+                .and_then(|v| v.parse::<u32>().ok())
+                .unwrap_or(0)
+        };
         let mark = GroupMark::new(
             n("done"),
             n("failed"),
@@ -173,7 +178,9 @@ impl WorkflowStore for ValkeyStore {
         let mut out = Vec::with_capacity(ids.len());
         // Reads spread over the pool, a bounded number at once.
         for chunk in ids.chunks(256) {
-            let reads = chunk.iter().map(|id| ferriq::store::ResultStore::get(self, id));
+            let reads = chunk
+                .iter()
+                .map(|id| ferriq::store::ResultStore::get(self, id));
             for r in futures_util::future::join_all(reads).await {
                 out.push(r?);
             }
@@ -195,9 +202,7 @@ impl ProgressStore for ValkeyStore {
         // last progress value; progress is advice, results are fenced.
         let core = self.core();
         let current = match core.read(core.keys.claim(id)).await? {
-            Some(raw) => {
-                parse_record(&raw).is_some_and(|r| r.state == 'r' && r.token == token.0)
-            }
+            Some(raw) => parse_record(&raw).is_some_and(|r| r.state == 'r' && r.token == token.0),
             None => false,
         };
         if !current {
@@ -220,9 +225,12 @@ impl ProgressStore for ValkeyStore {
         let Some(raw) = self.core().read(self.core().keys.progress(id)).await? else {
             return Ok(None);
         };
-        serde_json::from_str(&raw)
-            .map(Some)
-            .map_err(|e| corrupt(id, format!("progress is not taskiq's JSON TaskProgress: {e}")))
+        serde_json::from_str(&raw).map(Some).map_err(|e| {
+            corrupt(
+                id,
+                format!("progress is not taskiq's JSON TaskProgress: {e}"),
+            )
+        })
     }
 
     async fn claim_info(&self, id: &TaskId) -> Result<Option<ClaimInfo>, StoreError> {
