@@ -45,7 +45,6 @@ struct Shared {
     id: u64,
     state: Mutex<State>,
     notify: Notify,
-    default_queue: String,
     visibility: Duration,
     max_receives: Option<u32>,
 }
@@ -147,7 +146,6 @@ impl MemoryBroker {
                 id: NEXT.fetch_add(1, Ordering::Relaxed),
                 state: Mutex::new(State::default()),
                 notify: Notify::new(),
-                default_queue: DEFAULT_QUEUE.to_owned(),
                 visibility,
                 // 0 would park every message on its first receive: read it as "no limit".
                 max_receives: max_receives.filter(|n| *n > 0),
@@ -156,11 +154,17 @@ impl MemoryBroker {
         }
     }
 
-    /// A handle on the same broker that receives from `queues` (lanes) instead.
+    /// A handle on the same broker that receives from `queues` (lanes) instead; messages it
+    /// publishes without a `queue_name` label go to the first.
     pub fn consuming(&self, queues: &[&str]) -> Self {
+        let queues: Arc<[String]> = if queues.is_empty() {
+            Arc::from(vec![DEFAULT_QUEUE.to_owned()])
+        } else {
+            queues.iter().map(|q| (*q).to_owned()).collect()
+        };
         MemoryBroker {
             shared: Arc::clone(&self.shared),
-            queues: queues.iter().map(|q| (*q).to_owned()).collect(),
+            queues,
         }
     }
 
@@ -379,10 +383,7 @@ impl Broker for MemoryBroker {
         for msg in batch {
             state.next_id += 1;
             let id = state.next_id;
-            let queue = msg
-                .queue
-                .clone()
-                .unwrap_or_else(|| self.shared.default_queue.clone());
+            let queue = msg.queue.clone().unwrap_or_else(|| self.queues[0].clone());
             let visible_at = now + msg.delay.unwrap_or_default();
             let stored = Stored {
                 id,

@@ -167,6 +167,12 @@ impl WorkerBuilder {
         self
     }
 
+    /// This worker's id in claims (default: host name, pid and a random suffix).
+    pub fn worker_id(mut self, id: impl Into<String>) -> Self {
+        self.config.worker_id = id.into();
+        self
+    }
+
     /// Most runs at once.
     pub fn concurrency(mut self, n: usize) -> Self {
         self.config.concurrency = n;
