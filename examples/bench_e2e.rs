@@ -172,32 +172,6 @@ async fn drive(client: &Client, n: u64, lat_n: usize) -> Figures {
     }
 }
 
-async fn delete_topology(exchange: &str, queue: &str) {
-    use lapin::options::QueueDeleteOptions;
-    let Ok(conn) =
-        lapin::Connection::connect(&amqp_url(), lapin::ConnectionProperties::default()).await
-    else {
-        return;
-    };
-    let mut names = vec![queue.to_owned(), format!("{queue}.dead_letter")];
-    for tier in ["1s", "5s", "30s", "2m", "10m", "1h", "6h", "24h"] {
-        names.push(format!("{queue}.delay.{tier}"));
-    }
-    for name in names {
-        if let Ok(ch) = conn.create_channel().await {
-            let _ = ch
-                .queue_delete(name.as_str().into(), QueueDeleteOptions::default())
-                .await;
-        }
-    }
-    if let Ok(ch) = conn.create_channel().await {
-        let _ = ch
-            .exchange_delete(exchange.into(), Default::default())
-            .await;
-    }
-    let _ = conn.close(200, "".into()).await;
-}
-
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     if arg("--role", "producer") == "worker" {
@@ -266,7 +240,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             let _ = tokio::time::timeout(Duration::from_secs(30), child.wait()).await;
             let raw = raw_lapin(&format!("fqbench.{tag}.raw"), n, CONCURRENCY as u16).await;
             let _ = store.purge_prefix().await;
-            delete_topology(&exchange, &queue).await;
+            ferriq_examples::delete_amqp_topology(&exchange, &queue).await;
             (figures, raw, rss, "RabbitMQ quorum queue (confirms, persistent) + Redis claims/results, worker in its own process")
         }
         "sqs" => {

@@ -94,35 +94,6 @@ fn spawn(tag: &str, n: usize) -> Child {
         .expect("spawn a worker")
 }
 
-async fn delete_topology(tag: &str) {
-    let Ok(conn) =
-        lapin::Connection::connect(&amqp_url(), lapin::ConnectionProperties::default()).await
-    else {
-        return;
-    };
-    let queue = format!("fqcheck.{tag}");
-    let mut names = vec![queue.clone(), format!("{queue}.dead_letter")];
-    for tier in ["1s", "5s", "30s", "2m", "10m", "1h", "6h", "24h"] {
-        names.push(format!("{queue}.delay.{tier}"));
-    }
-    for name in names {
-        if let Ok(ch) = conn.create_channel().await {
-            let _ = ch
-                .queue_delete(name.as_str().into(), Default::default())
-                .await;
-        }
-    }
-    if let Ok(ch) = conn.create_channel().await {
-        let _ = ch
-            .exchange_delete(
-                format!("fqcheck.{tag}.x").as_str().into(),
-                Default::default(),
-            )
-            .await;
-    }
-    let _ = conn.close(200, "".into()).await;
-}
-
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     if arg("--role", "check") == "worker" {
@@ -240,7 +211,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let _ = w.wait().await;
     }
     let _ = store.purge_prefix().await;
-    delete_topology(&tag).await;
+    ferriq_examples::delete_amqp_topology(&format!("fqcheck.{tag}.x"), &format!("fqcheck.{tag}"))
+        .await;
     println!(
         "members={members} member_results={member_results} callback_runs={callback_runs} callback_results={callback_results}"
     );

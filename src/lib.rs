@@ -40,6 +40,7 @@ pub mod connect;
 #[cfg(feature = "memory")]
 pub mod memory;
 pub mod registry;
+pub mod schedule;
 mod secret;
 pub mod store;
 pub mod task;
@@ -72,6 +73,8 @@ pub use inventory;
 #[doc(hidden)]
 pub mod __private {
     pub use crate::task::__private::*;
-    pub use crate::task::{Invocation, RunFuture, StateRequirement, TaskRegistration};
+    pub use crate::task::{
+        Invocation, RunFuture, StateRequirement, StaticSchedule, TaskRegistration,
+    };
     pub use serde_json::Value;
 }

@@ -87,3 +87,30 @@ pub async fn poll_until(limit: Duration, mut check: impl FnMut() -> bool) -> boo
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// Deletes a lane's queues (with its dead-letter queue and delay tiers at the default tiers)
+/// and its exchange from RabbitMQ: what an example or check made for one run.
+pub async fn delete_amqp_topology(exchange: &str, queue: &str) {
+    let Ok(conn) =
+        lapin::Connection::connect(&amqp_url(), lapin::ConnectionProperties::default()).await
+    else {
+        return;
+    };
+    let mut names = vec![queue.to_owned(), format!("{queue}.dead_letter")];
+    for tier in ["1s", "5s", "30s", "2m", "10m", "1h", "6h", "24h"] {
+        names.push(format!("{queue}.delay.{tier}"));
+    }
+    for name in names {
+        if let Ok(ch) = conn.create_channel().await {
+            let _ = ch
+                .queue_delete(name.as_str().into(), Default::default())
+                .await;
+        }
+    }
+    if let Ok(ch) = conn.create_channel().await {
+        let _ = ch
+            .exchange_delete(exchange.into(), Default::default())
+            .await;
+    }
+    let _ = conn.close(200, "".into()).await;
+}

@@ -83,6 +83,7 @@ fn expand(attr: TaskAttr, func: ItemFn) -> syn::Result<TokenStream2> {
         }
     };
     let options = attr.options_expr();
+    let schedule = attr.schedule_expr();
 
     let arg_names: Vec<&syn::Ident> = params
         .iter()
@@ -209,7 +210,7 @@ fn expand(attr: TaskAttr, func: ItemFn) -> syn::Result<TokenStream2> {
                     &[#(#states),*],
                     ::core::file!(),
                     ::core::line!(),
-                )
+                )#schedule
             }
         };
     })

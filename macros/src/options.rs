@@ -7,7 +7,8 @@ use syn::punctuated::Punctuated;
 use syn::{Error, Expr, ExprLit, Lit, LitStr, MetaNameValue, Token};
 
 const KNOWN: &str = "name, max_attempts, timeout, queue, backoff_initial, backoff_max, \
-                     retry_on_error, store_result";
+                     retry_on_error, store_result, schedule, every, timezone, missed, \
+                     catch_up_max, no_overlap, schedule_args";
 
 /// The parsed options.
 #[derive(Default)]
@@ -20,6 +21,13 @@ pub(crate) struct TaskAttr {
     backoff_max_ms: Option<u64>,
     retry_on_error: Option<bool>,
     store_result: Option<bool>,
+    schedule: Option<LitStr>,
+    every: Option<u64>,
+    timezone: Option<LitStr>,
+    missed: Option<LitStr>,
+    catch_up_max: Option<u32>,
+    no_overlap: Option<bool>,
+    schedule_args: Option<LitStr>,
 }
 
 impl Parse for TaskAttr {
@@ -89,6 +97,41 @@ impl Parse for TaskAttr {
                 "backoff_max" => attr.backoff_max_ms = Some(secs_lit(&key, &lit)?),
                 "retry_on_error" => attr.retry_on_error = Some(bool_lit(&key, &lit)?),
                 "store_result" => attr.store_result = Some(bool_lit(&key, &lit)?),
+                "schedule" => attr.schedule = Some(str_lit(&key, &lit)?),
+                "timezone" => attr.timezone = Some(str_lit(&key, &lit)?),
+                "schedule_args" => attr.schedule_args = Some(str_lit(&key, &lit)?),
+                "no_overlap" => attr.no_overlap = Some(bool_lit(&key, &lit)?),
+                "every" => {
+                    let n = match &lit {
+                        Lit::Int(i) => i.base10_parse::<u64>()?,
+                        _ => return Err(Error::new_spanned(&lit, "every takes whole seconds")),
+                    };
+                    if n == 0 {
+                        return Err(Error::new_spanned(&lit, "every takes at least 1 second"));
+                    }
+                    attr.every = Some(n);
+                }
+                "catch_up_max" => {
+                    attr.catch_up_max = Some(match &lit {
+                        Lit::Int(i) => i.base10_parse::<u32>()?,
+                        _ => {
+                            return Err(Error::new_spanned(
+                                &lit,
+                                "catch_up_max takes a whole number",
+                            ))
+                        }
+                    })
+                }
+                "missed" => {
+                    let s = str_lit(&key, &lit)?;
+                    if !["skip", "latest", "catch_up"].contains(&s.value().as_str()) {
+                        return Err(Error::new_spanned(
+                            &lit,
+                            "missed is \"skip\", \"latest\" or \"catch_up\"",
+                        ));
+                    }
+                    attr.missed = Some(s);
+                }
                 _ => {
                     return Err(Error::new_spanned(
                         &item.path,
@@ -96,6 +139,34 @@ impl Parse for TaskAttr {
                     ))
                 }
             }
+        }
+        let scheduled = attr.schedule.is_some() || attr.every.is_some();
+        if attr.schedule.is_some() && attr.every.is_some() {
+            return Err(Error::new(
+                proc_macro2::Span::call_site(),
+                "give `schedule` (cron) or `every` (seconds), not both",
+            ));
+        }
+        let needs_schedule = [
+            ("timezone", attr.timezone.is_some()),
+            ("missed", attr.missed.is_some()),
+            ("catch_up_max", attr.catch_up_max.is_some()),
+            ("no_overlap", attr.no_overlap.is_some()),
+            ("schedule_args", attr.schedule_args.is_some()),
+        ];
+        if let Some((option, _)) = needs_schedule.iter().find(|(_, set)| *set && !scheduled) {
+            return Err(Error::new(
+                proc_macro2::Span::call_site(),
+                format!(
+                    "`{option}` applies to a scheduled task: add `schedule = \"…\"` or `every = N`"
+                ),
+            ));
+        }
+        if attr.timezone.is_some() && attr.every.is_some() {
+            return Err(Error::new(
+                proc_macro2::Span::call_site(),
+                "`timezone` applies to a cron `schedule`, not to `every`",
+            ));
         }
         Ok(attr)
     }
@@ -127,6 +198,38 @@ impl TaskAttr {
             e = quote!(#e.store_result(#b));
         }
         e
+    }
+}
+
+impl TaskAttr {
+    /// `.with_schedule(…)` on the registration, when the task is scheduled.
+    pub(crate) fn schedule_expr(&self) -> TokenStream2 {
+        if self.schedule.is_none() && self.every.is_none() {
+            return quote!();
+        }
+        let opt_str = |s: &Option<LitStr>| match s {
+            Some(s) => quote!(::core::option::Option::Some(#s)),
+            None => quote!(::core::option::Option::None),
+        };
+        let cron = opt_str(&self.schedule);
+        let timezone = opt_str(&self.timezone);
+        let every = match self.every {
+            Some(n) => quote!(::core::option::Option::Some(#n)),
+            None => quote!(::core::option::Option::None),
+        };
+        let missed = self
+            .missed
+            .as_ref()
+            .map_or_else(|| quote!("latest"), |m| quote!(#m));
+        let max = self.catch_up_max.unwrap_or(100);
+        let no_overlap = self.no_overlap.unwrap_or(false);
+        let args = self
+            .schedule_args
+            .as_ref()
+            .map_or_else(|| quote!("[]"), |a| quote!(#a));
+        quote!(.with_schedule(::ferriq::__private::StaticSchedule::new(
+            #cron, #every, #timezone, #missed, #max, #no_overlap, #args
+        )))
     }
 }
 

@@ -6,6 +6,7 @@
 //! (`expire_in_flight`, `take_over`, write counts) inject the faults real deployments see.
 
 mod broker;
+mod schedules;
 mod store;
 mod workflow;
 

@@ -62,6 +62,7 @@ pub(super) struct State {
     pub(super) groups: HashMap<TaskId, super::workflow::MemGroup>,
     pub(super) chains: HashMap<TaskId, crate::store::ChainRecord>,
     pub(super) progress: HashMap<TaskId, crate::store::TaskProgress>,
+    pub(super) schedules: super::schedules::MemSchedules,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -3,7 +3,10 @@
 //! Exactly-once lives in [`ResultStore::complete`]: it writes only for the current claim token
 //! (fencing) and only if no result is stored yet. Claims only save duplicate work (design §5).
 
+mod schedule;
 mod workflow;
+
+pub use schedule::ScheduleStore;
 
 pub use workflow::{
     ChainRecord, ChordPolicy, ClaimInfo, ClaimState, GroupMark, GroupRecord, GroupState,
@@ -191,8 +194,9 @@ pub trait ResultStore: Send + Sync + 'static {
 }
 
 /// Everything a backend store provides: claims and results (which fencing needs answered by
-/// one server), workflows, and progress. Workers and clients hold an `Arc<dyn Store>`.
-pub trait Store: ClaimStore + ResultStore + WorkflowStore + ProgressStore {
+/// one server), workflows, progress and schedules. Workers and clients hold an
+/// `Arc<dyn Store>`.
+pub trait Store: ClaimStore + ResultStore + WorkflowStore + ProgressStore + ScheduleStore {
     /// This store as a trait object.
     fn into_dyn(self: Arc<Self>) -> Arc<dyn Store>;
     /// This store as a claim store.
@@ -201,7 +205,7 @@ pub trait Store: ClaimStore + ResultStore + WorkflowStore + ProgressStore {
     fn results(self: Arc<Self>) -> Arc<dyn ResultStore>;
 }
 
-impl<T: ClaimStore + ResultStore + WorkflowStore + ProgressStore> Store for T {
+impl<T: ClaimStore + ResultStore + WorkflowStore + ProgressStore + ScheduleStore> Store for T {
     fn into_dyn(self: Arc<Self>) -> Arc<dyn Store> {
         self
     }

@@ -9,7 +9,7 @@ mod registration;
 pub use context::{AppState, State, TaskContext, TaskContextBuilder};
 pub use error::TaskError;
 pub use options::TaskOptions;
-pub use registration::{Invocation, RunFuture, StateRequirement, TaskRegistration};
+pub use registration::{Invocation, RunFuture, StateRequirement, StaticSchedule, TaskRegistration};
 
 #[doc(hidden)]
 pub mod __private {

@@ -21,9 +21,46 @@ pub struct TaskRegistration {
     pub(crate) states: &'static [StateRequirement],
     pub(crate) file: &'static str,
     pub(crate) line: u32,
+    pub(crate) schedule: Option<StaticSchedule>,
 }
 
 inventory::collect!(TaskRegistration);
+
+/// A schedule declared on a task with `#[task(schedule = …)]` or `#[task(every = …)]`.
+#[derive(Debug, Clone, Copy)]
+pub struct StaticSchedule {
+    pub(crate) cron: Option<&'static str>,
+    pub(crate) every: Option<u64>,
+    pub(crate) timezone: Option<&'static str>,
+    pub(crate) missed: &'static str,
+    pub(crate) catch_up_max: u32,
+    pub(crate) no_overlap: bool,
+    pub(crate) args: &'static str,
+}
+
+impl StaticSchedule {
+    /// Used by `#[task]`; not a stable API.
+    #[doc(hidden)]
+    pub const fn new(
+        cron: Option<&'static str>,
+        every: Option<u64>,
+        timezone: Option<&'static str>,
+        missed: &'static str,
+        catch_up_max: u32,
+        no_overlap: bool,
+        args: &'static str,
+    ) -> Self {
+        StaticSchedule {
+            cron,
+            every,
+            timezone,
+            missed,
+            catch_up_max,
+            no_overlap,
+            args,
+        }
+    }
+}
 
 impl TaskRegistration {
     /// Used by `#[task]`; not a stable API.
@@ -43,7 +80,15 @@ impl TaskRegistration {
             states,
             file,
             line,
+            schedule: None,
         }
+    }
+
+    /// Used by `#[task]`; not a stable API.
+    #[doc(hidden)]
+    pub const fn with_schedule(mut self, schedule: StaticSchedule) -> Self {
+        self.schedule = Some(schedule);
+        self
     }
 
     /// The task's name.

@@ -10,10 +10,11 @@ use async_trait::async_trait;
 
 use crate::broker::Health;
 use crate::memory::MemoryStore;
+use crate::schedule::ScheduleSpec;
 use crate::store::{
     ChainRecord, ClaimInfo, ClaimLease, ClaimOutcome, ClaimStore, CompleteOutcome, FailureRecord,
-    GroupMark, GroupRecord, GroupState, ProgressStore, ResultStatus, ResultStore, StoreError,
-    TaskProgress, Token, WorkflowStore,
+    GroupMark, GroupRecord, GroupState, ProgressStore, ResultStatus, ResultStore, ScheduleStore,
+    StoreError, TaskProgress, Token, WorkflowStore,
 };
 use crate::wire::{TaskId, TaskResult};
 
@@ -276,9 +277,9 @@ impl<S: ResultStore> ResultStore for CountingStore<S> {
     }
 }
 
-/// Implements the workflow and progress traits for a wrapper by handing every call to the
+/// Implements the workflow, progress and schedule traits for a wrapper by handing every call to the
 /// store it wraps (`$inner` is an expression on `self`).
-macro_rules! forward_workflow_and_progress {
+macro_rules! forward_store_traits {
     ([$($generics:tt)*] $ty:ty, |$this:ident| $inner:expr) => {
         #[async_trait]
         impl<$($generics)*> WorkflowStore for $ty {
@@ -331,8 +332,49 @@ macro_rules! forward_workflow_and_progress {
                 $inner.claim_info(id).await
             }
         }
+
+
+        #[async_trait]
+        impl<$($generics)*> ScheduleStore for $ty {
+            async fn put_schedule(&self, spec: &ScheduleSpec) -> Result<(), StoreError> {
+                let $this = self;
+                $inner.put_schedule(spec).await
+            }
+            async fn remove_schedule(&self, id: &str, limit: Duration) -> Result<bool, StoreError> {
+                let $this = self;
+                $inner.remove_schedule(id, limit).await
+            }
+            async fn schedules(&self) -> Result<Vec<ScheduleSpec>, StoreError> {
+                let $this = self;
+                $inner.schedules().await
+            }
+            async fn begin_sending(&self, id: &str, limit: Duration) -> Result<bool, StoreError> {
+                let $this = self;
+                $inner.begin_sending(id, limit).await
+            }
+            async fn end_sending(&self, id: &str) -> Result<(), StoreError> {
+                let $this = self;
+                $inner.end_sending(id).await
+            }
+            async fn last_tick(&self, id: &str) -> Result<Option<i64>, StoreError> {
+                let $this = self;
+                $inner.last_tick(id).await
+            }
+            async fn record_tick(&self, id: &str, tick: i64) -> Result<(), StoreError> {
+                let $this = self;
+                $inner.record_tick(id, tick).await
+            }
+            async fn lead(&self, scheduler: &str, lease: Duration) -> Result<bool, StoreError> {
+                let $this = self;
+                $inner.lead(scheduler, lease).await
+            }
+            async fn leader(&self) -> Result<Option<String>, StoreError> {
+                let $this = self;
+                $inner.leader().await
+            }
+        }
     };
 }
 
-forward_workflow_and_progress!([] FaultyStore, |s| s.inner);
-forward_workflow_and_progress!([S: WorkflowStore + ProgressStore] CountingStore<S>, |s| s.inner);
+forward_store_traits!([] FaultyStore, |s| s.inner);
+forward_store_traits!([S: WorkflowStore + ProgressStore + ScheduleStore] CountingStore<S>, |s| s.inner);

@@ -275,6 +275,8 @@ pub mod names {
     pub const GROUP_RESULTS: &str = "ferriq_group_results";
     pub const CHAIN: &str = "ferriq_chain";
     pub const CHAIN_STEP: &str = "ferriq_chain_step";
+    pub const SCHEDULE: &str = "ferriq_schedule";
+    pub const TICK: &str = "ferriq_tick";
 }
 
 /// Longest timeout a label may ask for; larger values are clamped.

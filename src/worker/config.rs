@@ -84,6 +84,9 @@ pub struct WorkerConfig {
     /// Every `FERRIQ_*` variable read, for the backends' own settings (`FERRIQ_QUEUES`,
     /// `FERRIQ_AMQP_EXCHANGE`, `FERRIQ_RESULT_PREFIX`…) when they connect from the URLs.
     pub settings: crate::connect::Settings,
+    /// Whether this worker also runs a scheduler (`FERRIQ_SCHEDULER=1`; default off): any
+    /// number of workers may, a lease in the store picks one sender.
+    pub scheduler: bool,
     /// The wall clock due times and deadlines are read from (the system clock; tests inject
     /// one that follows tokio's paused time, or one that is skewed).
     pub clock: Clock,
@@ -112,6 +115,7 @@ impl Default for WorkerConfig {
             broker_url: None,
             store_url: None,
             settings: Default::default(),
+            scheduler: false,
             clock: Clock::system(),
             probe_addr: None,
         }
@@ -165,6 +169,19 @@ impl WorkerConfig {
                 "FERRIQ_STORE_URL" => c.store_url = Some(SecretUrl::new(value)),
                 "FERRIQ_VALKEY_URL" if c.store_url.is_none() => {
                     c.store_url = Some(SecretUrl::new(value))
+                }
+                "FERRIQ_SCHEDULER" => {
+                    c.scheduler = match value.trim().to_ascii_lowercase().as_str() {
+                        "" | "0" | "false" | "no" | "off" => false,
+                        "1" | "true" | "yes" | "on" => true,
+                        _ => {
+                            return Err(ConfigError::InvalidVar {
+                                name: "FERRIQ_SCHEDULER",
+                                value: value.to_owned(),
+                                reason: "expected 1 or 0 (true or false)",
+                            })
+                        }
+                    }
                 }
                 "FERRIQ_PROBE_ADDR" if !value.is_empty() => {
                     c.probe_addr =

@@ -59,6 +59,9 @@ pub enum BuildError {
     /// A backend could not be connected from its URL.
     #[error(transparent)]
     Connect(#[from] crate::connect::ConnectError),
+    /// A schedule declared on a task is invalid (checked when the worker runs a scheduler).
+    #[error(transparent)]
+    Schedule(#[from] crate::schedule::ScheduleError),
 }
 
 /// Builds a [`Worker`].
@@ -197,6 +200,12 @@ impl WorkerBuilder {
         self
     }
 
+    /// Whether this worker also runs a scheduler (default off; `FERRIQ_SCHEDULER=1`).
+    pub fn scheduler(mut self, on: bool) -> Self {
+        self.config.scheduler = on;
+        self
+    }
+
     /// The wall clock due times and deadlines are read from (default: the system clock).
     pub fn clock(mut self, clock: crate::clock::Clock) -> Self {
         self.config.clock = clock;
@@ -242,6 +251,16 @@ impl WorkerBuilder {
             None => SmallRng::from_os_rng(),
         };
         let counters = Counters::new(&registry);
+        let scheduler = if self.config.scheduler {
+            Some(
+                crate::schedule::Scheduler::builder(Arc::clone(&broker), Arc::clone(&store))
+                    .clock(self.config.clock)
+                    .id(self.config.worker_id.clone())
+                    .build()?,
+            )
+        } else {
+            None
+        };
         Ok(Worker {
             inner: Arc::new(Inner {
                 broker,
@@ -253,6 +272,7 @@ impl WorkerBuilder {
                 pending: Mutex::new(HashMap::new()),
                 rng: Mutex::new(rng),
                 counters,
+                scheduler,
             }),
         })
     }
@@ -296,6 +316,7 @@ pub(crate) struct Inner {
     pending: Mutex<HashMap<crate::wire::TaskId, PendingResult>>,
     rng: Mutex<SmallRng>,
     counters: Counters,
+    scheduler: Option<crate::schedule::Scheduler>,
 }
 
 /// A worker: runs the registered tasks from a broker, settling each delivery per design §6.
@@ -400,6 +421,10 @@ impl Worker {
         let slots = Arc::new(Semaphore::new(inner.config.concurrency));
         let tracker = TaskTracker::new();
         let heartbeats = heartbeat::spawn(Arc::clone(inner));
+        let scheduler = inner.scheduler.clone().map(|s| {
+            let shutdown = shutdown.clone();
+            tokio::spawn(async move { s.run(shutdown).await })
+        });
         tracing::info!(
             worker = %inner.config.worker_id,
             concurrency = inner.config.concurrency,
@@ -481,6 +506,9 @@ impl Worker {
             }
         }
         heartbeats.stop().await;
+        if let Some(s) = scheduler {
+            let _ = s.await;
+        }
         // Every delivery is settled: a broker that pushes deliveries (RabbitMQ) hands the ones
         // it buffered back to the queue for other workers.
         inner.broker.stop_receiving().await;

@@ -1,0 +1,35 @@
+//! What stores keep for schedulers: schedules added at run time, the last tick sent per
+//! schedule, and the leader lease that makes one scheduler the sender in normal operation.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use super::StoreError;
+use crate::schedule::ScheduleSpec;
+
+/// Schedules and their bookkeeping. Object-safe.
+#[async_trait]
+pub trait ScheduleStore: Send + Sync + 'static {
+    /// Adds or replaces a schedule (by id).
+    async fn put_schedule(&self, spec: &ScheduleSpec) -> Result<(), StoreError>;
+    /// Removes a schedule; `false` when there was none. Returns only when no scheduler is in
+    /// the middle of sending one of its ticks (a send under way when it is called finishes
+    /// first, bounded by `sending_limit`): after it returns, the schedule sends nothing.
+    async fn remove_schedule(&self, id: &str, sending_limit: Duration) -> Result<bool, StoreError>;
+    /// Every schedule added at run time.
+    async fn schedules(&self) -> Result<Vec<ScheduleSpec>, StoreError>;
+    /// Marks that a scheduler is about to send ticks of run-time schedule `id` (for at most
+    /// `limit`); `false` when the schedule no longer exists.
+    async fn begin_sending(&self, id: &str, limit: Duration) -> Result<bool, StoreError>;
+    /// The send that `begin_sending` announced is over.
+    async fn end_sending(&self, id: &str) -> Result<(), StoreError>;
+    /// The latest tick (unix seconds) sent and confirmed for schedule `id`.
+    async fn last_tick(&self, id: &str) -> Result<Option<i64>, StoreError>;
+    /// Records `tick` as sent for schedule `id`, unless a later one is recorded already.
+    async fn record_tick(&self, id: &str, tick: i64) -> Result<(), StoreError>;
+    /// Takes or keeps the leader lease for `scheduler` for `lease`; `true` when it holds it.
+    async fn lead(&self, scheduler: &str, lease: Duration) -> Result<bool, StoreError>;
+    /// The scheduler holding the leader lease, if any.
+    async fn leader(&self) -> Result<Option<String>, StoreError>;
+}
