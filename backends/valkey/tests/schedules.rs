@@ -19,7 +19,10 @@ async fn schedules_ticks_and_the_leader_lease_live_in_valkey() {
     let store = common::store().await;
     let spec = ScheduleSpec::every("every-second", tick::NAME, 1);
     store.put_schedule(&spec).await.unwrap();
-    assert_eq!(store.schedules().await.unwrap(), std::slice::from_ref(&spec));
+    assert_eq!(
+        store.schedules().await.unwrap(),
+        std::slice::from_ref(&spec)
+    );
     // Ticks only ever rise.
     store.record_tick(&spec.id, 100).await.unwrap();
     store.record_tick(&spec.id, 90).await.unwrap();
