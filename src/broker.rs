@@ -205,6 +205,22 @@ pub enum DeadLetterReason {
 }
 
 impl DeadLetterReason {
+    /// Every reason.
+    pub const ALL: [DeadLetterReason; 7] = [
+        DeadLetterReason::InvalidMessage,
+        DeadLetterReason::TooLarge,
+        DeadLetterReason::UnsupportedWireVersion,
+        DeadLetterReason::UnknownTask,
+        DeadLetterReason::NonRetryable,
+        DeadLetterReason::RetriesExhausted,
+        DeadLetterReason::RedriveLimit,
+    ];
+
+    /// The reason named `name` ([`DeadLetterReason::as_str`]).
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|r| r.as_str() == name)
+    }
+
     /// A stable name, written as a header/attribute.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -398,6 +414,12 @@ pub trait Broker: Send + Sync + 'static {
     async fn dead_letter(&self, delivery: &Delivery, why: &DeadLetter) -> Result<(), BrokerError>;
     /// Messages waiting, for autoscaling.
     async fn depth(&self) -> Result<QueueDepth, BrokerError>;
+    /// Messages waiting per lane, for operators. The default gives the whole depth under the
+    /// first lane's name.
+    async fn queue_depths(&self) -> Result<Vec<(String, QueueDepth)>, BrokerError> {
+        let name = self.lanes().into_iter().next().unwrap_or_default();
+        Ok(vec![(name, self.depth().await?)])
+    }
     /// Whether the broker is usable.
     async fn health(&self) -> Health;
     /// The name of `queue` (`None`: the default lane) and how many consumers it has, when the
@@ -406,6 +428,15 @@ pub trait Broker: Send + Sync + 'static {
     async fn consumer_count(&self, queue: Option<&str>) -> Option<(String, u64)> {
         let _ = queue;
         None
+    }
+    /// The broker's dead-letter queues, for operators; `None` when it has none to offer.
+    fn dead_letters(&self) -> Option<&dyn crate::dead_letters::DeadLetterQueue> {
+        None
+    }
+    /// The queues (lanes) this broker consumes, by name; the first is the default. The
+    /// default knows none.
+    fn lanes(&self) -> Vec<String> {
+        Vec::new()
     }
     /// How the worker will consume, called before its first `receive`: a broker that pushes
     /// deliveries sizes its prefetch to the concurrency (unless one was set explicitly), one

@@ -68,6 +68,11 @@ impl Clock {
         base + self.offset_secs
     }
 
+    /// Unix milliseconds now.
+    pub fn now_unix_ms(&self) -> u64 {
+        (self.now_unix() * 1000.0).max(0.0) as u64
+    }
+
     /// How long from now until `unix` (zero when it has passed).
     pub fn until(&self, unix: f64) -> Duration {
         let left = unix - self.now_unix();

@@ -37,8 +37,10 @@ pub mod broker;
 pub mod client;
 pub mod clock;
 pub mod connect;
+pub mod dead_letters;
 #[cfg(feature = "memory")]
 pub mod memory;
+pub mod ops;
 pub mod registry;
 pub mod schedule;
 mod secret;

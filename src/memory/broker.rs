@@ -37,12 +37,14 @@ const DEFAULT_QUEUE: &str = "taskiq";
 /// ```
 #[derive(Clone)]
 pub struct MemoryBroker {
-    shared: Arc<Shared>,
+    pub(super) shared: Arc<Shared>,
     queues: Arc<[String]>,
 }
 
-struct Shared {
-    id: u64,
+pub(super) struct Shared {
+    pub(super) id: u64,
+    /// Wall time for dead letters' ages (follows tokio's clock).
+    pub(super) clock: crate::clock::Clock,
     state: Mutex<State>,
     notify: Notify,
     visibility: Duration,
@@ -50,11 +52,11 @@ struct Shared {
 }
 
 #[derive(Default)]
-struct State {
+pub(super) struct State {
     queues: HashMap<String, Queue>,
     next_id: u64,
     next_receipt: u64,
-    dead: Vec<DeadLettered>,
+    pub(super) dead: Vec<DeadLettered>,
     stats: MemoryBrokerStats,
 }
 
@@ -97,6 +99,12 @@ pub struct DeadLettered {
     pub why: DeadLetter,
     /// The queue it came from.
     pub queue: String,
+    /// This parking's id.
+    pub id: u64,
+    /// When it was parked (unix ms, on the broker's clock).
+    pub dead_at_ms: u64,
+    /// Held by an operator's session.
+    pub(super) held: bool,
 }
 
 /// Counters of what happened to messages.
@@ -144,6 +152,7 @@ impl MemoryBroker {
         MemoryBroker {
             shared: Arc::new(Shared {
                 id: NEXT.fetch_add(1, Ordering::Relaxed),
+                clock: crate::clock::Clock::following_tokio(),
                 state: Mutex::new(State::default()),
                 notify: Notify::new(),
                 visibility,
@@ -168,7 +177,7 @@ impl MemoryBroker {
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
+    pub(super) fn lock(&self) -> MutexGuard<'_, State> {
         // A panic while holding this lock leaves consistent data (every update is a single
         // insert/remove), so a poisoned lock is still usable.
         self.shared
@@ -300,9 +309,9 @@ impl MemoryBroker {
             let State {
                 queues,
                 next_receipt,
+                next_id,
                 stats,
                 dead,
-                ..
             } = &mut *state;
             let Some(q) = queues.get_mut(queue) else {
                 continue;
@@ -327,10 +336,14 @@ impl MemoryBroker {
                         None,
                         0,
                     );
+                    *next_id += 1;
                     dead.push(DeadLettered {
                         body: stored.body,
                         why,
                         queue: queue.clone(),
+                        id: *next_id,
+                        dead_at_ms: self.shared.clock.now_unix_ms(),
+                        held: false,
                     });
                     stats.dead_lettered += 1;
                     continue;
@@ -478,10 +491,15 @@ impl Broker for MemoryBroker {
         let h = self.handle(&delivery.handle)?;
         let mut state = self.lock();
         let f = self.take_current(&mut state, h)?;
+        state.next_id += 1;
+        let id = state.next_id;
         state.dead.push(DeadLettered {
             body: f.stored.body,
             why: why.clone(),
             queue: h.queue.clone(),
+            id,
+            dead_at_ms: self.shared.clock.now_unix_ms(),
+            held: false,
         });
         state.stats.dead_lettered += 1;
         Ok(())
@@ -506,6 +524,14 @@ impl Broker for MemoryBroker {
 
     async fn health(&self) -> Health {
         Health::Healthy
+    }
+
+    fn lanes(&self) -> Vec<String> {
+        self.queues.to_vec()
+    }
+
+    fn dead_letters(&self) -> Option<&dyn crate::dead_letters::DeadLetterQueue> {
+        Some(self)
     }
 }
 

@@ -6,6 +6,8 @@
 //! (`expire_in_flight`, `take_over`, write counts) inject the faults real deployments see.
 
 mod broker;
+mod dead;
+mod ops;
 mod schedules;
 mod store;
 mod workflow;

@@ -63,6 +63,7 @@ pub(super) struct State {
     pub(super) chains: HashMap<TaskId, crate::store::ChainRecord>,
     pub(super) progress: HashMap<TaskId, crate::store::TaskProgress>,
     pub(super) schedules: super::schedules::MemSchedules,
+    pub(super) ops: super::ops::MemOps,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -3,9 +3,11 @@
 //! Exactly-once lives in [`ResultStore::complete`]: it writes only for the current claim token
 //! (fencing) and only if no result is stored yet. Claims only save duplicate work (design §5).
 
+mod ops;
 mod schedule;
 mod workflow;
 
+pub use ops::{OpsStore, RedriveReset, RunInfo, WorkerInfo};
 pub use schedule::ScheduleStore;
 
 pub use workflow::{
@@ -194,9 +196,11 @@ pub trait ResultStore: Send + Sync + 'static {
 }
 
 /// Everything a backend store provides: claims and results (which fencing needs answered by
-/// one server), workflows, progress and schedules. Workers and clients hold an
+/// one server), workflows, progress, schedules and what operators look at. Workers and clients hold an
 /// `Arc<dyn Store>`.
-pub trait Store: ClaimStore + ResultStore + WorkflowStore + ProgressStore + ScheduleStore {
+pub trait Store:
+    ClaimStore + ResultStore + WorkflowStore + ProgressStore + ScheduleStore + OpsStore
+{
     /// This store as a trait object.
     fn into_dyn(self: Arc<Self>) -> Arc<dyn Store>;
     /// This store as a claim store.
@@ -205,7 +209,10 @@ pub trait Store: ClaimStore + ResultStore + WorkflowStore + ProgressStore + Sche
     fn results(self: Arc<Self>) -> Arc<dyn ResultStore>;
 }
 
-impl<T: ClaimStore + ResultStore + WorkflowStore + ProgressStore + ScheduleStore> Store for T {
+impl<T> Store for T
+where
+    T: ClaimStore + ResultStore + WorkflowStore + ProgressStore + ScheduleStore + OpsStore,
+{
     fn into_dyn(self: Arc<Self>) -> Arc<dyn Store> {
         self
     }

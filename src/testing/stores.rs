@@ -13,8 +13,8 @@ use crate::memory::MemoryStore;
 use crate::schedule::ScheduleSpec;
 use crate::store::{
     ChainRecord, ClaimInfo, ClaimLease, ClaimOutcome, ClaimStore, CompleteOutcome, FailureRecord,
-    GroupMark, GroupRecord, GroupState, ProgressStore, ResultStatus, ResultStore, ScheduleStore,
-    StoreError, TaskProgress, Token, WorkflowStore,
+    GroupMark, GroupRecord, GroupState, OpsStore, ProgressStore, RedriveReset, ResultStatus,
+    ResultStore, ScheduleStore, StoreError, TaskProgress, Token, WorkerInfo, WorkflowStore,
 };
 use crate::wire::{TaskId, TaskResult};
 
@@ -373,8 +373,28 @@ macro_rules! forward_store_traits {
                 $inner.leader().await
             }
         }
+
+        #[async_trait]
+        impl<$($generics)*> OpsStore for $ty {
+            async fn report_worker(&self, info: &WorkerInfo, ttl: Duration) -> Result<(), StoreError> {
+                let $this = self;
+                $inner.report_worker(info, ttl).await
+            }
+            async fn forget_worker(&self, id: &str) -> Result<(), StoreError> {
+                let $this = self;
+                $inner.forget_worker(id).await
+            }
+            async fn workers(&self) -> Result<Vec<WorkerInfo>, StoreError> {
+                let $this = self;
+                $inner.workers().await
+            }
+            async fn reset_for_redrive(&self, id: &TaskId, dead_letter_id: &str) -> Result<RedriveReset, StoreError> {
+                let $this = self;
+                $inner.reset_for_redrive(id, dead_letter_id).await
+            }
+        }
     };
 }
 
 forward_store_traits!([] FaultyStore, |s| s.inner);
-forward_store_traits!([S: WorkflowStore + ProgressStore + ScheduleStore] CountingStore<S>, |s| s.inner);
+forward_store_traits!([S: WorkflowStore + ProgressStore + ScheduleStore + OpsStore] CountingStore<S>, |s| s.inner);

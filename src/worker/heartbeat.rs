@@ -42,9 +42,22 @@ pub(crate) fn spawn(inner: Arc<Inner>) -> Heartbeats {
         let (inner, stop) = (Arc::clone(&inner), stop.clone());
         tokio::spawn(async move { every_period(&inner, &stop, claim_beat).await })
     };
+    let report_loop = {
+        let (inner, stop) = (Arc::clone(&inner), stop.clone());
+        tokio::spawn(async move { every_period(&inner, &stop, report).await })
+    };
     Heartbeats {
         stop,
-        tasks: vec![broker_loop, claim_loop],
+        tasks: vec![broker_loop, claim_loop, report_loop],
+    }
+}
+
+/// The worker's report for operators (`ferriq workers`): who it is and what it runs; it
+/// expires a lease after the last one, so a killed worker disappears by itself.
+async fn report(inner: Arc<Inner>) {
+    let info = inner.report();
+    if let Err(e) = inner.store.report_worker(&info, inner.config.lease).await {
+        tracing::debug!(error = %e, "worker report not stored");
     }
 }
 

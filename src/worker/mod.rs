@@ -273,6 +273,7 @@ impl WorkerBuilder {
                 rng: Mutex::new(rng),
                 counters,
                 scheduler,
+                started_at_ms: Default::default(),
             }),
         })
     }
@@ -317,6 +318,34 @@ pub(crate) struct Inner {
     rng: Mutex<SmallRng>,
     counters: Counters,
     scheduler: Option<crate::schedule::Scheduler>,
+    /// When `run` started (unix ms).
+    started_at_ms: std::sync::atomic::AtomicU64,
+}
+
+impl Inner {
+    /// This worker as operators see it.
+    pub(crate) fn report(&self) -> crate::store::WorkerInfo {
+        let host = std::env::var("HOSTNAME")
+            .ok()
+            .filter(|h| !h.is_empty())
+            .or_else(|| {
+                std::fs::read_to_string("/etc/hostname")
+                    .ok()
+                    .map(|h| h.trim().to_owned())
+            })
+            .unwrap_or_default();
+        crate::store::WorkerInfo::new(
+            self.config.worker_id.clone(),
+            host,
+            std::process::id(),
+            self.broker.lanes(),
+            self.config.concurrency,
+            self.started_at_ms
+                .load(std::sync::atomic::Ordering::Relaxed),
+            (self.config.clock.now_unix() * 1000.0) as u64,
+            self.running.runs(),
+        )
+    }
 }
 
 /// A worker: runs the registered tasks from a broker, settling each delivery per design §6.
@@ -414,6 +443,15 @@ impl Worker {
     pub async fn run(&self, shutdown: Shutdown) {
         let inner = &self.inner;
         inner.running.open();
+        inner.started_at_ms.store(
+            (inner.config.clock.now_unix() * 1000.0) as u64,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+        // Known to operators from the start, not only from the first heartbeat.
+        let _ = inner
+            .store
+            .report_worker(&inner.report(), inner.config.lease)
+            .await;
         inner.broker.prepare_consumer(&ConsumerSettings::new(
             inner.config.concurrency,
             inner.config.lease,
@@ -506,6 +544,7 @@ impl Worker {
             }
         }
         heartbeats.stop().await;
+        let _ = inner.store.forget_worker(&inner.config.worker_id).await;
         if let Some(s) = scheduler {
             let _ = s.await;
         }

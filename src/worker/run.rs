@@ -64,6 +64,9 @@ impl Inner {
         let reason = Arc::new(OnceLock::new());
         let stopped_at_once = self.running.insert(Running {
             task_id: msg.task_id.clone(),
+            task_name: task.name,
+            attempt,
+            started_at_ms: (self.config.clock.now_unix() * 1000.0) as u64,
             token,
             handle: d.handle.clone(),
             cancel: cancel.clone(),

@@ -30,6 +30,10 @@ pub(crate) enum StopReason {
 /// One running delivery, as the heartbeat loops see it.
 pub(crate) struct Running {
     pub(crate) task_id: TaskId,
+    pub(crate) task_name: &'static str,
+    pub(crate) attempt: u32,
+    /// When the run started (unix ms), for operators.
+    pub(crate) started_at_ms: u64,
     pub(crate) token: Token,
     pub(crate) handle: DeliveryHandle,
     pub(crate) cancel: CancellationToken,
@@ -105,6 +109,22 @@ impl RunningTable {
             .runs
             .values()
             .map(|e| e.handle.clone())
+            .collect()
+    }
+
+    /// The runs in flight, for the worker's report.
+    pub(crate) fn runs(&self) -> Vec<crate::store::RunInfo> {
+        self.lock()
+            .runs
+            .values()
+            .map(|e| {
+                crate::store::RunInfo::new(
+                    e.task_id.clone(),
+                    e.task_name.to_owned(),
+                    e.started_at_ms,
+                    e.attempt,
+                )
+            })
             .collect()
     }
 

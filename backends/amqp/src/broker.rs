@@ -441,6 +441,10 @@ impl Broker for AmqpBroker {
         Some((lane, declared.map_or(0, |q| u64::from(q.consumer_count()))))
     }
 
+    fn lanes(&self) -> Vec<String> {
+        self.shared.config.queues.clone()
+    }
+
     fn prepare_consumer(&self, consumer: &ConsumerSettings) {
         let n = u16::try_from(consumer.concurrency)
             .unwrap_or(u16::MAX)

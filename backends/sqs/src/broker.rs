@@ -293,6 +293,10 @@ impl Broker for SqsBroker {
         health
     }
 
+    fn lanes(&self) -> Vec<String> {
+        self.queue_names()
+    }
+
     fn prepare_consumer(&self, consumer: &ConsumerSettings) {
         self.shared
             .concurrency

@@ -55,6 +55,7 @@ mod error;
 mod from_url;
 mod keys;
 mod ops;
+mod ops_store;
 mod schedules;
 mod scripts;
 mod store;

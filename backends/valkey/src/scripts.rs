@@ -284,6 +284,7 @@ pub(crate) struct Scripts {
     pub(crate) store_once: Script,
     pub(crate) create_group: Script,
     pub(crate) count_member: Script,
+    pub(crate) reset: Script,
 }
 
 impl Scripts {
@@ -299,10 +300,11 @@ impl Scripts {
             store_once: script(STORE_ONCE),
             create_group: script(CREATE_GROUP),
             count_member: script(COUNT_MEMBER),
+            reset: script(crate::ops_store::RESET_SCRIPT),
         }
     }
 
-    fn all(&self) -> [&Script; 9] {
+    fn all(&self) -> [&Script; 10] {
         [
             &self.claim,
             &self.heartbeat,
@@ -313,6 +315,7 @@ impl Scripts {
             &self.store_once,
             &self.create_group,
             &self.count_member,
+            &self.reset,
         ]
     }
 

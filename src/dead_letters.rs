@@ -1,0 +1,172 @@
+//! Dead-letter queues, as operators use them: look at what was parked and why, send it back
+//! to run again, or throw it away.
+//!
+//! A broker exposes its dead-letter queues through [`DeadLetterQueue`] (from
+//! [`Broker::dead_letters`](crate::broker::Broker::dead_letters)); [`crate::ops`] builds listing,
+//! redriving and purging on it, with the store's reset so a redriven task really runs again.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::broker::{BrokerError, DeadLetterReason, DeliveryHandle};
+use crate::wire::TaskId;
+
+/// A message parked in a dead-letter queue, held by the operator's session until it is
+/// returned, redriven or dropped (a session that dies returns it by itself).
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct DeadMessage {
+    /// The dead letter's own id (one per parking, stable while it stays parked).
+    pub id: String,
+    /// The queue (lane) it came from.
+    pub lane: String,
+    /// The task, when it can be read.
+    pub task_id: Option<TaskId>,
+    /// The task name, when known.
+    pub task_name: Option<String>,
+    /// Why it was parked, as recorded (`retries_exhausted`, …; another system's dead letter has
+    /// none).
+    pub reason: Option<String>,
+    /// The error's detail.
+    pub detail: String,
+    /// Attempts made.
+    pub attempts: u32,
+    /// When it was parked (unix ms), when known.
+    pub dead_at_ms: Option<u64>,
+    /// The body as it was received.
+    pub body: Vec<u8>,
+    /// The broker's handle.
+    pub handle: DeliveryHandle,
+}
+
+impl DeadMessage {
+    /// A dead letter, for broker implementations.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        id: impl Into<String>,
+        lane: impl Into<String>,
+        reason: Option<String>,
+        detail: impl Into<String>,
+        task_name: Option<String>,
+        attempts: u32,
+        dead_at_ms: Option<u64>,
+        body: Vec<u8>,
+        handle: DeliveryHandle,
+    ) -> Self {
+        let task_id = crate::wire::TaskMessage::peek_task_id(&body);
+        let task_name = task_name.or_else(|| crate::wire::TaskMessage::peek_task_name(&body));
+        DeadMessage {
+            id: id.into(),
+            lane: lane.into(),
+            task_id,
+            task_name,
+            reason,
+            detail: detail.into(),
+            attempts,
+            dead_at_ms,
+            body,
+            handle,
+        }
+    }
+
+    /// The reason as ferriq's, when it is one.
+    pub fn reason_kind(&self) -> Option<DeadLetterReason> {
+        DeadLetterReason::parse(self.reason.as_deref()?)
+    }
+
+    /// How long it has been parked, at `now_ms`.
+    pub fn age(&self, now_ms: u64) -> Option<Duration> {
+        self.dead_at_ms
+            .map(|at| Duration::from_millis(now_ms.saturating_sub(at)))
+    }
+}
+
+/// Which dead letters an operation touches: every condition given must hold.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DeadFilter {
+    /// This reason (`retries_exhausted`, …).
+    pub reason: Option<String>,
+    /// This task name.
+    pub task_name: Option<String>,
+    /// This task.
+    pub task_id: Option<TaskId>,
+    /// This dead letter.
+    pub id: Option<String>,
+    /// Parked at least this long ago.
+    pub older_than: Option<Duration>,
+}
+
+impl DeadFilter {
+    /// Every dead letter.
+    pub fn all() -> Self {
+        DeadFilter::default()
+    }
+
+    /// Only those parked for `reason`.
+    pub fn reason(mut self, reason: impl Into<String>) -> Self {
+        self.reason = Some(reason.into());
+        self
+    }
+
+    /// Only those of task `name`.
+    pub fn task_name(mut self, name: impl Into<String>) -> Self {
+        self.task_name = Some(name.into());
+        self
+    }
+
+    /// Only the dead letters of task `id`.
+    pub fn task_id(mut self, id: TaskId) -> Self {
+        self.task_id = Some(id);
+        self
+    }
+
+    /// Only the dead letter `id`.
+    pub fn id(mut self, id: impl Into<String>) -> Self {
+        self.id = Some(id.into());
+        self
+    }
+
+    /// Only those parked at least `age` ago.
+    pub fn older_than(mut self, age: Duration) -> Self {
+        self.older_than = Some(age);
+        self
+    }
+
+    /// Whether `m` is one of them (at `now_ms`).
+    pub fn matches(&self, m: &DeadMessage, now_ms: u64) -> bool {
+        self.reason
+            .as_deref()
+            .is_none_or(|r| m.reason.as_deref() == Some(r))
+            && self
+                .task_name
+                .as_deref()
+                .is_none_or(|n| m.task_name.as_deref() == Some(n))
+            && self
+                .task_id
+                .as_ref()
+                .is_none_or(|id| m.task_id.as_ref() == Some(id))
+            && self.id.as_deref().is_none_or(|id| m.id == id)
+            && self
+                .older_than
+                .is_none_or(|min| m.age(now_ms).is_some_and(|age| age >= min))
+    }
+}
+
+/// A broker's dead-letter queues. Object-safe.
+#[async_trait]
+pub trait DeadLetterQueue: Send + Sync {
+    /// Takes up to `max` dead letters of `lane`, oldest first, held from everyone else until
+    /// returned, redriven or dropped.
+    async fn take_dead(&self, lane: &str, max: usize) -> Result<Vec<DeadMessage>, BrokerError>;
+    /// Puts held dead letters back as they were (in their order, where the broker keeps one).
+    async fn return_dead(&self, held: Vec<DeadMessage>) -> Result<(), BrokerError>;
+    /// Sends `body` to the dead letter's lane — confirmed — and only then removes the dead
+    /// letter: a session that dies in between leaves both (a duplicate the claims absorb).
+    async fn redrive_dead(&self, held: &DeadMessage, body: Vec<u8>) -> Result<(), BrokerError>;
+    /// Removes a held dead letter for good.
+    async fn drop_dead(&self, held: &DeadMessage) -> Result<(), BrokerError>;
+    /// How many dead letters `lane` has (when the broker can count them).
+    async fn dead_count(&self, lane: &str) -> Result<u64, BrokerError>;
+}

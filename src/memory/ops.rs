@@ -1,0 +1,72 @@
+//! The memory store's workers and redrive resets.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::time::Instant;
+
+use super::store::{Claim, MemoryStore, Phase};
+use crate::store::{OpsStore, RedriveReset, StoreError, WorkerInfo};
+use crate::wire::TaskId;
+
+/// Workers' reports and the dead letters already reset.
+#[derive(Default)]
+pub(crate) struct MemOps {
+    workers: HashMap<String, (WorkerInfo, Instant)>,
+    resets: HashSet<String>,
+}
+
+#[async_trait]
+impl OpsStore for MemoryStore {
+    async fn report_worker(&self, info: &WorkerInfo, ttl: Duration) -> Result<(), StoreError> {
+        self.lock()
+            .ops
+            .workers
+            .insert(info.id.clone(), (info.clone(), Instant::now() + ttl));
+        Ok(())
+    }
+
+    async fn forget_worker(&self, id: &str) -> Result<(), StoreError> {
+        self.lock().ops.workers.remove(id);
+        Ok(())
+    }
+
+    async fn workers(&self) -> Result<Vec<WorkerInfo>, StoreError> {
+        let now = Instant::now();
+        let mut state = self.lock();
+        state.ops.workers.retain(|_, (_, until)| *until > now);
+        let mut all: Vec<WorkerInfo> = state.ops.workers.values().map(|(w, _)| w.clone()).collect();
+        all.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(all)
+    }
+
+    async fn reset_for_redrive(
+        &self,
+        id: &TaskId,
+        dead_letter_id: &str,
+    ) -> Result<RedriveReset, StoreError> {
+        let now = Instant::now();
+        let mut state = self.lock();
+        let key = format!("{id}/{dead_letter_id}");
+        if state.ops.resets.contains(&key) {
+            return Ok(RedriveReset::AlreadyReset);
+        }
+        let claim = state
+            .claims
+            .entry(id.clone())
+            .or_insert_with(|| Claim::new(now));
+        if claim.phase == Phase::Running && claim.lease_until > now {
+            return Ok(RedriveReset::Running);
+        }
+        // A new token: a run from before the redrive can neither heartbeat nor write.
+        claim.token += 1;
+        claim.phase = Phase::Released;
+        claim.failures = 0;
+        claim.takeovers = 0;
+        state.results.remove(id);
+        state.progress.remove(id);
+        state.ops.resets.insert(key);
+        Ok(RedriveReset::Reset)
+    }
+}

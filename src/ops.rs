@@ -1,0 +1,309 @@
+//! Operations: what the on-call engineer needs — queues, workers and their runs, a task's
+//! state, and dead letters listed, redriven and purged. The `ferriq` command is built on it.
+//!
+//! A redriven task really runs again: before its copy goes back to its lane, the store resets
+//! it ([`OpsStore::reset_for_redrive`](crate::store::OpsStore::reset_for_redrive)) — its error
+//! result removed, its claim given a fresh attempt budget under a new, larger token, so no
+//! worker from before can store over the new result — once per dead letter, so a redrive that
+//! dies midway and runs again sends at worst a duplicate the claims absorb. The copy is
+//! confirmed in the lane before the dead letter is removed.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! use ferriq::dead_letters::DeadFilter;
+//! let env = ferriq::testing::TestEnv::new();
+//! let ops = env.client.ops();
+//! let parked = ops.dead_letters("taskiq", 0, 50).await.unwrap();
+//! let report = ops
+//!     .redrive("taskiq", &DeadFilter::all().reason("retries_exhausted"), |_| {})
+//!     .await
+//!     .unwrap();
+//! assert_eq!((parked.len(), report.redriven), (0, 0));
+//! # }
+//! ```
+
+use serde_json::Value;
+use thiserror::Error;
+
+use crate::broker::{BrokerError, QueueDepth};
+use crate::client::{Client, TaskStatus};
+use crate::dead_letters::{DeadFilter, DeadLetterQueue, DeadMessage};
+use crate::store::{ClaimInfo, RedriveReset, ResultStatus, StoreError, WorkerInfo};
+use crate::wire::{names, TaskId, TaskMessage, TaskResult};
+
+/// What went wrong in an operation.
+#[derive(Debug, Error)]
+#[non_exhaustive]
+pub enum OpsError {
+    /// The broker failed (check its URL, credentials and that the queue exists).
+    #[error(transparent)]
+    Broker(#[from] BrokerError),
+    /// The store failed (check its URL and that it answers).
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The broker offers no dead-letter queues.
+    #[error("this broker has no dead-letter queues to manage")]
+    NoDeadLetters,
+}
+
+/// A lane as operators see it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct QueueView {
+    /// The lane.
+    pub name: String,
+    /// Ready, in flight, delayed.
+    pub depth: QueueDepth,
+    /// Parked in its dead-letter queue.
+    pub dead_lettered: Option<u64>,
+    /// Consumers, when the broker knows.
+    pub consumers: Option<u64>,
+}
+
+/// A task as the store sees it.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct TaskInfo {
+    /// The task.
+    pub id: TaskId,
+    /// Finished, started or pending.
+    pub status: TaskStatus,
+    /// Its stored result.
+    pub result: Option<TaskResult>,
+    /// Its last reported progress.
+    pub progress: Option<Value>,
+    /// What its claim says.
+    pub claim: Option<ClaimInfo>,
+}
+
+/// Where a long redrive or purge stands: dead letters looked at, acted on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Progress {
+    /// Looked at so far.
+    pub seen: u64,
+    /// Redriven or purged so far.
+    pub done: u64,
+}
+
+/// What a redrive did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct RedriveReport {
+    /// Sent back to their lane.
+    pub redriven: u64,
+    /// Left parked: not matching the filter.
+    pub kept: u64,
+    /// Left parked: a run holds the task now.
+    pub running: u64,
+}
+
+/// What a purge did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct PurgeReport {
+    /// Removed for good.
+    pub purged: u64,
+    /// Left parked.
+    pub kept: u64,
+}
+
+/// Operations on one broker and store, from [`Client::ops`].
+#[derive(Debug, Clone)]
+pub struct Ops {
+    client: Client,
+}
+
+impl Client {
+    /// Operations on this client's broker and store.
+    pub fn ops(&self) -> Ops {
+        Ops {
+            client: self.clone(),
+        }
+    }
+}
+
+/// Dead letters are taken this many at a time.
+const BATCH: usize = 100;
+
+impl Ops {
+    fn dlq(&self) -> Result<&dyn DeadLetterQueue, OpsError> {
+        self.client
+            .broker()
+            .dead_letters()
+            .ok_or(OpsError::NoDeadLetters)
+    }
+
+    /// The lanes: depth, dead letters, consumers.
+    pub async fn queues(&self) -> Result<Vec<QueueView>, OpsError> {
+        let broker = self.client.broker();
+        let mut out = Vec::new();
+        for (name, depth) in broker.queue_depths().await? {
+            let dead_lettered = match broker.dead_letters() {
+                Some(dlq) => Some(dlq.dead_count(&name).await?),
+                None => None,
+            };
+            let consumers = broker.consumer_count(Some(&name)).await.map(|(_, n)| n);
+            out.push(QueueView {
+                name,
+                depth,
+                dead_lettered,
+                consumers,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Workers alive (reported within their lease) and their runs in flight.
+    pub async fn workers(&self) -> Result<Vec<WorkerInfo>, StoreError> {
+        self.client.store().workers().await
+    }
+
+    /// A task's status, result, progress and claim.
+    pub async fn task(&self, id: &TaskId) -> Result<TaskInfo, StoreError> {
+        let store = self.client.store();
+        let result = match store.get(id).await? {
+            ResultStatus::Ready(r) => Some(r),
+            _ => None,
+        };
+        Ok(TaskInfo {
+            id: id.clone(),
+            status: self.client.handle::<Value>(id.clone()).status().await?,
+            result,
+            progress: store.progress(id).await?.map(|p| p.meta),
+            claim: store.claim_info(id).await?,
+        })
+    }
+
+    /// Dead letters of `lane`, oldest first: `limit` from `offset`. Every one is put back as
+    /// it was.
+    pub async fn dead_letters(
+        &self,
+        lane: &str,
+        offset: usize,
+        limit: usize,
+    ) -> Result<Vec<DeadMessage>, OpsError> {
+        let dlq = self.dlq()?;
+        let mut held = Vec::new();
+        let wanted = offset.saturating_add(limit);
+        while held.len() < wanted {
+            let got = dlq.take_dead(lane, BATCH.min(wanted - held.len())).await;
+            match got {
+                Ok(got) if got.is_empty() => break,
+                Ok(got) => held.extend(got),
+                Err(e) => {
+                    dlq.return_dead(held).await?;
+                    return Err(e.into());
+                }
+            }
+        }
+        let page: Vec<DeadMessage> = held.iter().skip(offset).take(limit).cloned().collect();
+        dlq.return_dead(held).await?;
+        Ok(page)
+    }
+
+    /// Sends back every dead letter of `lane` matching `filter`, each reset first so it runs
+    /// again with a fresh attempt budget. `progress` hears after each one.
+    pub async fn redrive(
+        &self,
+        lane: &str,
+        filter: &DeadFilter,
+        mut progress: impl FnMut(Progress),
+    ) -> Result<RedriveReport, OpsError> {
+        let dlq = self.dlq()?;
+        let store = self.client.store();
+        let now_ms = self.client.clock().now_unix_ms();
+        let mut report = RedriveReport::default();
+        let mut kept = Vec::new();
+        let mut seen = 0;
+        let outcome: Result<(), OpsError> = async {
+            loop {
+                let batch = dlq.take_dead(lane, BATCH).await?;
+                if batch.is_empty() {
+                    return Ok(());
+                }
+                for m in batch {
+                    seen += 1;
+                    if !filter.matches(&m, now_ms) {
+                        report.kept += 1;
+                        kept.push(m);
+                        continue;
+                    }
+                    if let Some(id) = &m.task_id {
+                        if store.reset_for_redrive(id, &m.id).await? == RedriveReset::Running {
+                            report.running += 1;
+                            kept.push(m);
+                            continue;
+                        }
+                    }
+                    let body = fresh_body(&m.body, self.client.clock().now_unix());
+                    dlq.redrive_dead(&m, body).await?;
+                    report.redriven += 1;
+                    progress(Progress {
+                        seen,
+                        done: report.redriven,
+                    });
+                }
+            }
+        }
+        .await;
+        dlq.return_dead(kept).await?;
+        outcome.map(|()| report)
+    }
+
+    /// Removes every dead letter of `lane` matching `filter` for good.
+    pub async fn purge(
+        &self,
+        lane: &str,
+        filter: &DeadFilter,
+        mut progress: impl FnMut(Progress),
+    ) -> Result<PurgeReport, OpsError> {
+        let dlq = self.dlq()?;
+        let now_ms = self.client.clock().now_unix_ms();
+        let mut report = PurgeReport::default();
+        let mut kept = Vec::new();
+        let mut seen = 0;
+        let outcome: Result<(), OpsError> = async {
+            loop {
+                let batch = dlq.take_dead(lane, BATCH).await?;
+                if batch.is_empty() {
+                    return Ok(());
+                }
+                for m in batch {
+                    seen += 1;
+                    if filter.matches(&m, now_ms) {
+                        dlq.drop_dead(&m).await?;
+                        report.purged += 1;
+                        progress(Progress {
+                            seen,
+                            done: report.purged,
+                        });
+                    } else {
+                        report.kept += 1;
+                        kept.push(m);
+                    }
+                }
+            }
+        }
+        .await;
+        dlq.return_dead(kept).await?;
+        outcome.map(|()| report)
+    }
+}
+
+/// A dead letter's body as it goes back: no earlier failures carried (`_retries`), due now,
+/// and a fresh deadline when it had one. A body that is not a message goes back as it was.
+fn fresh_body(body: &[u8], now_unix: f64) -> Vec<u8> {
+    let Ok(mut msg) = TaskMessage::from_json(body) else {
+        return body.to_vec();
+    };
+    for label in [names::RETRIES, names::DUE_AT, names::DELAY, names::X_DELAY] {
+        msg.labels.remove(label);
+    }
+    if msg.labels.get(names::DEADLINE_AT).is_some() {
+        let deadline = now_unix + crate::client::DEFAULT_DEADLINE.as_secs_f64();
+        msg.labels
+            .insert(names::DEADLINE_AT, deadline.ceil() as i64);
+    }
+    msg.to_json().unwrap_or_else(|_| body.to_vec())
+}

@@ -1,0 +1,182 @@
+//! The operations suite, shared by every broker's tests: 50 tasks dead-lettered for mixed
+//! reasons; listed with the right reasons; redriven by reason (each runs again and its waiter
+//! gets the new result); purged by task name; the rest untouched.
+#![allow(dead_code)]
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferriq::broker::Broker;
+use ferriq::dead_letters::DeadFilter;
+use ferriq::store::Store;
+use ferriq::testing::RunningWorker;
+use ferriq::wire::TaskMessage;
+use ferriq::{Client, Registry, State, TaskContext, TaskError, WaitError, Worker, WorkerConfig};
+
+const WAIT: Duration = Duration::from_secs(90);
+
+/// Whether the outside world the tasks depend on is back.
+#[derive(Default)]
+pub struct Healed(pub AtomicBool);
+
+#[ferriq::task(name = "ops.flaky", max_attempts = 1)]
+async fn flaky(healed: State<Arc<Healed>>, ctx: TaskContext, n: u32) -> Result<u32, TaskError> {
+    if !healed.0.load(Ordering::SeqCst) {
+        return Err(TaskError::retryable(format!(
+            "attempt {} of {n} failed",
+            ctx.attempt()
+        )));
+    }
+    Ok(n)
+}
+
+#[ferriq::task(name = "ops.fatal")]
+async fn fatal(healed: State<Arc<Healed>>, n: u32) -> Result<u32, TaskError> {
+    if !healed.0.load(Ordering::SeqCst) {
+        return Err(TaskError::fatal(format!("{n} is malformed")));
+    }
+    Ok(n)
+}
+
+pub const TASKS: [&str; 2] = [flaky::NAME, fatal::NAME];
+
+/// A worker for the suite: unknown names parked after one receive, releases quick.
+pub fn worker(
+    broker: Arc<dyn Broker>,
+    store: Arc<dyn Store>,
+    healed: Arc<Healed>,
+) -> RunningWorker {
+    let mut config = WorkerConfig::default();
+    config.max_unroutable_receives = 1;
+    config.unknown_task_release = Duration::from_millis(200);
+    config.min_defer = Duration::from_millis(200);
+    RunningWorker::spawn(
+        Worker::builder()
+            .broker(broker)
+            .store(store)
+            .registry(Registry::from_inventory().unwrap().only(&TASKS).unwrap())
+            .state(healed)
+            .config(config)
+            .build()
+            .unwrap(),
+    )
+}
+
+async fn eventually_parked(client: &Client, lane: &str, n: usize) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let parked = client.ops().dead_letters(lane, 0, 1000).await.unwrap();
+        if parked.len() >= n {
+            assert_eq!(parked.len(), n, "more parked than expected");
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} of {n} parked",
+            parked.len()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The scenario on `client` (whose broker and store the worker shares), lane `lane`.
+pub async fn dead_letters_are_listed_redriven_and_purged(
+    client: &Client,
+    lane: &str,
+    healed: Arc<Healed>,
+) {
+    let flaky_handles = client
+        .enqueue_batch((0..20).map(flaky::call))
+        .await
+        .unwrap();
+    let fatal_handles = client
+        .enqueue_batch((0..20).map(fatal::call))
+        .await
+        .unwrap();
+    let mut unknown = Vec::new();
+    for _ in 0..10 {
+        unknown.push(
+            client
+                .enqueue_message(TaskMessage::new("ops.nobody"))
+                .await
+                .unwrap(),
+        );
+    }
+    for h in &flaky_handles {
+        assert!(matches!(h.wait(WAIT).await, Err(WaitError::Failed(_))));
+    }
+    eventually_parked(client, lane, 50).await;
+
+    // Listed with the right reasons, and nothing taken by looking.
+    let ops = client.ops();
+    let parked = ops.dead_letters(lane, 0, 100).await.unwrap();
+    let count = |reason: &str| {
+        parked
+            .iter()
+            .filter(|m| m.reason.as_deref() == Some(reason))
+            .count()
+    };
+    assert_eq!(
+        (
+            count("retries_exhausted"),
+            count("non_retryable"),
+            count("unknown_task")
+        ),
+        (20, 20, 10),
+        "{parked:?}"
+    );
+    let page = ops.dead_letters(lane, 40, 100).await.unwrap();
+    assert_eq!(page.len(), 10, "paged");
+    let again = ops.dead_letters(lane, 0, 100).await.unwrap();
+    assert_eq!(again.len(), 50, "listing took nothing away");
+    let ids: Vec<_> = parked.iter().map(|m| m.id.clone()).collect();
+    let ids_again: Vec<_> = again.iter().map(|m| m.id.clone()).collect();
+    let mut sorted = (ids.clone(), ids_again.clone());
+    sorted.0.sort();
+    sorted.1.sort();
+    assert_eq!(sorted.0, sorted.1, "the same dead letters");
+    let flaky_one = parked
+        .iter()
+        .find(|m| m.task_name.as_deref() == Some(flaky::NAME))
+        .unwrap();
+    assert_eq!(flaky_one.attempts, 1);
+    assert!(flaky_one.detail.contains("failed"), "{}", flaky_one.detail);
+    assert!(flaky_one.task_id.is_some());
+
+    // Redrive by reason: exactly those run again, with a new result their waiters get.
+    healed.0.store(true, Ordering::SeqCst);
+    let mut seen_progress = 0;
+    let report = ops
+        .redrive(lane, &DeadFilter::all().reason("retries_exhausted"), |p| {
+            seen_progress = p.done
+        })
+        .await
+        .unwrap();
+    assert_eq!((report.redriven, report.running), (20, 0));
+    assert_eq!(seen_progress, 20);
+    for (i, h) in flaky_handles.iter().enumerate() {
+        assert_eq!(h.wait(WAIT).await.unwrap(), i as u32, "redriven task {i}");
+    }
+    for h in &fatal_handles {
+        assert!(
+            matches!(h.status().await.unwrap(), ferriq::TaskStatus::Failed(_)),
+            "not redriven: still failed"
+        );
+    }
+
+    // Purge by task name.
+    let report = ops
+        .purge(lane, &DeadFilter::all().task_name("ops.nobody"), |_| {})
+        .await
+        .unwrap();
+    assert_eq!((report.purged, report.kept), (10, 20));
+    let left = ops.dead_letters(lane, 0, 100).await.unwrap();
+    assert_eq!(left.len(), 20);
+    assert!(left
+        .iter()
+        .all(|m| m.reason.as_deref() == Some("non_retryable")));
+    let queues = ops.queues().await.unwrap();
+    let q = queues.iter().find(|q| q.name == lane).unwrap();
+    assert_eq!(q.dead_lettered, Some(20));
+}
