@@ -58,6 +58,9 @@ pub struct QueueView {
     pub dead_lettered: Option<u64>,
     /// Consumers, when the broker knows.
     pub consumers: Option<u64>,
+    /// Runs in flight from this lane, as the live workers report them (a broker such as
+    /// RabbitMQ does not say how many of its messages are delivered and unacked).
+    pub running: u64,
 }
 
 /// A task as the store sees it.
@@ -137,8 +140,14 @@ impl Ops {
     /// The lanes: depth, dead letters, consumers.
     pub async fn queues(&self) -> Result<Vec<QueueView>, OpsError> {
         let broker = self.client.broker();
+        let workers = self.client.store().workers().await?;
         let mut out = Vec::new();
         for (name, depth) in broker.queue_depths().await? {
+            let running = workers
+                .iter()
+                .flat_map(|w| &w.runs)
+                .filter(|r| r.lane == name)
+                .count() as u64;
             let dead_lettered = match broker.dead_letters() {
                 Some(dlq) => Some(dlq.dead_count(&name).await?),
                 None => None,
@@ -149,6 +158,7 @@ impl Ops {
                 depth,
                 dead_lettered,
                 consumers,
+                running,
             });
         }
         Ok(out)
@@ -183,23 +193,62 @@ impl Ops {
         offset: usize,
         limit: usize,
     ) -> Result<Vec<DeadMessage>, OpsError> {
+        self.dead_letters_matching(lane, &DeadFilter::all(), offset, limit)
+            .await
+    }
+
+    /// The dead letters of `lane` matching `filter`, oldest first: `limit` from `offset`.
+    /// Every one looked at is put back as it was.
+    pub async fn dead_letters_matching(
+        &self,
+        lane: &str,
+        filter: &DeadFilter,
+        offset: usize,
+        limit: usize,
+    ) -> Result<Vec<DeadMessage>, OpsError> {
         let dlq = self.dlq()?;
+        let now_ms = self.client.clock().now_unix_ms();
+        // Everything taken, in order (all of it goes back); the page picked from it.
         let mut held = Vec::new();
+        let mut page = Vec::new();
+        let mut matched = 0usize;
         let wanted = offset.saturating_add(limit);
-        while held.len() < wanted {
-            let got = dlq.take_dead(lane, BATCH.min(wanted - held.len())).await;
-            match got {
-                Ok(got) if got.is_empty() => break,
-                Ok(got) => held.extend(got),
+        while matched < wanted {
+            let got = match dlq.take_dead(lane, BATCH).await {
+                Ok(got) => got,
                 Err(e) => {
                     dlq.return_dead(held).await?;
                     return Err(e.into());
                 }
+            };
+            if got.is_empty() {
+                break;
+            }
+            for m in got {
+                // A dead-letter queue several lanes share holds others' too.
+                if m.lane == lane && filter.matches(&m, now_ms) {
+                    if matched >= offset && matched < wanted {
+                        page.push(m.clone());
+                    }
+                    matched += 1;
+                }
+                held.push(m);
             }
         }
-        let page: Vec<DeadMessage> = held.iter().skip(offset).take(limit).cloned().collect();
         dlq.return_dead(held).await?;
         Ok(page)
+    }
+
+    /// How many dead letters of `lane` match `filter` (each one looked at is put back).
+    pub async fn count_dead_letters(
+        &self,
+        lane: &str,
+        filter: &DeadFilter,
+    ) -> Result<u64, OpsError> {
+        Ok(self
+            .dead_letters_matching(lane, filter, 0, usize::MAX)
+            .await?
+            .len() as u64)
     }
 
     /// Sends back every dead letter of `lane` matching `filter`, each reset first so it runs
@@ -223,6 +272,10 @@ impl Ops {
                     return Ok(());
                 }
                 for m in batch {
+                    if m.lane != lane {
+                        kept.push(m);
+                        continue;
+                    }
                     seen += 1;
                     if !filter.matches(&m, now_ms) {
                         report.kept += 1;
@@ -270,6 +323,10 @@ impl Ops {
                     return Ok(());
                 }
                 for m in batch {
+                    if m.lane != lane {
+                        kept.push(m);
+                        continue;
+                    }
                     seen += 1;
                     if filter.matches(&m, now_ms) {
                         dlq.drop_dead(&m).await?;

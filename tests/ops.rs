@@ -18,7 +18,8 @@ async fn dead_letters_are_listed_redriven_and_purged() {
         Arc::new(env.store.clone()),
         healed.clone(),
     );
-    ops_suite::dead_letters_are_listed_redriven_and_purged(&env.client, "taskiq", healed).await;
+    ops_suite::dead_letters_are_listed_redriven_and_purged(&env.client, "taskiq", healed, true)
+        .await;
     worker.stop().await;
 }
 

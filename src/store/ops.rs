@@ -21,16 +21,26 @@ pub struct RunInfo {
     pub started_at_ms: u64,
     /// Which attempt.
     pub attempt: u32,
+    /// The lane its delivery came from.
+    #[serde(default)]
+    pub lane: String,
 }
 
 impl RunInfo {
-    /// A run.
-    pub fn new(task_id: TaskId, task_name: String, started_at_ms: u64, attempt: u32) -> Self {
+    /// A run of a delivery from `lane`.
+    pub fn new(
+        task_id: TaskId,
+        task_name: String,
+        started_at_ms: u64,
+        attempt: u32,
+        lane: String,
+    ) -> Self {
         RunInfo {
             task_id,
             task_name,
             started_at_ms,
             attempt,
+            lane,
         }
     }
 }

@@ -66,6 +66,7 @@ impl Inner {
             task_id: msg.task_id.clone(),
             task_name: task.name,
             attempt,
+            lane: d.queue.clone(),
             started_at_ms: (self.config.clock.now_unix() * 1000.0) as u64,
             token,
             handle: d.handle.clone(),

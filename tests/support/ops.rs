@@ -80,11 +80,13 @@ async fn eventually_parked(client: &Client, lane: &str, n: usize) {
     }
 }
 
-/// The scenario on `client` (whose broker and store the worker shares), lane `lane`.
+/// The scenario on `client` (whose broker and store the worker shares), lane `lane`;
+/// `ordered`: the broker keeps its dead letters in order (listing twice gives the same order).
 pub async fn dead_letters_are_listed_redriven_and_purged(
     client: &Client,
     lane: &str,
     healed: Arc<Healed>,
+    ordered: bool,
 ) {
     let flaky_handles = client
         .enqueue_batch((0..20).map(flaky::call))
@@ -132,6 +134,9 @@ pub async fn dead_letters_are_listed_redriven_and_purged(
     assert_eq!(again.len(), 50, "listing took nothing away");
     let ids: Vec<_> = parked.iter().map(|m| m.id.clone()).collect();
     let ids_again: Vec<_> = again.iter().map(|m| m.id.clone()).collect();
+    if ordered {
+        assert_eq!(ids, ids_again, "listing kept the order");
+    }
     let mut sorted = (ids.clone(), ids_again.clone());
     sorted.0.sort();
     sorted.1.sort();

@@ -7,7 +7,6 @@ use ferriq::broker::{
     Broker, BrokerError, ConsumerSettings, DeadLetter, Delivery, DeliveryHandle, Health,
     LeaseStatus, OutgoingMessage, QueueDepth,
 };
-use lapin::options::QueueDeclareOptions;
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::Acker;
 use tokio::sync::mpsc;
@@ -19,11 +18,11 @@ use crate::{AmqpBrokerBuilder, AmqpError};
 
 /// Our receive count, carried on copies made by `release(after)` (a copy is a new message to
 /// RabbitMQ, so its own delivery count starts again).
-const RECEIVES_HEADER: &str = "x-ferriq-receives";
+pub(crate) const RECEIVES_HEADER: &str = "x-ferriq-receives";
 
 /// On a released copy: unix milliseconds before which it is not to be handled. A delay tier
 /// may hand it back earlier (tiers are coarse); the worker then releases it again.
-const NOT_BEFORE_HEADER: &str = "x-ferriq-not-before";
+pub(crate) const NOT_BEFORE_HEADER: &str = "x-ferriq-not-before";
 
 fn unix_ms_now() -> i64 {
     std::time::SystemTime::now()
@@ -59,7 +58,7 @@ struct Held {
     receive_count: u32,
 }
 
-fn header_int(headers: &FieldTable, name: &str) -> Option<i64> {
+pub(crate) fn header_int(headers: &FieldTable, name: &str) -> Option<i64> {
     match headers.inner().get(name)? {
         AMQPValue::LongLongInt(n) => Some(*n),
         AMQPValue::LongInt(n) => Some(i64::from(*n)),
@@ -73,7 +72,7 @@ fn header_int(headers: &FieldTable, name: &str) -> Option<i64> {
     }
 }
 
-fn header_str(headers: &FieldTable, name: &str) -> Option<String> {
+pub(crate) fn header_str(headers: &FieldTable, name: &str) -> Option<String> {
     match headers.inner().get(name)? {
         AMQPValue::LongString(s) => String::from_utf8(s.as_bytes().to_vec()).ok(),
         AMQPValue::ShortString(s) => Some(s.as_str().to_owned()),
@@ -372,6 +371,14 @@ impl Broker for AmqpBroker {
             "x-ferriq-attempts".into(),
             AMQPValue::LongLongInt(i64::from(why.attempts)),
         );
+        headers.insert(
+            crate::dead_letters::DEAD_LETTER_ID_HEADER.into(),
+            long(&uuid::Uuid::new_v4().simple().to_string()),
+        );
+        headers.insert(
+            crate::dead_letters::DEAD_AT_HEADER.into(),
+            AMQPValue::LongLongInt(unix_ms_now()),
+        );
         let copy = Publication {
             exchange: String::new(),
             routing_key: AmqpBrokerBuilder::dead_letter_queue(&held.queue),
@@ -383,62 +390,42 @@ impl Broker for AmqpBroker {
     }
 
     async fn depth(&self) -> Result<QueueDepth, BrokerError> {
-        let session = self
-            .live_session(Instant::now() + Duration::from_secs(5))
-            .await?;
-        let unavailable = |e: lapin::Error| BrokerError::Unavailable(e.to_string());
-        // A scratch channel: a failed passive declare closes the channel it ran on.
-        let channel = session
-            .connection
-            .create_channel()
-            .await
-            .map_err(unavailable)?;
-        let config = &self.shared.config;
-        let count = |name: String| {
-            let channel = channel.clone();
-            async move {
-                channel
-                    .queue_declare(
-                        name.as_str().into(),
-                        QueueDeclareOptions::default().passive(),
-                        FieldTable::default(),
-                    )
-                    .await
-                    .map(|q| u64::from(q.message_count()))
-            }
-        };
         let (mut ready, mut delayed) = (0, 0);
-        for queue in &config.queues {
-            ready += count(queue.clone()).await.map_err(unavailable)?;
-            for tier in &config.delay_tiers {
-                delayed += count(AmqpBrokerBuilder::delay_queue(queue, *tier))
-                    .await
-                    .map_err(unavailable)?;
-            }
+        for (_, depth) in self.queue_depths().await? {
+            ready += depth.ready;
+            delayed += depth.delayed;
         }
-        let _ = channel.close(200, "depth read".into()).await;
-        // RabbitMQ's passive declare counts ready messages only; unacked ones are not reported.
         Ok(QueueDepth::new(ready, 0, delayed))
     }
 
     async fn consumer_count(&self, queue: Option<&str>) -> Option<(String, u64)> {
         let lane = queue.unwrap_or(&self.shared.config.queues[0]).to_owned();
-        let session = self
-            .live_session(Instant::now() + Duration::from_secs(2))
-            .await
-            .ok()?;
-        // A scratch channel: a passive declare of a missing queue closes its channel.
-        let channel = session.connection.create_channel().await.ok()?;
-        let declared = channel
-            .queue_declare(
-                lane.as_str().into(),
-                QueueDeclareOptions::default().passive(),
-                FieldTable::default(),
-            )
-            .await;
-        let _ = channel.close(200, "consumer count read".into()).await;
+        let declared = self.declare_passive(&lane).await.ok()?;
         // A queue that does not exist has no consumer either.
-        Some((lane, declared.map_or(0, |q| u64::from(q.consumer_count()))))
+        Some((lane, declared.map_or(0, |(_, consumers)| consumers)))
+    }
+
+    async fn queue_depths(&self) -> Result<Vec<(String, QueueDepth)>, BrokerError> {
+        let config = &self.shared.config;
+        let mut out = Vec::new();
+        for queue in &config.queues {
+            let ready = self.ready_count(queue).await?.unwrap_or(0);
+            let mut delayed = 0;
+            for tier in &config.delay_tiers {
+                delayed += self
+                    .ready_count(&AmqpBrokerBuilder::delay_queue(queue, *tier))
+                    .await?
+                    .unwrap_or(0);
+            }
+            // A passive declare counts ready messages only: RabbitMQ does not say how many
+            // are delivered and unacked.
+            out.push((queue.clone(), QueueDepth::new(ready, 0, delayed)));
+        }
+        Ok(out)
+    }
+
+    fn dead_letters(&self) -> Option<&dyn ferriq::dead_letters::DeadLetterQueue> {
+        Some(self)
     }
 
     fn lanes(&self) -> Vec<String> {

@@ -45,6 +45,7 @@
 
 mod broker;
 mod config;
+mod dead_letters;
 mod error;
 mod from_url;
 mod publish;

@@ -127,6 +127,9 @@ pub(crate) struct Shared {
     /// Deliveries held unacked at once over the lanes: the configured prefetch, else the
     /// worker's concurrency (32 until a worker says).
     pub(crate) prefetch: std::sync::atomic::AtomicU16,
+    /// The operators' channel for dead letters (with its session's generation): what it took
+    /// stays held until settled on it.
+    pub(crate) dead_channel: tokio::sync::Mutex<Option<(u64, Channel)>>,
 }
 
 impl Shared {
@@ -140,6 +143,7 @@ impl Shared {
             last_error: Mutex::new(String::new()),
             stop: CancellationToken::new(),
             prefetch: std::sync::atomic::AtomicU16::new(config.prefetch.unwrap_or(32)),
+            dead_channel: tokio::sync::Mutex::new(None),
             config,
         }
     }

@@ -95,7 +95,7 @@ impl Shared {
     }
 
     /// The queue a message goes to: a lane, or another queue by name (looked up once).
-    async fn queue_for(&self, name: Option<&str>) -> Result<Arc<Queue>, BrokerError> {
+    pub(crate) async fn queue_for(&self, name: Option<&str>) -> Result<Arc<Queue>, BrokerError> {
         let Some(name) = name else {
             return Ok(Arc::clone(&self.lanes[0]));
         };
@@ -235,8 +235,18 @@ impl Broker for SqsBroker {
 
     async fn depth(&self) -> Result<QueueDepth, BrokerError> {
         let (mut ready, mut in_flight, mut delayed) = (0, 0, 0);
+        for (_, depth) in self.queue_depths().await? {
+            ready += depth.ready;
+            in_flight += depth.in_flight;
+            delayed += depth.delayed;
+        }
+        Ok(QueueDepth::new(ready, in_flight, delayed))
+    }
+
+    async fn queue_depths(&self) -> Result<Vec<(String, QueueDepth)>, BrokerError> {
+        let mut out = Vec::new();
         for lane in &self.shared.lanes {
-            let out = self
+            let answer = self
                 .shared
                 .clients
                 .call
@@ -248,18 +258,27 @@ impl Broker for SqsBroker {
                 .send()
                 .await
                 .map_err(|e| broker_error(&e))?;
-            let attributes = out.attributes().cloned().unwrap_or_default();
+            let attributes = answer.attributes().cloned().unwrap_or_default();
             let get = |name: QueueAttributeName| {
                 attributes
                     .get(&name)
                     .and_then(|v| v.parse::<u64>().ok())
                     .unwrap_or(0)
             };
-            ready += get(QueueAttributeName::ApproximateNumberOfMessages);
-            in_flight += get(QueueAttributeName::ApproximateNumberOfMessagesNotVisible);
-            delayed += get(QueueAttributeName::ApproximateNumberOfMessagesDelayed);
+            out.push((
+                lane.name.clone(),
+                QueueDepth::new(
+                    get(QueueAttributeName::ApproximateNumberOfMessages),
+                    get(QueueAttributeName::ApproximateNumberOfMessagesNotVisible),
+                    get(QueueAttributeName::ApproximateNumberOfMessagesDelayed),
+                ),
+            ));
         }
-        Ok(QueueDepth::new(ready, in_flight, delayed))
+        Ok(out)
+    }
+
+    fn dead_letters(&self) -> Option<&dyn ferriq::dead_letters::DeadLetterQueue> {
+        Some(self)
     }
 
     async fn health(&self) -> Health {

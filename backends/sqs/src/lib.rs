@@ -73,6 +73,7 @@
 mod broker;
 mod client;
 mod config;
+mod dead_letters;
 mod error;
 mod from_url;
 mod queue;

@@ -28,13 +28,7 @@ async fn named(ctx: TaskContext, secs: u64) -> String {
 }
 
 async fn store(prefix: &str) -> ValkeyStore {
-    ValkeyStore::builder(common::redis_url())
-        .prefix(prefix)
-        .result_ttl(Some(Duration::from_secs(600)))
-        .claim_ttl(Duration::from_secs(600))
-        .connect()
-        .await
-        .expect("connect to the test Redis")
+    common::store(prefix).await
 }
 
 fn worker_on(broker: ferriq_sqs::SqsBroker, store: Arc<ValkeyStore>, lease: Duration) -> Worker {

@@ -59,6 +59,17 @@ pub fn redis_url() -> String {
     std::env::var("FERRIQ_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
 }
 
+/// A Valkey store under its own key prefix.
+pub async fn store(prefix: &str) -> ferriq_valkey::ValkeyStore {
+    ferriq_valkey::ValkeyStore::builder(redis_url())
+        .prefix(prefix)
+        .result_ttl(Some(Duration::from_secs(600)))
+        .claim_ttl(Duration::from_secs(600))
+        .connect()
+        .await
+        .expect("connect to the test Redis")
+}
+
 pub fn unique(kind: &str) -> String {
     format!(
         "fqt-{kind}-{}",

@@ -1,0 +1,25 @@
+//! Operations on SQS (fauxqs, with the Valkey store): the shared suite's dead letters listed,
+//! redriven by reason and purged by task name.
+
+mod common;
+#[path = "../../../tests/support/ops.rs"]
+mod ops_suite;
+
+use std::sync::Arc;
+
+use common::{QueueOptions, Queues};
+use ferriq::Client;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_are_listed_redriven_and_purged() {
+    let queues = Queues::create(QueueOptions::default()).await;
+    let broker = Arc::new(queues.broker().await);
+    let store = Arc::new(common::store(&common::unique("ops")).await);
+    let healed = Arc::new(ops_suite::Healed::default());
+    let worker = ops_suite::worker(broker.clone(), store.clone(), healed.clone());
+    let client = Client::new(broker, store);
+    // A standard queue keeps no order.
+    ops_suite::dead_letters_are_listed_redriven_and_purged(&client, &queues.name, healed, false)
+        .await;
+    worker.stop().await;
+}

@@ -1,0 +1,136 @@
+#![warn(missing_docs)]
+//! `ferriq`: the on-call engineer's command. It connects with the same URLs and `FERRIQ_*`
+//! environment as a worker, and shows queues, workers and their runs, dead letters (listed,
+//! shown, redriven, purged) and tasks (status, result, revoke). Tables for people, `--json`
+//! for scripts; destructive commands ask first unless `--yes`.
+
+mod args;
+mod dlq;
+mod output;
+mod task;
+mod views;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use ferriq::connect::Settings;
+use ferriq::Client;
+
+// Every backend this command can reach: linked so their URL schemes are registered.
+use ferriq_amqp as _;
+use ferriq_sqs as _;
+use ferriq_valkey as _;
+
+use args::{Cli, Command};
+
+/// Why a command failed, and the exit code that says so.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum Failure {
+    /// The command line asks for something that cannot be done as asked (exit 2).
+    #[error("{0}")]
+    Usage(String),
+    /// Cannot connect (exit 1).
+    #[error("cannot connect: {0}\n  check the URL (--broker / FERRIQ_BROKER_URL, --store / FERRIQ_STORE_URL), the credentials in it, and that the server answers")]
+    Connect(String),
+    /// The operation failed (exit 1).
+    #[error("{0}")]
+    Failed(String),
+    /// What was asked for does not exist (exit 3).
+    #[error("{0}")]
+    NotFound(String),
+    /// The operator said no at the prompt (exit 4).
+    #[error("aborted: nothing was changed")]
+    Aborted,
+}
+
+impl Failure {
+    fn exit_code(&self) -> u8 {
+        match self {
+            Failure::Failed(_) | Failure::Connect(_) => 1,
+            Failure::Usage(_) => 2,
+            Failure::NotFound(_) => 3,
+            Failure::Aborted => 4,
+        }
+    }
+}
+
+impl From<ferriq::ops::OpsError> for Failure {
+    fn from(e: ferriq::ops::OpsError) -> Self {
+        Failure::Failed(e.to_string())
+    }
+}
+
+impl From<ferriq::store::StoreError> for Failure {
+    fn from(e: ferriq::store::StoreError) -> Self {
+        Failure::Failed(format!(
+            "{e}\n  check the store URL (--store / FERRIQ_STORE_URL) and that it answers"
+        ))
+    }
+}
+
+/// The client on the command line's URLs, else the environment's.
+async fn connect(cli: &Cli) -> Result<Client, Failure> {
+    let mut settings = Settings::default();
+    settings.extend(std::env::vars().filter(|(k, _)| k.starts_with("FERRIQ_")));
+    if let Some(url) = &cli.broker {
+        settings.insert("FERRIQ_BROKER_URL", url.clone());
+    }
+    if let Some(url) = &cli.store {
+        settings.insert("FERRIQ_STORE_URL", url.clone());
+    }
+    if let Some(queues) = &cli.queues {
+        settings.insert("FERRIQ_QUEUES", queues.clone());
+    }
+    if settings.get("FERRIQ_BROKER_URL").is_none() {
+        return Err(Failure::Usage(
+            "no broker: pass --broker URL or set FERRIQ_BROKER_URL (amqp://…, sqs://…)".into(),
+        ));
+    }
+    if settings.get("FERRIQ_STORE_URL").is_none() && settings.get("FERRIQ_VALKEY_URL").is_none() {
+        return Err(Failure::Usage(
+            "no store: pass --store URL or set FERRIQ_STORE_URL (redis://…)".into(),
+        ));
+    }
+    let connecting = Client::from_settings(&settings);
+    match tokio::time::timeout(cli.timeout, connecting).await {
+        Ok(Ok(client)) => Ok(client),
+        Ok(Err(e)) => Err(Failure::Connect(e.to_string())),
+        Err(_) => Err(Failure::Connect(format!(
+            "no answer within {:?} (--timeout)",
+            cli.timeout
+        ))),
+    }
+}
+
+async fn run(cli: Cli) -> Result<(), Failure> {
+    let client = connect(&cli).await?;
+    let out = output::Output::new(cli.json);
+    match &cli.command {
+        Command::Queues => views::queues(&client, &out).await,
+        Command::Workers => views::workers(&client, &out).await,
+        Command::Dlq(command) => dlq::run(&client, &out, &cli, command).await,
+        Command::Task(command) => task::run(&client, &out, &cli, command).await,
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(e.exit_code())
+        }
+    }
+}

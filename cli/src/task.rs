@@ -1,0 +1,153 @@
+//! `ferriq task status|result|revoke ID`.
+
+use ferriq::store::ClaimState;
+use ferriq::wire::{TaskId, TaskResult};
+use ferriq::{Client, TaskStatus};
+use serde_json::{json, Value};
+
+use crate::args::{Cli, TaskCommand};
+use crate::output::{confirm, timestamp, Output};
+use crate::Failure;
+
+fn task_id(text: &str) -> Result<TaskId, Failure> {
+    TaskId::parse(text).map_err(|e| Failure::Usage(format!("{text:?} is not a task id: {e}")))
+}
+
+fn status_name(status: &TaskStatus) -> &'static str {
+    match status {
+        TaskStatus::Pending => "pending",
+        TaskStatus::Started { .. } => "started",
+        TaskStatus::Succeeded => "succeeded",
+        TaskStatus::Failed(_) => "failed",
+        _ => "unknown",
+    }
+}
+
+fn claim_state(state: ClaimState) -> &'static str {
+    match state {
+        ClaimState::Running => "running",
+        ClaimState::Released => "released",
+        ClaimState::Done => "done",
+        ClaimState::Revoked => "revoked",
+        _ => "unknown",
+    }
+}
+
+fn result_json(r: &TaskResult) -> Value {
+    serde_json::to_value(r).unwrap_or(Value::Null)
+}
+
+pub(crate) async fn run(
+    client: &Client,
+    out: &Output,
+    cli: &Cli,
+    command: &TaskCommand,
+) -> Result<(), Failure> {
+    match command {
+        TaskCommand::Status { id } => status(client, out, &task_id(id)?).await,
+        TaskCommand::Result { id } => result(client, out, &task_id(id)?).await,
+        TaskCommand::Revoke { id } => revoke(client, out, cli, &task_id(id)?).await,
+    }
+}
+
+async fn status(client: &Client, out: &Output, id: &TaskId) -> Result<(), Failure> {
+    let info = client.ops().task(id).await?;
+    if out.json {
+        out.json(&json!({
+            "id": id.to_string(),
+            "status": status_name(&info.status),
+            "result": info.result.as_ref().map(result_json),
+            "progress": info.progress,
+            "claim": info.claim.as_ref().map(|c| json!({
+                "state": claim_state(c.state),
+                "token": c.token.to_string(),
+                "holder": c.holder,
+                "started_at_ms": c.started_at_ms,
+                "lease_until_ms": c.lease_until_ms,
+                "failures": c.failures,
+                "starts": c.starts,
+                "takeovers": c.takeovers,
+            })),
+        }));
+        return Ok(());
+    }
+    let field = |k: &str, v: String| println!("{k:<10} {v}");
+    field("task", id.to_string());
+    field(
+        "status",
+        match &info.status {
+            TaskStatus::Started { worker, .. } => format!("started (on {worker})"),
+            TaskStatus::Failed(f) => format!("failed: {} {}", f.exc_type, f.message),
+            other => status_name(other).to_owned(),
+        },
+    );
+    if let Some(r) = &info.result {
+        if !r.is_err {
+            field("result", r.return_value.to_string());
+        }
+        field("took", format!("{:.3}s", r.execution_time));
+    }
+    if let Some(p) = &info.progress {
+        field("progress", p.to_string());
+    }
+    match &info.claim {
+        Some(c) => {
+            field("claim", claim_state(c.state).to_owned());
+            if !c.holder.is_empty() {
+                field("holder", c.holder.clone());
+            }
+            if let Some(ms) = c.lease_until_ms {
+                field("lease end", timestamp(ms));
+            }
+            field(
+                "attempts",
+                format!(
+                    "{} started, {} failed, {} taken over",
+                    c.starts, c.failures, c.takeovers
+                ),
+            );
+        }
+        None => field("claim", "none (never received, or expired)".to_owned()),
+    }
+    Ok(())
+}
+
+async fn result(client: &Client, out: &Output, id: &TaskId) -> Result<(), Failure> {
+    let info = client.ops().task(id).await?;
+    let Some(r) = info.result else {
+        return Err(Failure::NotFound(format!(
+            "task {id} has no result yet ({})",
+            status_name(&info.status)
+        )));
+    };
+    if out.json {
+        out.json(&result_json(&r));
+    } else if r.is_err {
+        let e = r.error.as_ref();
+        println!(
+            "error: {} {}",
+            e.map_or("", |e| e.exc_type.as_str()),
+            e.map_or(String::new(), |e| Value::Array(e.exc_message.clone())
+                .to_string())
+        );
+    } else {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&r.return_value).unwrap_or_default()
+        );
+    }
+    Ok(())
+}
+
+async fn revoke(client: &Client, out: &Output, cli: &Cli, id: &TaskId) -> Result<(), Failure> {
+    confirm(&format!("Revoke task {id}?"), cli.yes)?;
+    let revoked = client.revoke(id).await?;
+    if out.json {
+        out.json(&json!({"id": id.to_string(), "revoked": revoked}));
+    } else if revoked {
+        println!("revoked {id}: it will not start, and a running one stops at its next heartbeat");
+    } else {
+        println!("{id} had already finished: nothing to revoke");
+    }
+    Ok(())
+}
