@@ -283,6 +283,7 @@ async fn redrive(
             );
         }
     }
+    unseen_note(client, &lane, report.kept + report.running).await;
     if selection.id.is_some() && report.redriven == 0 && report.running == 0 {
         return Err(Failure::NotFound(format!(
             "no dead letter {} in {lane}",
@@ -316,6 +317,7 @@ async fn purge(
     } else {
         println!("purged {} dead letter(s) from {lane}", report.purged);
     }
+    unseen_note(client, &lane, report.kept).await;
     if selection.id.is_some() && report.purged == 0 {
         return Err(Failure::NotFound(format!(
             "no dead letter {} in {lane}",
@@ -335,4 +337,25 @@ fn nothing(out: &Output, lane: &str, selection: &Selection, empty: Value) -> Res
         println!("no dead letters in {lane} match");
     }
     Ok(())
+}
+
+/// Says so when the dead-letter queue holds more than the operation looked at: messages held
+/// by another session (an interrupted listing or redrive: SQS hides them for 30 s), or
+/// another lane's in a shared dead-letter queue.
+async fn unseen_note(client: &Client, lane: &str, left_seen: u64) {
+    let Some(dlq) = client.broker().dead_letters() else {
+        return;
+    };
+    let Ok(count) = dlq.dead_count(lane).await else {
+        return;
+    };
+    if count > left_seen {
+        eprintln!(
+            "note: {} more message(s) in the dead-letter queue were not looked at: held by \
+             another session (an interrupted listing or redrive; on SQS they are visible again \
+             within {} s), or another queue's; run this again to reach them",
+            count - left_seen,
+            30
+        );
+    }
 }

@@ -185,3 +185,131 @@ pub async fn dead_letters_are_listed_redriven_and_purged(
     let q = queues.iter().find(|q| q.name == lane).unwrap();
     assert_eq!(q.dead_lettered, Some(20));
 }
+
+/// Who runs `ops.stale`, whether its runs succeed yet, and a gate that holds them.
+pub struct Me {
+    name: &'static str,
+    ok: AtomicBool,
+    gate: Option<tokio::sync::Semaphore>,
+    entered: tokio::sync::Notify,
+}
+
+#[ferriq::task(name = "ops.stale", max_attempts = 1)]
+async fn stale(me: State<Arc<Me>>) -> Result<String, TaskError> {
+    me.entered.notify_one();
+    if let Some(gate) = &me.gate {
+        let _ = gate.acquire().await;
+    }
+    if !me.ok.load(Ordering::SeqCst) {
+        return Err(TaskError::fatal("not yet"));
+    }
+    Ok(me.name.to_owned())
+}
+
+/// Worker A runs a task and pauses inside it; its lease is ended behind its back (`expire`)
+/// and worker B takes the task over and fails it for good; the dead letter is redriven and B
+/// succeeds; then A resumes and tries to write: fenced off, the new result stays. A and B
+/// receive from brokers of their own (a broker that pushes deliveries shares its prefetch
+/// among the workers that use it); the first also publishes and redrives.
+pub async fn a_stale_worker_cannot_write_over_a_redriven_result<F, Fut>(
+    brokers: [Arc<dyn Broker>; 2],
+    store: Arc<dyn Store>,
+    lane: &str,
+    expire: F,
+) where
+    F: Fn(ferriq::wire::TaskId) -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    use ferriq::broker::OutgoingMessage;
+    let me = |name, gate: bool, ok| {
+        Arc::new(Me {
+            name,
+            ok: AtomicBool::new(ok),
+            gate: gate.then(|| tokio::sync::Semaphore::new(0)),
+            entered: tokio::sync::Notify::new(),
+        })
+    };
+    let (a, b) = (me("A", true, true), me("B", false, false));
+    let [broker, broker_b] = brokers;
+    let builder = |me: &Arc<Me>, broker: &Arc<dyn Broker>| {
+        let mut config = WorkerConfig::default();
+        config.min_defer = Duration::from_millis(200);
+        Worker::builder()
+            .broker(broker.clone())
+            .store(store.clone())
+            .registry(
+                Registry::from_inventory()
+                    .unwrap()
+                    .only(&[stale::NAME])
+                    .unwrap(),
+            )
+            .state(Arc::clone(me))
+            .config(config)
+    };
+    // A: a long lease, so it does not heartbeat during the test: it only finds out it was
+    // taken over when it tries to write. Busy with the held run: every other copy goes to B.
+    let worker_a = RunningWorker::spawn(
+        builder(&a, &broker)
+            .concurrency(1)
+            .lease(Duration::from_secs(600))
+            .build()
+            .unwrap(),
+    );
+    let client = Client::new(broker.clone(), store.clone());
+    let msg = stale::call().into_message().unwrap();
+    let id = msg.task_id.clone();
+    broker
+        .publish(vec![OutgoingMessage::from_message(&msg).unwrap()])
+        .await
+        .unwrap();
+    a.entered.notified().await;
+    // A pauses (its run is held); its lease runs out; a copy of the message goes to B, which
+    // takes the task over and fails it for good: dead-lettered with an error result.
+    assert!(expire(id.clone()).await, "the lease was ended");
+    let worker_b = RunningWorker::spawn(builder(&b, &broker_b).build().unwrap());
+    broker
+        .publish(vec![OutgoingMessage::from_message(&msg).unwrap()])
+        .await
+        .unwrap();
+    let handle = client.handle::<String>(id.clone());
+    assert!(matches!(handle.wait(WAIT).await, Err(WaitError::Failed(_))));
+    // Redriven: B now succeeds.
+    b.ok.store(true, Ordering::SeqCst);
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let report = client
+            .ops()
+            .redrive(lane, &DeadFilter::all().task_id(id.clone()), |_| {})
+            .await
+            .unwrap();
+        if report.redriven == 1 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "not parked yet");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(handle.wait(WAIT).await.unwrap(), "B");
+    // A resumes and tries to write: fenced off.
+    a.gate.as_ref().unwrap().add_permits(1);
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while worker_a
+        .worker
+        .stats()
+        .count(ferriq::worker::Outcome::Stale)
+        == 0
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "A never tried to write"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        handle.wait(Duration::from_secs(1)).await.unwrap(),
+        "B",
+        "still B's"
+    );
+    worker_a.shutdown.force();
+    worker_a.join().await;
+    worker_b.stop().await;
+}

@@ -22,3 +22,24 @@ async fn dead_letters_are_listed_redriven_and_purged() {
         .await;
     worker.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_worker_from_before_a_redrive_cannot_write_over_the_new_result() {
+    let topology = Topology::new();
+    let brokers: [Arc<dyn ferriq::broker::Broker>; 2] = [
+        Arc::new(topology.broker().await),
+        Arc::new(topology.broker().await),
+    ];
+    let store = Arc::new(common::store(&common::unique("ops")).await);
+    let expiring = store.clone();
+    ops_suite::a_stale_worker_cannot_write_over_a_redriven_result(
+        brokers,
+        store,
+        &topology.queue,
+        move |id| {
+            let store = expiring.clone();
+            async move { store.expire_lease(&id).await.unwrap() }
+        },
+    )
+    .await;
+}

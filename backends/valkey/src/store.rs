@@ -273,6 +273,31 @@ impl ValkeyStore {
         }
     }
 
+    /// Fault injection for tests: ends the lease of a running claim now, as if its holder had
+    /// stopped heartbeating long ago (the holder itself is not told). `false` when the claim
+    /// is not running.
+    #[doc(hidden)]
+    pub async fn expire_lease(&self, id: &TaskId) -> Result<bool, StoreError> {
+        use fred::interfaces::LuaInterface;
+        // The record is `state token lease …`: zero the lease of an `r` (running) record.
+        let hit: i64 = self
+            .inner
+            .core
+            .pool
+            .eval(
+                "local raw = redis.call('GET', KEYS[1]) \
+                 if raw and string.sub(raw, 1, 2) == 'r ' then \
+                 local s, t, l, rest = string.match(raw, '^(%a) (%d+) (%d+) (.*)$') \
+                 redis.call('SET', KEYS[1], s .. ' ' .. t .. ' 0 ' .. rest, 'KEEPTTL') \
+                 return 1 end return 0",
+                vec![self.inner.core.keys.claim(id)],
+                Vec::<String>::new(),
+            )
+            .await
+            .map_err(store_error)?;
+        Ok(hit == 1)
+    }
+
     /// Runs the trivial script `return 1` by SHA: the raw EVALSHA baseline for benchmarks.
     #[doc(hidden)]
     pub async fn raw_evalsha(
