@@ -6,7 +6,7 @@
 //! ```text
 //! cargo run --release --example bench_e2e -- --broker amqp   [--tasks 10000] [--lat-n 1000]
 //! cargo run --release --example bench_e2e -- --broker sqs    # FERRIQ_SQS_ENDPOINT, else fauxqs
-//! cargo run --release --example bench_e2e -- --broker memory
+//! cargo run --release --example bench_e2e -- --broker memory [--middlewares 3]
 //! ```
 //!
 //! Bulk: N tasks enqueued in batches of 1000 (publisher confirms), then every result awaited.
@@ -68,8 +68,48 @@ async fn valkey(prefix: &str) -> ValkeyStore {
         .expect("Redis")
 }
 
+/// A middleware whose every hook does nothing (`--middlewares N` registers N of them on the
+/// client and the worker): the cost of the hook points themselves.
+struct NoOp;
+
+#[ferriq::async_trait]
+impl ferriq::middleware::Middleware for NoOp {
+    async fn before_send(
+        &self,
+        _: &mut ferriq::wire::TaskMessage,
+    ) -> Result<(), ferriq::middleware::MiddlewareError> {
+        Ok(())
+    }
+    async fn after_send(&self, _: &ferriq::wire::TaskMessage, _: bool) {}
+    async fn before_run(
+        &self,
+        _: &ferriq::middleware::Run<'_>,
+        _: &mut ferriq::task::AppState,
+    ) -> Result<(), ferriq::middleware::MiddlewareError> {
+        Ok(())
+    }
+    async fn after_result(&self, _: &ferriq::middleware::Run<'_>, _: &ferriq::wire::TaskResult) {}
+}
+
+fn middlewares() -> usize {
+    arg("--middlewares", "0").parse().expect("--middlewares N")
+}
+
+fn with_middlewares(client: Client, n: usize) -> Client {
+    (0..n).fold(client, |c, _| c.with_middleware(Arc::new(NoOp)))
+}
+
 fn worker(broker: Arc<dyn Broker>, store: Arc<impl ferriq::store::Store>) -> Worker {
-    Worker::builder()
+    worker_with(broker, store, middlewares())
+}
+
+fn worker_with(
+    broker: Arc<dyn Broker>,
+    store: Arc<impl ferriq::store::Store>,
+    middlewares: usize,
+) -> Worker {
+    let builder = (0..middlewares).fold(Worker::builder(), |b, _| b.middleware(Arc::new(NoOp)));
+    builder
         .broker(broker)
         .store(store)
         .registry(
@@ -190,18 +230,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let tag = &uuid::Uuid::new_v4().simple().to_string()[..8];
 
     let (figures, raw, rss, what) = match broker_kind.as_str() {
+        "memory" if arg("--rounds", "0") != "0" => {
+            return compare_middlewares(n, lat_n, arg("--rounds", "0").parse()?).await;
+        }
         "memory" => {
-            let broker = Arc::new(MemoryBroker::new());
-            let store = Arc::new(MemoryStore::new());
-            let w = worker(broker.clone(), store.clone());
-            let shutdown = Shutdown::new();
-            let running = tokio::spawn({
-                let (w, s) = (w.clone(), shutdown.clone());
-                async move { w.run(s).await }
-            });
-            let figures = drive(&Client::new(broker, store), n, lat_n).await;
-            shutdown.drain();
-            running.await?;
+            let figures = memory_round(n, lat_n, middlewares()).await?;
             let raw = raw_memory(n, CONCURRENCY).await;
             (
                 figures,
@@ -272,8 +305,84 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         other => return Err(format!("--broker must be amqp, sqs or memory, not {other}").into()),
     };
 
+    report(&figures, raw, rss, what, n, lat_n);
+    Ok(())
+}
+
+/// One run on a fresh memory broker and store with `middlewares` no-op middlewares.
+async fn memory_round(
+    n: u64,
+    lat_n: usize,
+    middlewares: usize,
+) -> Result<Figures, Box<dyn std::error::Error>> {
+    let broker = Arc::new(MemoryBroker::new());
+    let store = Arc::new(MemoryStore::new());
+    let w = worker_with(broker.clone(), store.clone(), middlewares);
+    let shutdown = Shutdown::new();
+    let running = tokio::spawn({
+        let (w, s) = (w.clone(), shutdown.clone());
+        async move { w.run(s).await }
+    });
+    let client = with_middlewares(Client::new(broker, store), middlewares);
+    let figures = drive(&client, n, lat_n).await;
+    shutdown.drain();
+    running.await?;
+    Ok(figures)
+}
+
+/// `--rounds R`: R rounds in this process, each a run without middleware then one with
+/// `--middlewares N` (default 3), on fresh engines; medians and their ratio. One process and
+/// interleaved rounds keep the machine's drift out of the comparison.
+async fn compare_middlewares(
+    n: u64,
+    lat_n: usize,
+    rounds: usize,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let with = arg("--middlewares", "3").parse::<usize>()?;
+    let (mut none, mut some) = (Vec::new(), Vec::new());
+    for round in 0..rounds {
+        // Alternate which goes first, so neither always runs on a warmer process.
+        let order = if round % 2 == 0 { [0, with] } else { [with, 0] };
+        for m in order {
+            let f = memory_round(n, lat_n, m).await?;
+            if m == 0 {
+                none.push(f.e2e_per_s);
+            } else {
+                some.push(f.e2e_per_s);
+            }
+        }
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(|a, b| a.total_cmp(b));
+        v[v.len() / 2]
+    };
+    let (a, b) = (median(&mut none), median(&mut some));
+    println!("ferriq bench_e2e --rounds {rounds}: memory broker + memory store, N={n} per run, concurrency {CONCURRENCY}");
+    println!("CPU: {}", ferriq_examples::cpu_model());
+    println!("| middleware | end to end, median of {rounds} | runs |");
+    println!("|---|---|---|");
+    println!("| none | {a:.0} tasks/s | {} |", fmt_runs(&none));
+    println!("| {with} no-op | {b:.0} tasks/s | {} |", fmt_runs(&some));
+    println!(
+        "none_tasks_per_s={a:.0} with_{with}_tasks_per_s={b:.0} cost_pct={:.1}",
+        (1.0 - b / a) * 100.0
+    );
+    Ok(())
+}
+
+fn fmt_runs(v: &[f64]) -> String {
+    v.iter()
+        .map(|x| format!("{x:.0}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn report(figures: &Figures, raw: f64, rss: f64, what: &str, n: u64, lat_n: usize) {
     let p = |q| percentile(&figures.lat_ms, q);
-    println!("ferriq bench_e2e: {what}; N={n}, concurrency {CONCURRENCY}, {lat_n} sequential round trips");
+    println!(
+        "ferriq bench_e2e: {what}; N={n}, concurrency {CONCURRENCY}, {lat_n} sequential round trips, {} no-op middleware(s)",
+        middlewares()
+    );
     println!("CPU: {}", ferriq_examples::cpu_model());
     println!("| measure | value |");
     println!("|---|---|");
@@ -301,5 +410,4 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         p(50.0),
         p(99.0)
     );
-    Ok(())
 }

@@ -42,7 +42,7 @@ ensure_rabbitmq() {
 ensure_python_env() {
   local venv=.venv-interop
   export FERRIQ_TEST_PYTHON="$PWD/$venv/bin/python"
-  if [ -x "$FERRIQ_TEST_PYTHON" ] && "$FERRIQ_TEST_PYTHON" -c 'import taskiq, taskiq_aio_pika, taskiq_redis, taskiq_aio_sqs' 2>/dev/null; then
+  if [ -x "$FERRIQ_TEST_PYTHON" ] && "$FERRIQ_TEST_PYTHON" -c 'import taskiq, taskiq_aio_pika, taskiq_redis, taskiq_aio_sqs, opentelemetry.sdk, taskiq.middlewares.opentelemetry_middleware' 2>/dev/null; then
     echo "python: $venv ready"
     return
   fi

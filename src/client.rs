@@ -42,7 +42,18 @@ pub enum EnqueueError {
     /// A workflow's record could not be written; nothing of it was published.
     #[error("the workflow's record could not be stored: {0}")]
     Store(StoreError),
+    /// A middleware's `before_send` refused the message; nothing of the call was published.
+    #[error("middleware {middleware} refused the message: {reason}")]
+    Middleware {
+        /// The middleware's name.
+        middleware: String,
+        /// What it said.
+        reason: String,
+    },
 }
+
+/// A message ready to publish, and (when middleware wants to hear how it went) the message.
+pub(crate) type Prepared = (Option<TaskMessage>, OutgoingMessage);
 
 /// Why waiting for a result did not give a value.
 #[derive(Debug, Error)]
@@ -268,6 +279,7 @@ pub struct Client {
     broker: Arc<dyn Broker>,
     store: Arc<dyn Store>,
     clock: Clock,
+    middleware: crate::middleware::Chain,
 }
 
 impl Client {
@@ -278,7 +290,16 @@ impl Client {
             broker,
             store: store.into_dyn(),
             clock: Clock::system(),
+            middleware: Default::default(),
         }
+    }
+
+    /// The same client with `middleware` added after those already registered: its
+    /// `before_send` and `after_send` hooks run around every message this client publishes
+    /// (see [`crate::middleware`]).
+    pub fn with_middleware(mut self, middleware: Arc<dyn crate::middleware::Middleware>) -> Self {
+        self.middleware = self.middleware.with(middleware);
+        self
     }
 
     /// The broker this client publishes to.
@@ -349,13 +370,17 @@ impl Client {
         self
     }
 
-    pub(crate) fn outgoing(&self, mut msg: TaskMessage) -> Result<OutgoingMessage, WireError> {
+    pub(crate) fn outgoing(&self, msg: &mut TaskMessage) -> Result<OutgoingMessage, WireError> {
         if let Some(channel) = self.store.reply_channel() {
             if msg.labels.get(names::REPLY_TO).is_none() {
                 msg.labels.insert(names::REPLY_TO, channel);
             }
         }
         let now = self.clock.now_unix();
+        if msg.labels.get(names::ENQUEUED_AT).is_none() {
+            msg.labels
+                .insert(names::ENQUEUED_AT, (now * 1000.0).round() / 1000.0);
+        }
         if msg.labels.due_at().is_none() {
             // A hand-built message with taskiq's relative `delay`: this is its send time.
             if let Some(delay) = msg.labels.delay().filter(|d| !d.is_zero()) {
@@ -364,15 +389,39 @@ impl Client {
                     .insert(names::DUE_AT, (due * 1000.0).ceil() / 1000.0);
             }
         }
-        OutgoingMessage::from_message_at(&msg, now)
+        OutgoingMessage::from_message_at(msg, now)
+    }
+
+    /// The message as it goes out: middleware first (which may refuse it), then the reply
+    /// channel and due time.
+    pub(crate) async fn prepare(&self, mut msg: TaskMessage) -> Result<Prepared, EnqueueError> {
+        if self.middleware.is_empty() {
+            return Ok((None, self.outgoing(&mut msg)?));
+        }
+        self.middleware
+            .before_send(&mut msg)
+            .await
+            .map_err(|(middleware, reason)| EnqueueError::Middleware { middleware, reason })?;
+        let out = self.outgoing(&mut msg)?;
+        // Kept for `after_send`.
+        Ok((Some(msg), out))
+    }
+
+    /// Publishes prepared messages and tells the middleware how it went.
+    pub(crate) async fn publish_prepared(&self, sent: Vec<Prepared>) -> Result<(), EnqueueError> {
+        let (messages, batch): (Vec<_>, Vec<_>) = sent.into_iter().unzip();
+        let outcome = self.broker.publish(batch).await;
+        for msg in messages.iter().flatten() {
+            self.middleware.after_send(msg, outcome.is_ok()).await;
+        }
+        Ok(outcome?)
     }
 
     /// Enqueues one call; returns once the broker holds it durably.
     pub async fn enqueue<T>(&self, call: Call<T>) -> Result<TaskHandle<T>, EnqueueError> {
-        let msg = call.into_message_at(&self.clock)?;
-        let out = self.outgoing(msg)?;
-        let handle = self.sent_handle(out.task_id.clone(), out.queue.clone());
-        self.broker.publish(vec![out]).await?;
+        let prepared = self.prepare(call.into_message_at(&self.clock)?).await?;
+        let handle = self.sent_handle(prepared.1.task_id.clone(), prepared.1.queue.clone());
+        self.publish_prepared(vec![prepared]).await?;
         Ok(handle)
     }
 
@@ -384,11 +433,11 @@ impl Client {
         let mut handles = Vec::new();
         let mut batch = Vec::new();
         for call in calls {
-            let out = self.outgoing(call.into_message_at(&self.clock)?)?;
-            handles.push(self.sent_handle(out.task_id.clone(), out.queue.clone()));
-            batch.push(out);
+            let prepared = self.prepare(call.into_message_at(&self.clock)?).await?;
+            handles.push(self.sent_handle(prepared.1.task_id.clone(), prepared.1.queue.clone()));
+            batch.push(prepared);
         }
-        self.broker.publish(batch).await?;
+        self.publish_prepared(batch).await?;
         Ok(handles)
     }
 
@@ -397,9 +446,9 @@ impl Client {
         &self,
         msg: TaskMessage,
     ) -> Result<TaskHandle<Value>, EnqueueError> {
-        let out = self.outgoing(msg)?;
-        let handle = self.sent_handle(out.task_id.clone(), out.queue.clone());
-        self.broker.publish(vec![out]).await?;
+        let prepared = self.prepare(msg).await?;
+        let handle = self.sent_handle(prepared.1.task_id.clone(), prepared.1.queue.clone());
+        self.publish_prepared(vec![prepared]).await?;
         Ok(handle)
     }
 

@@ -40,6 +40,7 @@ pub mod connect;
 pub mod dead_letters;
 #[cfg(feature = "memory")]
 pub mod memory;
+pub mod middleware;
 pub mod ops;
 pub mod registry;
 pub mod schedule;
@@ -69,6 +70,8 @@ pub use worker::{Shutdown, Worker, WorkerBuilder, WorkerConfig};
 /// and a module of the same name holds `NAME`, `Task`, `call(…)` and `kiq(&client, …)`.
 pub use ferriq_macros::task;
 
+/// `#[async_trait]`, for implementing ferriq's traits ([`middleware::Middleware`], brokers, stores).
+pub use async_trait::async_trait;
 #[doc(hidden)]
 pub use inventory;
 

@@ -117,3 +117,127 @@ async fn readiness_fails_while_the_store_is_unreachable() {
     store.set_failing(ferriq::testing::StoreOp::Claim, false);
     assert!(get(addr, "/readyz").await.starts_with("HTTP/1.1 200"));
 }
+
+#[ferriq::task(name = "probes.flaky", max_attempts = 3, backoff_initial = 0.01)]
+async fn flaky(ctx: ferriq::TaskContext) -> Result<u32, ferriq::TaskError> {
+    if ctx.attempt() < 3 {
+        return Err(ferriq::TaskError::retryable("not yet"));
+    }
+    Ok(ctx.attempt())
+}
+
+#[ferriq::task(name = "probes.held")]
+async fn held(gate: ferriq::State<std::sync::Arc<tokio::sync::Semaphore>>) -> u32 {
+    let _ = gate.acquire().await;
+    1
+}
+
+/// The series added for operators: queue wait, attempts, results written, claims deferred and
+/// taken over, the concurrency limit beside the runs in flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_report_queue_wait_attempts_results_and_claims_by_task() {
+    use ferriq::broker::{Broker, OutgoingMessage};
+    let env = TestEnv::new();
+    let gate = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
+    let mut config = ferriq::WorkerConfig::default();
+    config.min_defer = Duration::from_millis(10);
+    let running = env.spawn_worker(
+        env.worker()
+            .registry(
+                Registry::from_inventory()
+                    .unwrap()
+                    .only(&[double::NAME, flaky::NAME, held::NAME])
+                    .unwrap(),
+            )
+            .state(gate.clone())
+            .config(config)
+            .concurrency(7),
+    );
+    let probes = running
+        .worker
+        .serve_probes("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let wait = Duration::from_secs(10);
+    env.client
+        .enqueue(double::call(1))
+        .await
+        .unwrap()
+        .wait(wait)
+        .await
+        .unwrap();
+    assert_eq!(
+        env.client
+            .enqueue(flaky::call())
+            .await
+            .unwrap()
+            .wait(wait)
+            .await
+            .unwrap(),
+        3
+    );
+
+    // A held run; a copy of its message is deferred (a live claim); then its lease is ended
+    // and another copy takes it over.
+    let msg = held::call().into_message().unwrap();
+    let id = msg.task_id.clone();
+    let publish = || async {
+        env.broker
+            .publish(vec![OutgoingMessage::from_message(&msg).unwrap()])
+            .await
+            .unwrap()
+    };
+    publish().await;
+    let deadline = tokio::time::Instant::now() + wait;
+    while running.worker.stats().in_flight == 0 {
+        assert!(tokio::time::Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    publish().await;
+    while running
+        .worker
+        .stats()
+        .count(ferriq::worker::Outcome::Deferred)
+        == 0
+    {
+        assert!(tokio::time::Instant::now() < deadline, "never deferred");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(env.store.expire_lease(&id));
+    publish().await;
+    while running.worker.stats().in_flight < 2 {
+        assert!(tokio::time::Instant::now() < deadline, "never taken over");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let metrics = get(probes.local_addr(), "/metrics").await;
+    gate.add_permits(10);
+    for line in [
+        "# TYPE ferriq_queue_wait_seconds histogram",
+        "ferriq_queue_wait_seconds_count{task=\"probes.double\"} 1",
+        "ferriq_queue_wait_seconds_count{task=\"probes.flaky\"} 3",
+        "# TYPE ferriq_task_attempts histogram",
+        "ferriq_task_attempts_bucket{task=\"probes.flaky\",le=\"2\"} 0",
+        "ferriq_task_attempts_bucket{task=\"probes.flaky\",le=\"3\"} 1",
+        "ferriq_task_attempts_sum{task=\"probes.flaky\"} 3",
+        "ferriq_task_attempts_count{task=\"probes.double\"} 1",
+        "ferriq_results_written_total{task=\"probes.double\",status=\"succeeded\"} 1",
+        "ferriq_results_written_total{task=\"probes.flaky\",status=\"succeeded\"} 1",
+        "ferriq_results_written_total{task=\"probes.flaky\",status=\"failed\"} 0",
+        "ferriq_claims_total{task=\"probes.held\",outcome=\"deferred\"} 1",
+        "ferriq_claims_total{task=\"probes.held\",outcome=\"taken_over\"} 1",
+        "ferriq_runs_in_flight 2",
+        "ferriq_concurrency_limit 7",
+    ] {
+        assert!(metrics.contains(line), "missing {line}:\n{metrics}");
+    }
+    // The queue wait of a task sent a moment ago is short.
+    let fast = metrics
+        .lines()
+        .find(|l| {
+            l.starts_with("ferriq_queue_wait_seconds_bucket{task=\"probes.double\",le=\"1\"}")
+        })
+        .unwrap();
+    assert!(fast.ends_with(" 1"), "{fast}");
+    running.stop().await;
+    drop(probes);
+}

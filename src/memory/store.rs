@@ -269,6 +269,7 @@ impl ClaimStore for MemoryStore {
             .claims
             .entry(id.clone())
             .or_insert_with(|| Claim::new(now));
+        let took_over = claim.phase == Phase::Running;
         match claim.phase {
             Phase::Done => return Ok(ClaimOutcome::Done),
             Phase::Revoked => return Ok(ClaimOutcome::Revoked),
@@ -297,6 +298,7 @@ impl ClaimStore for MemoryStore {
                 failures: claim.failures,
                 starts,
                 takeovers: claim.takeovers,
+                took_over,
             }
         })
     }

@@ -50,6 +50,8 @@ pub enum ClaimOutcome {
         /// Runs whose holder's lease ran out before they finished (a crashed or stalled
         /// worker): the worker bounds crash loops with it.
         takeovers: u32,
+        /// This claim took the task over from a holder whose lease had run out.
+        took_over: bool,
     },
     /// Another worker holds a live claim; try again after `retry_after`.
     Defer {

@@ -49,6 +49,8 @@ struct ContextInner {
     cancel: CancellationToken,
     /// The store and claim token of a run in a worker (none for direct calls).
     run: Option<(Arc<dyn Store>, Token)>,
+    /// Values middleware set for this run.
+    extensions: AppState,
 }
 
 impl TaskContext {
@@ -62,6 +64,7 @@ impl TaskContext {
             labels: Labels::new(),
             deadline_at: None,
             cancel: CancellationToken::new(),
+            extensions: AppState::default(),
         }
     }
 
@@ -87,8 +90,22 @@ impl TaskContext {
                 deadline_at,
                 cancel,
                 run: None,
+                extensions: AppState::default(),
             }),
         }
+    }
+
+    /// The same context, with the values middleware set before the run.
+    pub(crate) fn with_extensions(mut self, extensions: AppState) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.extensions = extensions;
+        }
+        self
+    }
+
+    /// A value a middleware's `before_run` set for this run (a tenant, a request id).
+    pub fn extension<T: Send + Sync + 'static>(&self) -> Option<State<T>> {
+        self.inner.extensions.get::<T>()
     }
 
     /// The same context, for a run in a worker holding the claim under `token`.
@@ -241,9 +258,15 @@ pub struct TaskContextBuilder {
     labels: Labels,
     deadline_at: Option<f64>,
     cancel: CancellationToken,
+    extensions: AppState,
 }
 
 impl TaskContextBuilder {
+    /// A value a middleware would have set ([`TaskContext::extension`]).
+    pub fn extension<T: Send + Sync + 'static>(mut self, value: T) -> Self {
+        self.extensions.insert(value);
+        self
+    }
     /// The task name.
     pub fn task_name(mut self, name: impl Into<String>) -> Self {
         self.task_name = name.into();
@@ -276,7 +299,8 @@ impl TaskContextBuilder {
             self.labels,
             self.deadline_at,
             self.cancel,
-        ))
+        )
+        .with_extensions(self.extensions))
     }
 }
 

@@ -268,6 +268,8 @@ pub mod names {
     pub const QUEUE: &str = "queue";
     pub const DEADLINE_AT: &str = "deadline_at";
     pub const DUE_AT: &str = "due_at";
+    /// When the client sent the message (unix seconds): queue-wait metrics.
+    pub const ENQUEUED_AT: &str = "ferriq_enqueued_at";
     pub const WIRE: &str = "ferriq_wire";
     pub const REPLY_TO: &str = "reply_to";
     pub const GROUP: &str = "ferriq_group";
@@ -365,6 +367,15 @@ impl Labels {
     /// for delayed tasks).
     pub fn due_at(&self) -> Option<f64> {
         self.get(names::DUE_AT)?.as_f64().filter(|f| f.is_finite())
+    }
+
+    /// `ferriq_enqueued_at` (or taskiq's OpenTelemetry middleware's `_taskiq_queue_time`):
+    /// when the client sent it (unix seconds).
+    pub fn enqueued_at(&self) -> Option<f64> {
+        self.get(names::ENQUEUED_AT)
+            .or_else(|| self.get("_taskiq_queue_time"))?
+            .as_f64()
+            .filter(|f| f.is_finite())
     }
 
     /// `priority`, clamped to 0–255.

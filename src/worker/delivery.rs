@@ -151,6 +151,7 @@ impl Inner {
             Ok(ClaimOutcome::Done) => self.duplicate_of_finished(d, &msg).await,
             Ok(ClaimOutcome::Revoked) => self.revoked(d, &msg).await,
             Ok(ClaimOutcome::Defer { retry_after }) => {
+                self.counters.claim(task.name, false);
                 self.release(d, retry_after, Outcome::Deferred).await
             }
             Ok(ClaimOutcome::Expired { token }) => {
@@ -169,8 +170,14 @@ impl Inner {
                 token,
                 failures,
                 takeovers,
+                took_over,
                 ..
-            }) => self.run(d, msg, task, token, failures, takeovers).await,
+            }) => {
+                if took_over {
+                    self.counters.claim(task.name, true);
+                }
+                self.run(d, msg, task, token, failures, takeovers).await
+            }
         }
     }
 

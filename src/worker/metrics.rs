@@ -15,21 +15,46 @@ pub(crate) const RUN_SECONDS_BUCKETS: [f64; 12] = [
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 60.0, 300.0,
 ];
 
-/// A histogram of durations over [`RUN_SECONDS_BUCKETS`] (the last bucket is +Inf).
-#[derive(Default)]
+/// Upper bounds (seconds) of the queue-wait histogram's buckets (enqueue, or due time, to the
+/// run's start).
+pub(crate) const QUEUE_WAIT_BUCKETS: [f64; 14] = [
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 30.0, 120.0, 600.0, 3600.0,
+];
+
+/// Upper bounds of the attempts histogram's buckets (attempts a task took to finish).
+pub(crate) const ATTEMPT_BUCKETS: [f64; 6] = [1.0, 2.0, 3.0, 5.0, 10.0, 25.0];
+
+/// A histogram over fixed upper bounds (a last bucket is +Inf); values are kept in millionths.
 pub(crate) struct Histogram {
-    buckets: [AtomicU64; RUN_SECONDS_BUCKETS.len() + 1],
+    pub(crate) bounds: &'static [f64],
+    buckets: Box<[AtomicU64]>,
     micros: AtomicU64,
 }
 
+impl Default for Histogram {
+    fn default() -> Self {
+        Histogram::over(&RUN_SECONDS_BUCKETS)
+    }
+}
+
 impl Histogram {
+    pub(crate) fn over(bounds: &'static [f64]) -> Self {
+        Histogram {
+            bounds,
+            buckets: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
+            micros: AtomicU64::new(0),
+        }
+    }
+
+    /// Observes `micros` millionths (of a second, or of one attempt).
     pub(crate) fn observe(&self, micros: u64) {
         self.micros.fetch_add(micros, Ordering::Relaxed);
-        let secs = micros as f64 / 1e6;
-        let bucket = RUN_SECONDS_BUCKETS
+        let value = micros as f64 / 1e6;
+        let bucket = self
+            .bounds
             .iter()
-            .position(|b| secs <= *b)
-            .unwrap_or(RUN_SECONDS_BUCKETS.len());
+            .position(|b| value <= *b)
+            .unwrap_or(self.bounds.len());
         self.buckets[bucket].fetch_add(1, Ordering::Relaxed);
     }
 
@@ -46,11 +71,32 @@ impl Histogram {
 }
 
 /// One task's series.
-#[derive(Default)]
 pub(crate) struct TaskCounters {
     pub(crate) outcomes: [AtomicU64; Outcome::ALL.len()],
     pub(crate) started: AtomicU64,
     pub(crate) run_seconds: Histogram,
+    pub(crate) queue_wait: Histogram,
+    pub(crate) attempts: Histogram,
+    /// Results written: successes, errors.
+    pub(crate) results: [AtomicU64; 2],
+    /// Claims this worker was refused (a live holder) or took over (an expired holder).
+    pub(crate) claims_deferred: AtomicU64,
+    pub(crate) claims_taken_over: AtomicU64,
+}
+
+impl Default for TaskCounters {
+    fn default() -> Self {
+        TaskCounters {
+            outcomes: Default::default(),
+            started: AtomicU64::new(0),
+            run_seconds: Histogram::over(&RUN_SECONDS_BUCKETS),
+            queue_wait: Histogram::over(&QUEUE_WAIT_BUCKETS),
+            attempts: Histogram::over(&ATTEMPT_BUCKETS),
+            results: Default::default(),
+            claims_deferred: AtomicU64::new(0),
+            claims_taken_over: AtomicU64::new(0),
+        }
+    }
 }
 
 fn index(outcome: Outcome) -> usize {
@@ -98,6 +144,34 @@ impl Counters {
     pub(crate) fn ran_for(&self, micros: u64, task: &str) {
         self.total.run_seconds.observe(micros);
         self.task(Some(task)).run_seconds.observe(micros);
+    }
+
+    /// The run of `task` started `secs` after it was enqueued (or due).
+    pub(crate) fn waited(&self, secs: f64, task: &str) {
+        let micros = (secs.max(0.0) * 1e6) as u64;
+        self.task(Some(task)).queue_wait.observe(micros);
+    }
+
+    /// A result of `task` was written.
+    pub(crate) fn result_written(&self, task: &str, is_err: bool) {
+        self.task(Some(task)).results[usize::from(is_err)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A run of `task` finished it (its result written) at attempt `attempts`.
+    pub(crate) fn finished_after(&self, task: &str, attempts: u32) {
+        self.task(Some(task))
+            .attempts
+            .observe(u64::from(attempts) * 1_000_000);
+    }
+
+    /// A claim of `task` was deferred (`false`) or taken over (`true`).
+    pub(crate) fn claim(&self, task: &str, taken_over: bool) {
+        let c = self.task(Some(task));
+        if taken_over {
+            c.claims_taken_over.fetch_add(1, Ordering::Relaxed);
+        } else {
+            c.claims_deferred.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// Every task's series, by name (sorted), `_other` included.

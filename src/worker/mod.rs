@@ -91,6 +91,7 @@ pub struct WorkerBuilder {
     state: AppState,
     config: WorkerConfig,
     seed: Option<u64>,
+    middleware: crate::middleware::Chain,
 }
 
 impl std::fmt::Debug for WorkerBuilder {
@@ -161,6 +162,13 @@ impl WorkerBuilder {
     /// Shared app state handed to tasks that take `State<T>`.
     pub fn state<T: Send + Sync + 'static>(mut self, value: T) -> Self {
         self.state.insert(value);
+        self
+    }
+
+    /// Adds a middleware after those already registered (see [`crate::middleware`] for the
+    /// order hooks run in and what their failures do).
+    pub fn middleware(mut self, middleware: Arc<dyn crate::middleware::Middleware>) -> Self {
+        self.middleware = self.middleware.with(middleware);
         self
     }
 
@@ -274,6 +282,7 @@ impl WorkerBuilder {
                 counters,
                 scheduler,
                 started_at_ms: Default::default(),
+                middleware: self.middleware,
             }),
         })
     }
@@ -320,6 +329,7 @@ pub(crate) struct Inner {
     scheduler: Option<crate::schedule::Scheduler>,
     /// When `run` started (unix ms).
     started_at_ms: std::sync::atomic::AtomicU64,
+    middleware: crate::middleware::Chain,
 }
 
 impl Inner {

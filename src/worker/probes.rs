@@ -9,7 +9,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
-use super::metrics::{Histogram, RUN_SECONDS_BUCKETS};
+use super::metrics::Histogram;
 use super::running::Outcome;
 use super::Worker;
 
@@ -152,12 +152,77 @@ impl Worker {
         let _ = writeln!(out, "ferriq_runs_in_flight {}", self.inner.running.len());
         header(
             &mut out,
+            "ferriq_concurrency_limit",
+            "gauge",
+            "Most task runs this worker holds at once.",
+        );
+        let _ = writeln!(
+            out,
+            "ferriq_concurrency_limit {}",
+            self.inner.config.concurrency
+        );
+        header(
+            &mut out,
             "ferriq_run_seconds",
             "histogram",
             "How long runs took, by task.",
         );
         for (task, c) in &tasks {
             histogram(&mut out, "ferriq_run_seconds", task, &c.run_seconds);
+        }
+        header(
+            &mut out,
+            "ferriq_queue_wait_seconds",
+            "histogram",
+            "Time from enqueue (or the due time of a delayed task) to the run's start, by task.",
+        );
+        for (task, c) in &tasks {
+            histogram(&mut out, "ferriq_queue_wait_seconds", task, &c.queue_wait);
+        }
+        header(
+            &mut out,
+            "ferriq_task_attempts",
+            "histogram",
+            "Attempts a task took until its result was written, by task.",
+        );
+        for (task, c) in &tasks {
+            histogram(&mut out, "ferriq_task_attempts", task, &c.attempts);
+        }
+        header(
+            &mut out,
+            "ferriq_results_written_total",
+            "counter",
+            "Results this worker wrote, by task and status (succeeded, failed).",
+        );
+        for (task, c) in &tasks {
+            for (i, status) in ["succeeded", "failed"].iter().enumerate() {
+                let _ = writeln!(
+                    out,
+                    "ferriq_results_written_total{{task=\"{}\",status=\"{status}\"}} {}",
+                    escape(task),
+                    c.results[i].load(Ordering::Relaxed)
+                );
+            }
+        }
+        header(
+            &mut out,
+            "ferriq_claims_total",
+            "counter",
+            "Claims deferred (another worker holds a live lease) or taken over (its holder's \
+             lease ran out), by task.",
+        );
+        for (task, c) in &tasks {
+            for (outcome, n) in [
+                ("deferred", &c.claims_deferred),
+                ("taken_over", &c.claims_taken_over),
+            ] {
+                let _ = writeln!(
+                    out,
+                    "ferriq_claims_total{{task=\"{}\",outcome=\"{outcome}\"}} {}",
+                    escape(task),
+                    n.load(Ordering::Relaxed)
+                );
+            }
         }
         if let Ok(depth) = self.depth().await {
             header(
@@ -189,7 +254,8 @@ fn histogram(out: &mut String, name: &str, task: &str, h: &Histogram) {
     let mut cumulative = 0;
     for (i, n) in counts.iter().enumerate() {
         cumulative += n;
-        let le = RUN_SECONDS_BUCKETS
+        let le = h
+            .bounds
             .get(i)
             .map_or_else(|| "+Inf".to_owned(), |b| b.to_string());
         let _ = writeln!(

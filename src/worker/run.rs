@@ -12,8 +12,9 @@ use super::delivery::Settle;
 use super::running::{Outcome, Running, StopReason};
 use super::Inner;
 use crate::broker::{DeadLetter, DeadLetterReason, Delivery};
+use crate::middleware::{AfterError, Run};
 use crate::store::{FailureRecord, Token};
-use crate::task::{Invocation, TaskContext, TaskError, TaskOptions, TaskRegistration};
+use crate::task::{AppState, Invocation, TaskContext, TaskError, TaskOptions, TaskRegistration};
 use crate::wire::{ErrorKind, TaskId, TaskMessage, TaskResult};
 
 /// How a run ended.
@@ -46,6 +47,25 @@ impl Inner {
             .unwrap_or(opts.get_retry_on_error());
         let timeout = msg.labels.timeout().or(opts.get_timeout());
         tracing::Span::current().record("attempt", attempt);
+        // The run's own span, entered only by the task: middleware may still give it a
+        // distributed trace's parent.
+        let run_span = tracing::info_span!(
+            "ferriq.run",
+            otel.name = format!("execute/{}", task.name),
+            task_name = task.name,
+            task_id = msg.task_id.as_str(),
+            attempt,
+        );
+        let hooks = Run {
+            task_id: &msg.task_id,
+            task_name: task.name,
+            attempt,
+            max_attempts,
+            labels: &msg.labels,
+            worker_id: &self.config.worker_id,
+            state: &self.state,
+            span: &run_span,
+        };
 
         if takeovers >= self.config.max_takeovers {
             // Earlier runs ended without finishing (their worker crashed or stalled past its
@@ -54,7 +74,7 @@ impl Inner {
                 "{takeovers} earlier runs ended without finishing (their worker crashed or stalled)"
             ));
             return self
-                .fail_for_good(d, &msg, token, error, attempt, 0.0)
+                .fail_for_good(d, &msg, &hooks, token, error, attempt, 0.0)
                 .await;
         }
 
@@ -67,7 +87,7 @@ impl Inner {
             task_name: task.name,
             attempt,
             lane: d.queue.clone(),
-            started_at_ms: (self.config.clock.now_unix() * 1000.0) as u64,
+            started_at_ms: self.config.clock.now_unix_ms(),
             token,
             handle: d.handle.clone(),
             cancel: cancel.clone(),
@@ -81,6 +101,18 @@ impl Inner {
             return self.stopped(d, &msg.task_id, token, why).await;
         }
         self.counters.started(task.name);
+        let now = self.config.clock.now_unix();
+        let since = match (msg.labels.enqueued_at(), msg.labels.due_at()) {
+            (Some(sent), Some(due)) => Some(sent.max(due)),
+            (sent, due) => sent.or(due),
+        };
+        if let Some(since) = since {
+            self.counters.waited(now - since, task.name);
+        }
+        let mut extensions = AppState::default();
+        if !self.middleware.is_empty() {
+            self.middleware.before_run(&hooks, &mut extensions).await;
+        }
         let ctx = TaskContext::new(
             msg.task_id.clone(),
             msg.task_name.clone(),
@@ -91,7 +123,8 @@ impl Inner {
             msg.labels.deadline_at(),
             cancel.child_token(),
         )
-        .with_run(Arc::clone(&self.store), token);
+        .with_run(Arc::clone(&self.store), token)
+        .with_extensions(extensions);
         let invocation = Invocation::new(
             ctx,
             std::mem::take(&mut msg.args),
@@ -100,7 +133,7 @@ impl Inner {
         );
         let started = Instant::now();
         // A separate task, so a panic is caught as a JoinError and the worker keeps running.
-        let mut join = tokio::spawn((task.run)(invocation).in_current_span());
+        let mut join = tokio::spawn((task.run)(invocation).instrument(run_span.clone()));
         let mut end = tokio::select! {
             // A run that finished wins over a stop that came at the same moment.
             biased;
@@ -136,9 +169,16 @@ impl Inner {
                 let result = opts
                     .get_store_result()
                     .then(|| TaskResult::success(value, secs, msg.labels.to_json_map()));
-                return self
-                    .finish(d, &msg, token, result, Settle::Ack, Outcome::Succeeded)
+                let (outcome, written) = self
+                    .finish_returning(d, &msg, token, result, Settle::Ack, Outcome::Succeeded)
                     .await;
+                if outcome == Outcome::Succeeded {
+                    self.counters.finished_after(task.name, attempt);
+                    if let Some(result) = written {
+                        self.middleware.after_result(&hooks, &result).await;
+                    }
+                }
+                return outcome;
             }
             RunEnd::Stopped(StopReason::LeaseLimit) => TaskError::with_kind(
                 ErrorKind::Timeout,
@@ -162,6 +202,9 @@ impl Inner {
             // What will happen: no release is shorter than `min_defer`.
             let delay = self.backoff(opts, attempt).max(self.config.min_defer);
             tracing::info!(error = %error, attempt, max_attempts, retry_in = ?delay, "run failed; will retry");
+            self.middleware
+                .on_error(&hooks, &error, AfterError::Retry(delay))
+                .await;
             return match self.store.record_failure(&msg.task_id, token).await {
                 Ok(FailureRecord::Recorded { .. }) => {
                     self.release(d, delay, Outcome::Retried).await
@@ -182,15 +225,17 @@ impl Inner {
         } else {
             error
         };
-        self.fail_for_good(d, &msg, token, error, attempt, secs)
+        self.fail_for_good(d, &msg, &hooks, token, error, attempt, secs)
             .await
     }
 
     /// Stores the error result and parks the message (non-retryable, or attempts exhausted).
+    #[allow(clippy::too_many_arguments)]
     async fn fail_for_good(
         &self,
         d: &Delivery,
         msg: &TaskMessage,
+        hooks: &Run<'_>,
         token: Token,
         error: TaskError,
         attempts: u32,
@@ -206,6 +251,9 @@ impl Inner {
             (error.kind(), DeadLetterReason::NonRetryable)
         };
         tracing::warn!(error = %error, attempts, "run failed for good");
+        self.middleware
+            .on_error(hooks, &error, AfterError::GiveUp)
+            .await;
         let result = TaskResult::failure(
             kind,
             error.message(),
@@ -220,15 +268,23 @@ impl Inner {
             Some(msg.task_name.clone()),
             attempts,
         );
-        self.finish(
-            d,
-            msg,
-            token,
-            Some(result),
-            Settle::DeadLetter(why),
-            Outcome::Failed,
-        )
-        .await
+        let (outcome, written) = self
+            .finish_returning(
+                d,
+                msg,
+                token,
+                Some(result),
+                Settle::DeadLetter(why),
+                Outcome::Failed,
+            )
+            .await;
+        if outcome == Outcome::Failed {
+            self.counters.finished_after(hooks.task_name, attempts);
+            if let Some(result) = written {
+                self.middleware.after_result(hooks, &result).await;
+            }
+        }
+        outcome
     }
 
     /// A run stopped from outside (design §6 heartbeat and shutdown rows).

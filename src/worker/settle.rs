@@ -31,28 +31,51 @@ impl Inner {
         settle: Settle,
         outcome: Outcome,
     ) -> Outcome {
+        self.finish_returning(d, msg, token, result, settle, outcome)
+            .await
+            .0
+    }
+
+    /// [`Inner::finish`], handing the result back when it was written (for the middleware's
+    /// `after_result`, without a copy).
+    pub(crate) async fn finish_returning(
+        &self,
+        d: &Delivery,
+        msg: &TaskMessage,
+        token: Token,
+        result: Option<TaskResult>,
+        settle: Settle,
+        outcome: Outcome,
+    ) -> (Outcome, Option<TaskResult>) {
         let reply_to = msg.labels.reply_to();
         match self
             .store
             .complete(&msg.task_id, token, result.as_ref(), reply_to)
             .await
         {
-            Ok(CompleteOutcome::Stored | CompleteOutcome::AlreadyStored) => {
+            Ok(written @ (CompleteOutcome::Stored | CompleteOutcome::AlreadyStored)) => {
+                if let (CompleteOutcome::Stored, Some(r)) = (written, &result) {
+                    self.counters.result_written(&msg.task_name, r.is_err);
+                }
                 if !self.advance_workflow(msg, result.as_ref()).await {
-                    return self
+                    let released = self
                         .release(d, self.advance_retry(), Outcome::Released)
                         .await;
+                    return (released, None);
                 }
-                self.settle_message(d, &settle, outcome).await
+                (self.settle_message(d, &settle, outcome).await, result)
             }
             Ok(CompleteOutcome::Revoked) => {
                 tracing::info!("task revoked while it ran: its result is not stored");
-                self.revoked(d, msg).await
+                (self.revoked(d, msg).await, None)
             }
             Ok(_) => {
                 // Fenced off: another holder owns the task and its message now.
                 tracing::warn!("result write rejected: the claim was taken over; not acking");
-                self.release(d, self.config.min_defer, Outcome::Stale).await
+                (
+                    self.release(d, self.config.min_defer, Outcome::Stale).await,
+                    None,
+                )
             }
             Err(e) => {
                 tracing::warn!(error = %e, "result store unreachable: keeping the result for the redelivery");
@@ -66,8 +89,10 @@ impl Inner {
                         kept_at: Instant::now(),
                     },
                 );
-                self.release(d, self.config.store_retry_after, Outcome::Released)
-                    .await
+                let released = self
+                    .release(d, self.config.store_retry_after, Outcome::Released)
+                    .await;
+                (released, None)
             }
         }
     }
@@ -112,7 +137,7 @@ impl Inner {
                 };
                 let name = TaskMessage::peek_task_name(&d.body);
                 let why = DeadLetter::new(reason, f.message, name, f.attempts);
-                match self.broker.dead_letter(d, &why).await {
+                match self.park(d, &why).await {
                     Ok(()) => Outcome::Duplicate,
                     Err(e) => self.broker_failed("dead-letter", e),
                 }
@@ -192,7 +217,7 @@ impl Inner {
     ) -> Outcome {
         match settle {
             Settle::Ack => self.ack(d, outcome).await,
-            Settle::DeadLetter(why) => match self.broker.dead_letter(d, why).await {
+            Settle::DeadLetter(why) => match self.park(d, why).await {
                 Ok(()) => outcome,
                 Err(e) => self.broker_failed("dead-letter", e),
             },
@@ -231,8 +256,30 @@ impl Inner {
         }
     }
 
+    /// Dead-letters the message, then tells the middleware.
+    async fn park(&self, d: &Delivery, why: &DeadLetter) -> Result<(), crate::broker::BrokerError> {
+        self.broker.dead_letter(d, why).await?;
+        if !self.middleware.is_empty() {
+            let id = d
+                .task_id
+                .as_deref()
+                .and_then(|s| TaskId::parse(s).ok())
+                .or_else(|| TaskMessage::peek_task_id(&d.body));
+            let dead = crate::middleware::DeadLettered {
+                task_id: id.as_ref(),
+                task_name: why.task_name.as_deref(),
+                lane: &d.queue,
+                reason: why.reason,
+                detail: &why.detail,
+                attempts: why.attempts,
+            };
+            self.middleware.on_dead_letter(&dead).await;
+        }
+        Ok(())
+    }
+
     pub(crate) async fn dead_letter(&self, d: &Delivery, why: &DeadLetter) -> Outcome {
-        match self.broker.dead_letter(d, why).await {
+        match self.park(d, why).await {
             Ok(()) => Outcome::DeadLettered,
             Err(e) => self.broker_failed("dead-letter", e),
         }

@@ -175,7 +175,8 @@ impl Client {
             .map_err(EnqueueError::Store)?;
         let first = messages.swap_remove(0);
         let last = self.handle(step_id(&id, steps - 1));
-        self.broker().publish(vec![self.outgoing(first)?]).await?;
+        let first = self.prepare(first).await?;
+        self.publish_prepared(vec![first]).await?;
         Ok(ChainHandle {
             id,
             steps,

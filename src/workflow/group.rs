@@ -325,11 +325,7 @@ impl Client {
         if let Some(message) = callback {
             record = record.with_callback(message, policy);
         }
-        // Written before any member can finish and count.
-        self.store()
-            .create_group(&record)
-            .await
-            .map_err(EnqueueError::Store)?;
+        // Every member prepared (middleware may refuse one) before anything is written.
         let mut batch = Vec::with_capacity(group.calls.len());
         for (i, call) in group.calls.into_iter().enumerate() {
             let mut msg = call
@@ -337,8 +333,13 @@ impl Client {
                 .into_message_at(self.clock())?;
             msg.labels.insert(names::GROUP, id.as_str());
             msg.labels.insert(names::GROUP_INDEX, i as i64);
-            batch.push(self.outgoing(msg)?);
+            batch.push(self.prepare(msg).await?);
         }
+        // Written before any member can finish and count.
+        self.store()
+            .create_group(&record)
+            .await
+            .map_err(EnqueueError::Store)?;
         if batch.is_empty() {
             // Nothing to wait for: the group is complete now.
             let state = GroupState::new(record, GroupMark::new(0, 0, 0, false));
@@ -355,7 +356,7 @@ impl Client {
                 super::advance::AdvanceError::Wire(e) => EnqueueError::Wire(e),
             })?;
         } else {
-            self.broker().publish(batch).await?;
+            self.publish_prepared(batch).await?;
         }
         Ok(size)
     }

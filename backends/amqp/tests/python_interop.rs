@@ -4,7 +4,6 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
@@ -35,27 +34,7 @@ impl Drop for KillGroup {
     }
 }
 
-fn python() -> PathBuf {
-    if let Ok(p) = std::env::var("FERRIQ_TEST_PYTHON") {
-        return p.into();
-    }
-    let venv = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.venv-interop/bin/python");
-    assert!(
-        venv.exists(),
-        "the Python interop venv is missing: run `bash scripts/test.sh` (it creates .venv-interop)"
-    );
-    venv
-}
-
-fn interop_env(cmd: &mut tokio::process::Command, topology: &Topology, prefix: &str) {
-    cmd.current_dir(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/interop"))
-        .env("INTEROP_AMQP_URL", common::amqp_url())
-        .env("INTEROP_EXCHANGE", &topology.exchange)
-        .env("INTEROP_QUEUE", &topology.queue)
-        .env("INTEROP_REDIS_URL", common::redis_url())
-        .env("INTEROP_PREFIX", prefix)
-        .env("PYTHONDONTWRITEBYTECODE", "1");
-}
+use common::{interop_env, python};
 
 #[tokio::test]
 async fn a_taskiq_producers_task_runs_on_a_ferriq_worker() {

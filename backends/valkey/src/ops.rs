@@ -238,6 +238,7 @@ fn parse_claim(reply: Vec<Value>) -> Result<ClaimOutcome, StoreError> {
             failures: count(&reply, 2),
             starts: count(&reply, 3),
             takeovers: count(&reply, 4),
+            took_over: count(&reply, 5) == 1,
         },
         Some("expired") => ClaimOutcome::Expired {
             token: token(1).ok_or_else(|| unexpected("claim", &reply))?,

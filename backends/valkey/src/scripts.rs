@@ -54,17 +54,19 @@ end
 /// Claims one task or many at once (the store batches concurrent calls into one round trip).
 /// KEYS: claim and result of each task, in pairs. ARGV: claim ttl ms, then per task: worker,
 /// lease ms, deadline (unix s, or ''). Returns per task one of {'run', token, failures, starts,
-/// takeovers} | {'expired', token} | {'defer', µs left} | {'done'} | {'revoked'} |
+/// takeovers, took_over (1/0)} | {'expired', token} | {'defer', µs left} | {'done'} | {'revoked'} |
 /// {'err', message} (that task only; the others are answered).
 const CLAIM: &str = r#"
 local function claim(ck, rk, worker, lease_ms, deadline, ttl, now)
   local r = load(ck)
   if r.state == 'd' then return {'done'} end
   if r.state == 'v' then return {'revoked'} end
+  local took_over = 0
   if r.state == 'r' then
     if r.lease > now then return {'defer', r.lease - now} end
     -- The holder's lease ran out before it finished: a crashed or stalled run.
     r.takeovers = r.takeovers + 1
+    took_over = 1
   end
   -- A result without a claim record (written by taskiq, or outliving its claim): done.
   if not r.state and redis.call('EXISTS', rk) == 1 then return {'done'} end
@@ -77,7 +79,7 @@ local function claim(ck, rk, worker, lease_ms, deadline, ttl, now)
   r.starts = starts + 1
   save(ck, r, 'PX', string.format('%d', tonumber(ttl) + tonumber(lease_ms)))
   if deadline ~= '' and now > tonumber(deadline) * 1000000 then return {'expired', r.token} end
-  return {'run', r.token, r.failures, starts, r.takeovers}
+  return {'run', r.token, r.failures, starts, r.takeovers, took_over}
 end
 local now = now_us()
 local out = {}

@@ -241,3 +241,28 @@ impl Drop for Proxy {
         self.cut();
     }
 }
+
+/// The Python of the interop venv (scripts/test.sh creates it).
+pub fn python() -> std::path::PathBuf {
+    if let Ok(p) = std::env::var("FERRIQ_TEST_PYTHON") {
+        return p.into();
+    }
+    let venv =
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.venv-interop/bin/python");
+    assert!(
+        venv.exists(),
+        "the Python interop venv is missing: run `bash scripts/test.sh` (it creates .venv-interop)"
+    );
+    venv
+}
+
+/// The environment the interop scripts read: the test's names on the shared servers.
+pub fn interop_env(cmd: &mut tokio::process::Command, topology: &Topology, prefix: &str) {
+    cmd.current_dir(std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/interop"))
+        .env("INTEROP_AMQP_URL", amqp_url())
+        .env("INTEROP_EXCHANGE", &topology.exchange)
+        .env("INTEROP_QUEUE", &topology.queue)
+        .env("INTEROP_REDIS_URL", redis_url())
+        .env("INTEROP_PREFIX", prefix)
+        .env("PYTHONDONTWRITEBYTECODE", "1");
+}
