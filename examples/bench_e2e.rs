@@ -7,6 +7,7 @@
 //! cargo run --release --example bench_e2e -- --broker amqp   [--tasks 10000] [--lat-n 1000]
 //! cargo run --release --example bench_e2e -- --broker sqs    # FERRIQ_SQS_ENDPOINT, else fauxqs
 //! cargo run --release --example bench_e2e -- --broker memory [--middlewares 3]
+//! cargo run --release --example bench_e2e -- --broker amqp --steady 60   # + 60 s at 70 % load
 //! ```
 //!
 //! Bulk: N tasks enqueued in batches of 1000 (publisher confirms), then every result awaited.
@@ -146,6 +147,39 @@ struct Figures {
     enqueue_per_s: f64,
     e2e_per_s: f64,
     lat_ms: Vec<f64>,
+    /// Steady load (`--steady SECS`): the rate offered, and every task's enqueue-to-result
+    /// latency, sorted.
+    steady: Option<(f64, Vec<f64>)>,
+}
+
+/// `--steady SECS`: after the burst, `SECS` of load at 70 % of the burst's end-to-end rate
+/// (or `--rate R` tasks/s), one enqueue at a time as an app would, each task's latency from
+/// its enqueue to its result.
+async fn steady(client: &Client, rate: f64, secs: u64) -> Vec<f64> {
+    let wait = Duration::from_secs(120);
+    let total = (rate * secs as f64) as u64;
+    let period = Duration::from_secs_f64(1.0 / rate);
+    let start = Instant::now();
+    let lat = Arc::new(std::sync::Mutex::new(Vec::with_capacity(total as usize)));
+    let mut waiters = tokio::task::JoinSet::new();
+    for i in 0..total {
+        // Paced by the clock, not by the previous send: a slow send does not lower the rate.
+        let due = start + period * i as u32;
+        tokio::time::sleep_until(due.into()).await;
+        let t = Instant::now();
+        let h = noop::kiq(client, i).await.unwrap();
+        let lat = lat.clone();
+        waiters.spawn(async move {
+            h.wait(wait).await.expect("a result under load");
+            lat.lock().unwrap().push(t.elapsed().as_secs_f64() * 1000.0);
+        });
+        // Reap finished waiters as we go.
+        while waiters.try_join_next().is_some() {}
+    }
+    while waiters.join_next().await.is_some() {}
+    let mut lat = std::mem::take(&mut *lat.lock().unwrap());
+    lat.sort_by(|a, b| a.total_cmp(b));
+    lat
 }
 
 async fn drive(client: &Client, n: u64, lat_n: usize) -> Figures {
@@ -205,7 +239,20 @@ async fn drive(client: &Client, n: u64, lat_n: usize) -> Figures {
         lat_ms.push(t.elapsed().as_secs_f64() * 1e3);
     }
     lat_ms.sort_by(|a, b| a.total_cmp(b));
+    let e2e_per_s = n as f64 / e2e.as_secs_f64();
+    let steady_secs: u64 = arg("--steady", "0").parse().unwrap_or(0);
+    let steady = if steady_secs > 0 {
+        let rate = arg("--rate", "0")
+            .parse::<f64>()
+            .ok()
+            .filter(|r| *r > 0.0)
+            .unwrap_or(e2e_per_s * 0.7);
+        Some((rate, steady(client, rate, steady_secs).await))
+    } else {
+        None
+    };
     Figures {
+        steady,
         enqueue_per_s: n as f64 / enqueued.as_secs_f64(),
         e2e_per_s: n as f64 / e2e.as_secs_f64(),
         lat_ms,
@@ -403,6 +450,17 @@ fn report(figures: &Figures, raw: f64, rss: f64, what: &str, n: u64, lat_n: usiz
         p(100.0)
     );
     println!("| worker peak RSS | {rss:.1} MiB |");
+    if let Some((rate, lat)) = &figures.steady {
+        let q = |x| percentile(lat, x);
+        println!(
+            "| steady load {rate:.0} tasks/s, {} tasks: latency p50 / p99 / p99.9 / max | {:.2} / {:.2} / {:.2} / {:.2} ms |",
+            lat.len(),
+            q(50.0),
+            q(99.0),
+            q(99.9),
+            q(100.0)
+        );
+    }
     println!(
         "e2e_tasks_per_s={:.0} raw_msgs_per_s={raw:.0} ratio={:.3} p50_ms={:.2} p99_ms={:.2} rss_mib={rss:.1}",
         figures.e2e_per_s,

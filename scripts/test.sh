@@ -27,6 +27,10 @@ cargo check --locked --quiet -p ferriq-valkey -p ferriq-amqp -p ferriq-sqs \
 step "cargo test (unit, integration, doc tests; real Redis and RabbitMQ)"
 timeout 40m cargo test --workspace --locked
 
+step "fault harness, small size (worker processes, a private redis-server, proxies; see RELIABILITY.md)"
+cargo build --locked --quiet -p ferriq-harness
+timeout 25m target/debug/fault-harness --size small
+
 step "quickstart"
 out=$(cargo run --locked --quiet --example quickstart)
 echo "$out"

@@ -161,6 +161,18 @@ impl WorkerConfig {
                 }
                 "FERRIQ_LEASE_SECS" => c.lease = parse_secs("FERRIQ_LEASE_SECS", value, 0.3)?,
                 "FERRIQ_GRACE_SECS" => c.grace = parse_secs("FERRIQ_GRACE_SECS", value, 0.0)?,
+                "FERRIQ_MAX_UNROUTABLE_RECEIVES" => {
+                    c.max_unroutable_receives =
+                        parse_num("FERRIQ_MAX_UNROUTABLE_RECEIVES", value, 1, 1000)? as u32
+                }
+                "FERRIQ_UNKNOWN_TASK_RELEASE_SECS" => {
+                    c.unknown_task_release =
+                        parse_secs("FERRIQ_UNKNOWN_TASK_RELEASE_SECS", value, 0.0)?
+                }
+                "FERRIQ_UNSUPPORTED_RELEASE_SECS" => {
+                    c.unsupported_release =
+                        parse_secs("FERRIQ_UNSUPPORTED_RELEASE_SECS", value, 0.0)?
+                }
                 "FERRIQ_MAX_PAYLOAD_BYTES" => {
                     c.max_payload =
                         parse_num("FERRIQ_MAX_PAYLOAD_BYTES", value, 1024, 1 << 30)? as usize

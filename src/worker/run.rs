@@ -1,9 +1,11 @@
 //! Running one claimed task: timeout, cancellation, panics, retries with backoff.
 
 use std::future::pending;
+use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+use futures_util::FutureExt;
 use rand::Rng;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -132,29 +134,31 @@ impl Inner {
             Arc::clone(&self.state),
         );
         let started = Instant::now();
-        // A separate task, so a panic is caught as a JoinError and the worker keeps running.
-        let mut join = tokio::spawn((task.run)(invocation).instrument(run_span.clone()));
-        let mut end = tokio::select! {
-            // A run that finished wins over a stop that came at the same moment.
-            biased;
-            joined = &mut join => match joined {
-                Ok(Ok(value)) => RunEnd::Value(value),
-                Ok(Err(e)) => RunEnd::Error(e),
-                Err(e) if e.is_panic() => RunEnd::Error(TaskError::retryable(format!(
-                    "the task panicked: {}", panic_message(e.into_panic())
-                ))),
-                Err(_) => RunEnd::Stopped(StopReason::Shutdown),
-            },
-            _ = cancel.cancelled() => RunEnd::Stopped(reason.get().copied().unwrap_or(StopReason::Shutdown)),
-            _ = sleep_or_never(timeout) => RunEnd::TimedOut(timeout.unwrap_or_default()),
-        };
-        if !join.is_finished() {
-            // The run must be over before the message or claim is given back, or a second run
-            // could overlap it.
+        let mut end = {
+            // Polled here rather than spawned (one task per delivery, not two); a panic is
+            // caught and the worker keeps running.
+            let body = AssertUnwindSafe((task.run)(invocation).instrument(run_span.clone()))
+                .catch_unwind();
+            tokio::pin!(body);
+            let end = tokio::select! {
+                // A run that finished wins over a stop that came at the same moment.
+                biased;
+                ran = &mut body => match ran {
+                    Ok(Ok(value)) => RunEnd::Value(value),
+                    Ok(Err(e)) => RunEnd::Error(e),
+                    Err(panic) => RunEnd::Error(TaskError::retryable(format!(
+                        "the task panicked: {}", panic_message(panic)
+                    ))),
+                },
+                _ = cancel.cancelled() => RunEnd::Stopped(reason.get().copied().unwrap_or(StopReason::Shutdown)),
+                _ = sleep_or_never(timeout) => RunEnd::TimedOut(timeout.unwrap_or_default()),
+            };
+            // The run is over when `body` is dropped at the end of this block: before the
+            // message or claim is given back, so no second run can overlap it. Work the task
+            // handed its token to hears the stop too.
             cancel.cancel();
-            join.abort();
-            let _ = (&mut join).await;
-        }
+            end
+        };
         self.running.remove(d.handle.key());
         // An error returned because the worker stopped the run is the stop, not a failure.
         if let (Some(why), RunEnd::Error(_) | RunEnd::TimedOut(_)) = (reason.get(), &end) {

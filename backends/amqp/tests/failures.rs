@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use common::Topology;
 use ferriq::broker::{Broker, BrokerError, OutgoingMessage};
+use ferriq::dead_letters::DeadLetterQueue;
 use ferriq::wire::TaskMessage;
 use lapin::options::QueueDeleteOptions;
 use lapin::{Connection, ConnectionProperties};
@@ -61,10 +62,13 @@ async fn a_channel_closed_by_the_broker_does_not_end_the_session() {
         .await
         .unwrap()
         .remove(0);
-    // A passive declare of a missing queue makes RabbitMQ close that channel with 404.
-    delete_queue(&format!("{}.delay.5s", topology.queue)).await;
-    assert!(broker.depth().await.is_err());
-    tokio::time::sleep(Duration::from_millis(200)).await; // let the channel close arrive
+    // A basic.get on a missing queue makes RabbitMQ close that (operator) channel with 404.
+    delete_queue(&format!("{}.dead_letter", topology.queue)).await;
+    let err = broker.take_dead(&topology.queue, 1).await.unwrap_err();
+    assert!(err.to_string().contains("dead-letter queue"), "{err}");
+    // The next call opens a fresh channel: it fails with the same 404, not "channel closed".
+    let again = broker.take_dead(&topology.queue, 1).await.unwrap_err();
+    assert!(again.to_string().contains("NOT_FOUND"), "{again}");
     assert!(broker.health().await.is_healthy());
     // Held deliveries are still ours: no reconnect happened.
     let kept = broker

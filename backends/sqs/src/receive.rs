@@ -222,7 +222,11 @@ async fn poll(shared: Arc<Shared>, lane: Arc<Queue>) {
                 backoff = Duration::from_millis(100);
                 let messages = out.messages.unwrap_or_default();
                 let got = messages.len();
+                // Counted as buffered and the poll settled before any delivery is handed
+                // over: a receive that takes them at once must not still see this poll as in
+                // flight (it would grant no credits and wait out its whole wait).
                 receiver.buffered.fetch_add(got, Ordering::SeqCst);
+                receiver.settle(asked, got);
                 for m in messages {
                     if let Some(d) = delivery(&shared, &lane, m, received_at) {
                         let _ = receiver.tx.send(d);
@@ -230,7 +234,6 @@ async fn poll(shared: Arc<Shared>, lane: Arc<Queue>) {
                         receiver.buffered.fetch_sub(1, Ordering::SeqCst);
                     }
                 }
-                receiver.settle(asked, got);
             }
             Err(e) => {
                 receiver.settle(asked, 0);

@@ -1,0 +1,719 @@
+//! The scenarios. Each builds its world, injects its faults, waits for every task's result
+//! (as the oracle sees it), and judges the run.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::Duration;
+
+use ferriq::broker::OutgoingMessage;
+use ferriq::store::ResultStore;
+use rand::Rng;
+use tokio::time::Instant;
+
+use crate::events;
+use crate::report::{judge, Row};
+use crate::tasks;
+use crate::world::{now_ms, Backend, Settings, World};
+
+/// How big the runs are.
+#[derive(Debug, Clone, Copy)]
+pub struct Size {
+    /// Tasks through the kill scenario (the 2,000 at full size).
+    pub flow: usize,
+    /// Tasks queued before the backlog's worker starts (100,000 at full size).
+    pub backlog: usize,
+    /// How long connections stay blackholed (20 s at full size).
+    pub blackhole: Duration,
+    /// Tasks of the restart and blackhole scenarios.
+    pub steady: usize,
+}
+
+impl Size {
+    /// The sizes.
+    pub const FULL: Size = Size {
+        flow: 2000,
+        backlog: 100_000,
+        blackhole: Duration::from_secs(20),
+        steady: 600,
+    };
+    /// What CI runs.
+    pub const SMALL: Size = Size {
+        flow: 300,
+        backlog: 5_000,
+        blackhole: Duration::from_secs(8),
+        steady: 200,
+    };
+}
+
+/// Every scenario, by name.
+pub const ALL: [&str; 12] = [
+    "sigkill_workers",
+    "sigstop_past_lease",
+    "longer_than_lease",
+    "same_id_five_times",
+    "poison_panic",
+    "poison_abort",
+    "store_restart",
+    "store_restart_aof",
+    "blackhole",
+    "sigterm_drain",
+    "backlog",
+    "chord_and_schedule_sigkill",
+];
+
+/// Runs scenario `name` on `backend`.
+pub async fn run(name: &str, backend: Backend, size: Size, root: &Path) -> Row {
+    match name {
+        "sigkill_workers" => sigkill_workers(backend, size, root).await,
+        "sigstop_past_lease" => sigstop_past_lease(backend, root).await,
+        "longer_than_lease" => longer_than_lease(backend, root).await,
+        "same_id_five_times" => same_id_five_times(backend, root).await,
+        "poison_panic" => poison_panic(backend, root).await,
+        "poison_abort" => poison_abort(backend, root).await,
+        "store_restart" => store_restart(backend, size, root, false).await,
+        "store_restart_aof" => store_restart(backend, size, root, true).await,
+        "blackhole" => blackhole(backend, size, root).await,
+        "sigterm_drain" => sigterm_drain(backend, root).await,
+        "backlog" => backlog(backend, size, root).await,
+        "chord_and_schedule_sigkill" => chord_and_schedule(backend, root).await,
+        "bad_input" => crate::bad_input::run(backend, root).await,
+        other => panic!("no scenario {other}"),
+    }
+}
+
+/// A pseudo-random duration for task `k` in `[lo, hi)` ms.
+fn spread(k: usize, lo: u64, hi: u64) -> u64 {
+    lo + (k as u64).wrapping_mul(2_654_435_761) % (hi - lo)
+}
+
+const DRAIN: Duration = Duration::from_secs(180);
+
+/// Scenario 1: SIGKILL a random worker every second or two while tasks flow through three.
+async fn sigkill_workers(backend: Backend, size: Size, root: &Path) -> Row {
+    let mut w = World::new(backend, root, Settings::default()).await;
+    for _ in 0..3 {
+        w.spawn_worker();
+    }
+    w.enqueue_work(size.flow, |k| spread(k, 100, 400)).await;
+    let mut kills = 0;
+    let every = if size.flow > 1000 { 2000 } else { 1000 };
+    while w.written() < w.sent.len() && kills < 30 {
+        tokio::time::sleep(Duration::from_millis(every)).await;
+        let live = w.live();
+        let victim = live[rand::rng().random_range(0..live.len())];
+        w.kill(victim).await;
+        w.spawn_worker();
+        kills += 1;
+    }
+    let fault_end = now_ms();
+    let drained = w.wait_written(DRAIN).await;
+    let mut j = judge(
+        &w,
+        "1. SIGKILL a random worker",
+        format!("{kills} SIGKILL"),
+        false,
+        Some(fault_end),
+    );
+    j.row.check(drained, "not every task finished");
+    j.row
+        .check(kills > 0, "no worker was killed while tasks flowed");
+    let row = j.row;
+    w.cleanup().await;
+    row
+}
+
+/// Scenario 2: SIGSTOP a worker in the middle of its runs, past its lease, then SIGCONT.
+async fn sigstop_past_lease(backend: Backend, root: &Path) -> Row {
+    let settings = Settings {
+        lease_secs: 2.0,
+        concurrency: 4,
+        ..Settings::default()
+    };
+    let mut w = World::new(backend, root, settings).await;
+    let a = w.spawn_worker();
+    w.spawn_worker();
+    w.enqueue_work(16, |_| 1500).await;
+    let pid = w.workers[a].pid;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !events::read_all(&w.events_dir)
+        .iter()
+        .any(|e| e.pid == pid && e.kind == "start")
+    {
+        assert!(Instant::now() < deadline, "worker A never started a run");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // RabbitMQ hands a stopped consumer's deliveries on only when its connection is declared
+    // dead (two missed AMQP heartbeats, ~10 s); SQS when the visibility (the lease) ends.
+    let pause = match backend {
+        Backend::Amqp => Duration::from_secs(15),
+        Backend::Sqs => Duration::from_secs(6),
+    };
+    w.signal(a, "STOP");
+    tokio::time::sleep(pause).await;
+    w.signal(a, "CONT");
+    let fault_end = now_ms();
+    let drained = w.wait_written(DRAIN).await;
+    // Let the resumed worker try its stale writes before judging.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut j = judge(
+        &w,
+        "2. SIGSTOP past the lease, then SIGCONT",
+        format!("SIGSTOP {}s", pause.as_secs()),
+        false,
+        Some(fault_end),
+    );
+    let starts = events::count(&j.events, "start");
+    let taken_over = starts.values().filter(|n| **n > 1).count();
+    j.row.notes.push(format!("{taken_over} run(s) taken over"));
+    j.row.check(drained, "not every task finished");
+    j.row.check(
+        taken_over > 0,
+        "nothing was taken over from the paused worker",
+    );
+    let row = j.row;
+    w.cleanup().await;
+    row
+}
+
+/// Scenario 3: Tasks longer than the lease (and SQS visibility): heartbeats hold them.
+async fn longer_than_lease(backend: Backend, root: &Path) -> Row {
+    let settings = Settings {
+        lease_secs: 2.0,
+        concurrency: 4,
+        ..Settings::default()
+    };
+    let mut w = World::new(backend, root, settings).await;
+    w.spawn_worker();
+    w.spawn_worker();
+    w.enqueue_work(6, |_| 7000).await;
+    let drained = w.wait_written(DRAIN).await;
+    let mut j = judge(
+        &w,
+        "3. runs 3.5× longer than the lease",
+        "-".into(),
+        false,
+        None,
+    );
+    j.row.notes.push("7 s runs, 2 s lease".into());
+    j.row.check(drained, "not every task finished");
+    j.row.check(j.row.dup_starts == 0, "a run started twice");
+    let row = j.row;
+    w.cleanup().await;
+    row
+}
+
+/// Scenario 4: The same task id published 5 times.
+async fn same_id_five_times(backend: Backend, root: &Path) -> Row {
+    let mut w = World::new(backend, root, Settings::default()).await;
+    for _ in 0..3 {
+        w.spawn_worker();
+    }
+    let messages: Vec<_> = (0..50)
+        .map(|k| {
+            tasks::work::call(spread(k, 20, 200))
+                .into_message()
+                .unwrap()
+        })
+        .collect();
+    for _ in 0..5 {
+        let batch = messages
+            .iter()
+            .map(|m| OutgoingMessage::from_message(m).unwrap())
+            .collect();
+        w.broker.publish(batch).await.expect("publish");
+    }
+    w.sent = messages.iter().map(|m| m.task_id.clone()).collect();
+    let drained = w.wait_written(DRAIN).await;
+    // Every copy settled: none left in the lane, none parked.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut left = u64::MAX;
+    while Instant::now() < deadline {
+        let depth = w
+            .broker
+            .depth()
+            .await
+            .map(|d| d.ready + d.in_flight + d.delayed);
+        left = depth.unwrap_or(u64::MAX);
+        if left == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let parked = w
+        .client
+        .ops()
+        .dead_letters(&w.lane, 0, 1000)
+        .await
+        .map_or(usize::MAX, |d| d.len());
+    let mut j = judge(
+        &w,
+        "4. the same id published 5 times",
+        "250 copies of 50 ids".into(),
+        false,
+        None,
+    );
+    j.row.check(drained, "not every task finished");
+    j.row.check(j.row.dup_starts == 0, "a task ran twice");
+    j.row
+        .check(left == 0, format!("{left} copies left in the queue"));
+    j.row
+        .check(parked == 0, format!("{parked} copies dead-lettered"));
+    j.row.notes.push("every copy acked as done".into());
+    let row = j.row;
+    w.cleanup().await;
+    row
+}
+
+/// The smallest gap between consecutive starts of one task (ms), over every task in `ids`.
+fn min_gap(events: &[events::Event], ids: &[String]) -> Option<u64> {
+    let mut by_id: HashMap<&str, Vec<u64>> = HashMap::new();
+    for e in events.iter().filter(|e| e.kind == "start") {
+        if ids.iter().any(|i| i == &e.task_id) {
+            by_id.entry(&e.task_id).or_default().push(e.at_ms);
+        }
+    }
+    by_id
+        .values()
+        .flat_map(|t| t.windows(2).map(|w| w[1] - w[0]))
+        .min()
+}
+
+/// Dead letters of the lane, by reason.
+async fn parked_reasons(w: &World) -> HashMap<String, usize> {
+    let mut out = HashMap::new();
+    if let Ok(all) = w.client.ops().dead_letters(&w.lane, 0, 10_000).await {
+        for m in all {
+            *out.entry(m.reason.unwrap_or_default()).or_default() += 1;
+        }
+    }
+    out
+}
+
+async fn wait_parked(w: &World, n: usize) -> HashMap<String, usize> {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let reasons = parked_reasons(w).await;
+        if reasons.values().sum::<usize>() >= n || Instant::now() >= deadline {
+            return reasons;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Scenario 5a: A task that always panics: exactly its attempts, then parked with its reason.
+async fn poison_panic(backend: Backend, root: &Path) -> Row {
+    let mut w = World::new(backend, root, Settings::default()).await;
+    w.spawn_worker();
+    w.spawn_worker();
+    let handles = w
+        .client
+        .enqueue_batch((0..10).map(|_| tasks::panics::call()))
+        .await
+        .expect("enqueue");
+    w.sent = handles.iter().map(|h| h.task_id().clone()).collect();
+    let drained = w.wait_written(DRAIN).await;
+    let reasons = wait_parked(&w, 10).await;
+    let mut j = judge(
+        &w,
+        "5a. poison: a task that always panics",
+        "10 × panic".into(),
+        false,
+        None,
+    );
+    let starts = events::count(&j.events, "start");
+    let exact = w.sent.iter().all(|id| starts.get(id.as_str()) == Some(&3));
+    let ids: Vec<String> = w.sent.iter().map(|i| i.to_string()).collect();
+    let gap = min_gap(&j.events, &ids);
+    j.row.notes.push(format!(
+        "3 attempts each: {exact}; parked {:?}; shortest gap between attempts {} ms",
+        reasons,
+        gap.unwrap_or(0)
+    ));
+    j.row
+        .check(drained, "no error result for every poison task");
+    j.row.check(exact, "not exactly 3 attempts each");
+    j.row.check(
+        reasons.get("retries_exhausted") == Some(&10),
+        "not parked as retries_exhausted",
+    );
+    // min_defer (1 s) bounds how soon a retry comes back: no hot loop.
+    j.row.check(
+        gap.is_some_and(|g| g >= 900),
+        "attempts came back in a hot loop",
+    );
+    // Duplicate starts here are the attempts themselves.
+    j.row.dup_starts = 0;
+    let row = j.row;
+    w.cleanup().await;
+    row
+}
+
+/// Scenario 5b: A task that ends its worker process (abort): bounded takeovers, then parked.
+async fn poison_abort(backend: Backend, root: &Path) -> Row {
+    let settings = Settings {
+        lease_secs: 2.0,
+        ..Settings::default()
+    };
+    let mut w = World::new(backend, root, settings).await;
+    w.spawn_worker();
+    w.spawn_worker();
+    let handles = w
+        .client
+        .enqueue_batch((0..2).map(|_| tasks::aborts::call()))
+        .await
+        .expect("enqueue");
+    w.sent = handles.iter().map(|h| h.task_id().clone()).collect();
+    let deadline = Instant::now() + DRAIN;
+    let mut deaths = 0;
+    // A supervisor: a worker that dies is replaced, as a pod would be.
+    while w.written() < w.sent.len() && Instant::now() < deadline {
+        for i in 0..w.workers.len() {
+            if !w.deaths.contains_key(&w.workers[i].pid) && !w.alive(i) {
+                deaths += 1;
+                w.spawn_worker();
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let reasons = wait_parked(&w, 2).await;
+    let mut j = judge(
+        &w,
+        "5b. poison: a task that aborts its process",
+        format!("{deaths} worker deaths"),
+        false,
+        None,
+    );
+    let starts = events::count(&j.events, "start");
+    let most = starts.values().copied().max().unwrap_or(0);
+    let ids: Vec<String> = w.sent.iter().map(|i| i.to_string()).collect();
+    let gap = min_gap(&j.events, &ids);
+    j.row.notes.push(format!(
+        "at most {most} runs per task (max_takeovers 5); parked {reasons:?}; shortest gap {} ms",
+        gap.unwrap_or(0)
+    ));
+    j.row.check(most <= 6, format!("{most} runs of one task"));
+    j.row.check(
+        reasons.get("retries_exhausted") == Some(&2),
+        "not parked as retries_exhausted",
+    );
+    j.row.check(
+        gap.is_some_and(|g| g >= 1000),
+        "runs came back in a hot loop",
+    );
+    j.row.dup_starts = 0;
+    let row = j.row;
+    w.cleanup().await;
+    row
+}
+
+/// Scenario 6: The store SIGKILLed mid-run and restarted (without persistence, then with AOF
+/// `appendfsync always`).
+async fn store_restart(backend: Backend, size: Size, root: &Path, aof: bool) -> Row {
+    let settings = Settings {
+        aof,
+        ..Settings::default()
+    };
+    let mut w = World::new(backend, root, settings).await;
+    for _ in 0..3 {
+        w.spawn_worker();
+    }
+    w.enqueue_work(size.steady, |k| spread(k, 50, 250)).await;
+    while w.written() < w.sent.len() / 3 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Nothing reaches the new server before the oracle listens to it.
+    w.redis_proxy.blackhole();
+    let down_at = now_ms();
+    w.redis.kill().await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    w.redis.restart().await;
+    w.oracle.attach(w.redis.port, false).await;
+    let up_at = now_ms();
+    w.redis_proxy.reset();
+    let drained = w.wait_written(DRAIN).await;
+    let scenario = if aof {
+        "6b. store SIGKILLed and restarted, AOF always"
+    } else {
+        "6a. store SIGKILLed and restarted, no persistence"
+    };
+    let mut j = judge(
+        &w,
+        scenario,
+        "SIGKILL redis, down 3 s".into(),
+        aof,
+        Some(up_at),
+    );
+    // Runs while the store was down: none may start (a run needs its claim).
+    let started_down = j
+        .events
+        .iter()
+        .filter(|e| e.kind == "start" && e.at_ms > down_at + 200 && e.at_ms < up_at)
+        .count();
+    // Completed tasks that ran again after the restart.
+    let mut reruns = 0;
+    let mut lost_with_data = 0;
+    for id in &w.sent {
+        let Some(first) = j.writes.get(id.as_str()).and_then(|v| v.first()) else {
+            continue;
+        };
+        if first.epoch == 0
+            && j.events
+                .iter()
+                .any(|e| e.kind == "start" && e.task_id == id.as_str() && e.at_ms > first.at_ms)
+        {
+            reruns += 1;
+        }
+        if matches!(
+            w.store.get(id).await,
+            Ok(ferriq::store::ResultStatus::Pending)
+        ) {
+            lost_with_data += 1;
+        }
+    }
+    j.row.notes.push(format!(
+        "runs started while down: {started_down}; completed tasks run again: {reruns}; results lost with the data: {lost_with_data}"
+    ));
+    j.row.check(drained, "not every task finished");
+    j.row
+        .check(started_down == 0, "runs started while the store was down");
+    if aof {
+        j.row.check(reruns == 0, "completed tasks ran again");
+        j.row
+            .check(lost_with_data == 0, "results lost despite the AOF");
+    }
+    let row = j.row;
+    w.cleanup().await;
+    row
+}
+
+/// Scenario 7: Store and broker connections blackholed, then reset.
+async fn blackhole(backend: Backend, size: Size, root: &Path) -> Row {
+    let mut w = World::new(backend, root, Settings::default()).await;
+    for _ in 0..3 {
+        w.spawn_worker();
+    }
+    // Probes up first.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !w.ready(0).await {
+        assert!(Instant::now() < deadline, "worker not ready");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    w.enqueue_work(size.steady, |k| spread(k, 100, 300)).await;
+    while w.written() < w.sent.len() / 4 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let start = Instant::now();
+    w.redis_proxy.blackhole();
+    w.broker_proxy.blackhole();
+    let mut detected = None;
+    while start.elapsed() < size.blackhole {
+        if detected.is_none() {
+            // All three probed at once: a probe may wait out its own timeout.
+            let (a, b, c) = tokio::join!(w.ready(0), w.ready(1), w.ready(2));
+            if !a && !b && !c {
+                detected = Some(start.elapsed());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    w.redis_proxy.reset();
+    w.broker_proxy.reset();
+    let fault_end = now_ms();
+    let drained = w.wait_written(DRAIN).await;
+    let mut j = judge(
+        &w,
+        "7. store and broker blackholed, then reset",
+        format!("blackhole {} s", size.blackhole.as_secs()),
+        false,
+        Some(fault_end),
+    );
+    j.row.notes.push(format!(
+        "every worker unready after {}",
+        detected.map_or("never".to_owned(), |d| format!("{:.1} s", d.as_secs_f64()))
+    ));
+    j.row.check(drained, "not every task finished");
+    // Heartbeats every lease/3 = 1 s on the store; RabbitMQ's every 5 s; the store's command
+    // timeout bounds a PING. Two heartbeat periods of the slowest, plus the probe's own wait.
+    j.row.check(
+        detected.is_some_and(|d| d <= Duration::from_secs(5)),
+        "the outage was not detected in time",
+    );
+    let row = j.row;
+    w.cleanup().await;
+    row
+}
+
+/// Scenario 8: SIGTERM under load: runs finish within the grace period, the rest go to another worker.
+async fn sigterm_drain(backend: Backend, root: &Path) -> Row {
+    let settings = Settings {
+        grace_secs: 3.0,
+        concurrency: 4,
+        ..Settings::default()
+    };
+    let mut w = World::new(backend, root, settings).await;
+    let a = w.spawn_worker();
+    w.spawn_worker();
+    w.enqueue_work(40, |k| if k % 5 == 0 { 6000 } else { 800 })
+        .await;
+    let pid = w.workers[a].pid;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while events::read_all(&w.events_dir)
+        .iter()
+        .filter(|e| e.pid == pid && e.kind == "start")
+        .count()
+        < 4
+    {
+        assert!(Instant::now() < deadline, "worker A never got busy");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let term_at = Instant::now();
+    w.signal(a, "TERM");
+    let exited = w.exited_within(a, Duration::from_secs(10)).await;
+    let took = term_at.elapsed();
+    let fault_end = now_ms();
+    let drained = w.wait_written(DRAIN).await;
+    let mut j = judge(
+        &w,
+        "8. SIGTERM drain under load",
+        "SIGTERM".into(),
+        false,
+        Some(fault_end),
+    );
+    let cut: Vec<_> = {
+        let starts: Vec<_> = j
+            .events
+            .iter()
+            .filter(|e| e.pid == pid && e.kind == "start")
+            .collect();
+        starts
+            .into_iter()
+            .filter(|s| {
+                !j.events
+                    .iter()
+                    .any(|e| e.kind == "done" && e.pid == pid && e.task_id == s.task_id)
+            })
+            .map(|s| s.task_id.clone())
+            .collect()
+    };
+    j.row.notes.push(format!(
+        "exited {:.1} s after SIGTERM (grace 3 s); {} run(s) cut at the grace and run elsewhere",
+        took.as_secs_f64(),
+        cut.len()
+    ));
+    j.row.check(
+        exited && took < Duration::from_secs(6),
+        "the drain outlived its grace period",
+    );
+    j.row.check(drained, "not every task finished");
+    let row = j.row;
+    w.cleanup().await;
+    row
+}
+
+/// Scenario 9: A big backlog: the worker's memory stays bounded, in-flight within its limit.
+async fn backlog(backend: Backend, size: Size, root: &Path) -> Row {
+    let settings = Settings {
+        concurrency: 16,
+        ..Settings::default()
+    };
+    let mut w = World::new(backend, root, settings).await;
+    w.enqueue_work(size.backlog, |_| 0).await;
+    let i = w.spawn_worker();
+    let pid = w.workers[i].pid;
+    let deadline = Instant::now() + Duration::from_secs(900);
+    let mut peak = 0.0f64;
+    while w.written() < w.sent.len() && Instant::now() < deadline {
+        peak = peak.max(ferriq_examples::peak_rss_mib(pid));
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    peak = peak.max(ferriq_examples::peak_rss_mib(pid));
+    let mut j = judge(&w, "9. backlog", "-".into(), false, None);
+    let in_flight = events::max_in_flight(&j.events, &w.deaths);
+    j.row.notes.push(format!(
+        "worker peak RSS {peak:.1} MiB; at most {in_flight} runs at once (limit 16)"
+    ));
+    j.row
+        .check(w.written() >= w.sent.len(), "not every task finished");
+    j.row
+        .check(in_flight <= 16, "more runs at once than the concurrency");
+    j.row
+        .check(peak < 256.0, "the worker's memory grew with the backlog");
+    let row = j.row;
+    w.cleanup().await;
+    row
+}
+
+/// Scenario 10: A chord and a schedule while workers are SIGKILLed: every tick and the callback run
+/// (and write) once.
+async fn chord_and_schedule(backend: Backend, root: &Path) -> Row {
+    let settings = Settings {
+        scheduler: true,
+        ..Settings::default()
+    };
+    let mut w = World::new(backend, root, settings).await;
+    for _ in 0..3 {
+        w.spawn_worker();
+    }
+    let started = now_ms();
+    let chord = w
+        .client
+        .enqueue_chord(ferriq::workflow::chord(
+            ferriq::workflow::Group::new((0..200).map(|k| tasks::member::call(spread(k, 50, 300)))),
+            tasks::callback::call(),
+        ))
+        .await
+        .expect("the chord is sent");
+    let callback_id = chord.callback().task_id().clone();
+    let mut kills = 0;
+    for _ in 0..8 {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let live = w.live();
+        let victim = live[rand::rng().random_range(0..live.len())];
+        w.kill(victim).await;
+        w.spawn_worker();
+        kills += 1;
+    }
+    let fault_end = now_ms();
+    w.sent.push(callback_id.clone());
+    let drained = w.wait_written(DRAIN).await;
+    // A few more ticks after the faults, then stop scheduling.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let ended = now_ms();
+    for i in w.live() {
+        w.signal(i, "TERM");
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mut j = judge(
+        &w,
+        "10. chord (200 members) and a 1 s schedule under SIGKILL",
+        format!("{kills} SIGKILL"),
+        false,
+        Some(fault_end),
+    );
+    let callbacks = events::count(&j.events, "callback");
+    let callback_runs = callbacks.get(callback_id.as_str()).copied().unwrap_or(0);
+    let ticks = events::count(&j.events, "tick");
+    let tick_writes: usize = ticks
+        .keys()
+        .map(|id| j.writes.get(id).map_or(0, Vec::len))
+        .filter(|n| *n > 0)
+        .count();
+    let expected = (ended - started) / 1000;
+    j.row.notes.push(format!(
+        "callback runs {callback_runs}, written {}; {} ticks run ({tick_writes} written once) in {expected} s",
+        j.writes.get(callback_id.as_str()).map_or(0, Vec::len),
+        ticks.len()
+    ));
+    j.row
+        .check(drained, "the callback's result was not written");
+    j.row.check(
+        j.writes.get(callback_id.as_str()).map_or(0, Vec::len) == 1,
+        "the callback's result was not written exactly once",
+    );
+    // Every second of the run has its tick (missed ones are caught up).
+    j.row
+        .check(ticks.len() as u64 + 2 >= expected, "ticks were missed");
+    let row = j.row;
+    w.cleanup().await;
+    row
+}

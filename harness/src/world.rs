@@ -1,0 +1,393 @@
+//! One scenario's world: a private redis-server (the store) and the broker (the shared
+//! RabbitMQ, or the SQS emulator), each behind a proxy the harness controls; worker processes
+//! (this binary in worker mode) connected through the proxies; a producer and the oracle
+//! connected directly, outside the faulted path.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferriq::broker::Broker;
+use ferriq::wire::TaskId;
+use ferriq::Client;
+use ferriq_valkey::ValkeyStore;
+use tokio::process::Child;
+use tokio::time::Instant;
+
+use crate::proxy::Proxy;
+use crate::redis::{free_port, Oracle, PrivateRedis};
+
+/// Which broker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// The shared RabbitMQ, through a proxy.
+    Amqp,
+    /// The fauxqs emulator, through a proxy.
+    Sqs,
+}
+
+impl Backend {
+    /// Its name in the table.
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Amqp => "RabbitMQ",
+            Backend::Sqs => "SQS (fauxqs)",
+        }
+    }
+}
+
+/// How the workers of a world run.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Claim lease (and SQS visibility), seconds.
+    pub lease_secs: f64,
+    /// Runs per worker.
+    pub concurrency: usize,
+    /// Drain grace, seconds.
+    pub grace_secs: f64,
+    /// Workers run the scheduler.
+    pub scheduler: bool,
+    /// The store appends every write to disk (`appendfsync always`).
+    pub aof: bool,
+    /// The workers' payload limit.
+    pub max_payload: Option<usize>,
+    /// More `FERRIQ_*` variables for the workers.
+    pub env: Vec<(&'static str, String)>,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            lease_secs: 3.0,
+            concurrency: 8,
+            grace_secs: 5.0,
+            scheduler: false,
+            aof: false,
+            max_payload: None,
+            env: Vec::new(),
+        }
+    }
+}
+
+/// A worker process.
+pub struct WorkerProc {
+    /// Its pid.
+    pub pid: u32,
+    child: Child,
+    /// Where it serves /readyz.
+    pub probe_port: u16,
+}
+
+struct SqsQueues {
+    admin: aws_sdk_sqs::Client,
+    url: String,
+    dlq: String,
+}
+
+/// Everything one scenario runs on.
+pub struct World {
+    /// The broker.
+    pub backend: Backend,
+    /// Lane (queue) name.
+    pub lane: String,
+    exchange: String,
+    /// The store's key prefix.
+    pub prefix: String,
+    /// The store's server.
+    pub redis: PrivateRedis,
+    /// Between the workers and the store.
+    pub redis_proxy: Proxy,
+    /// Between the workers and the broker.
+    pub broker_proxy: Proxy,
+    /// Result writes as the server announced them.
+    pub oracle: Oracle,
+    /// The collector's files.
+    pub events_dir: PathBuf,
+    /// The producer (direct connections).
+    pub client: Client,
+    /// The store, read directly.
+    pub store: Arc<ValkeyStore>,
+    /// The broker, direct.
+    pub broker: Arc<dyn Broker>,
+    /// Worker processes (dead ones stay, with `alive` false).
+    pub workers: Vec<WorkerProc>,
+    /// When each dead worker died (pid → unix ms).
+    pub deaths: HashMap<u32, u64>,
+    /// Task ids the producer sent.
+    pub sent: Vec<TaskId>,
+    settings: Settings,
+    sqs: Option<SqsQueues>,
+    spawned: u32,
+}
+
+/// Unix ms now.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+fn host_port(url: &str) -> String {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let rest = rest.rsplit_once('@').map_or(rest, |(_, r)| r);
+    rest.split('/').next().unwrap_or(rest).to_owned()
+}
+
+impl World {
+    /// A new world on `backend`, under `root` (a run's scratch folder).
+    pub async fn new(backend: Backend, root: &std::path::Path, settings: Settings) -> World {
+        let id = &uuid::Uuid::new_v4().simple().to_string()[..10];
+        let name = format!("fqfault{id}");
+        let dir = root.join(&name);
+        let events_dir = dir.join("events");
+        std::fs::create_dir_all(&events_dir).expect("scratch folder");
+        let redis = PrivateRedis::start(dir.join("redis"), settings.aof).await;
+        let oracle = Oracle::new(&name);
+        oracle.attach(redis.port, true).await;
+        let redis_proxy = Proxy::start(&redis.addr()).await;
+        let store = Arc::new(
+            ValkeyStore::builder(format!("redis://{}", redis.addr()))
+                .prefix(name.as_str())
+                .connect()
+                .await
+                .expect("the private redis"),
+        );
+        let (broker, broker_proxy, sqs): (Arc<dyn Broker>, Proxy, Option<SqsQueues>) = match backend
+        {
+            Backend::Amqp => {
+                let url = ferriq_examples::amqp_url();
+                let broker = ferriq_amqp::AmqpBroker::builder(url.as_str())
+                    .exchange(format!("{name}.x"))
+                    .queues([name.as_str()])
+                    .connect()
+                    .await
+                    .expect("RabbitMQ");
+                (Arc::new(broker), Proxy::start(&host_port(&url)).await, None)
+            }
+            Backend::Sqs => {
+                let endpoint = ferriq_examples::sqs::endpoint();
+                let admin = ferriq_examples::sqs::client(&endpoint);
+                let (url, dlq) = ferriq_examples::sqs::create_queue_pair(&admin, &name).await;
+                let broker = ferriq_sqs::SqsBrokerBuilder::new(name.clone())
+                    .endpoint_url(endpoint.clone())
+                    .region("us-east-1")
+                    .credentials("test", "test")
+                    .wait_time(Duration::from_secs(1))
+                    .connect()
+                    .await
+                    .expect("the SQS emulator");
+                (
+                    Arc::new(broker),
+                    Proxy::start(&host_port(&endpoint)).await,
+                    Some(SqsQueues { admin, url, dlq }),
+                )
+            }
+        };
+        let client = Client::new(broker.clone(), store.clone());
+        World {
+            backend,
+            lane: name.clone(),
+            exchange: format!("{name}.x"),
+            prefix: name,
+            redis,
+            redis_proxy,
+            broker_proxy,
+            oracle,
+            events_dir,
+            client,
+            store,
+            broker,
+            workers: Vec::new(),
+            deaths: HashMap::new(),
+            sent: Vec::new(),
+            settings,
+            sqs,
+            spawned: 0,
+        }
+    }
+
+    /// The URL workers reach the broker with (through its proxy).
+    fn worker_broker_url(&self) -> String {
+        match (&self.backend, &self.sqs) {
+            (Backend::Sqs, Some(q)) => {
+                let path = q.url.split_once("://").map_or("", |(_, r)| r);
+                let path = path.split_once('/').map_or("", |(_, p)| p);
+                format!(
+                    "sqs+http://127.0.0.1:{}/{path}?region=us-east-1",
+                    self.broker_proxy.port
+                )
+            }
+            _ => format!(
+                "amqp://guest:guest@127.0.0.1:{}/%2f",
+                self.broker_proxy.port
+            ),
+        }
+    }
+
+    /// Starts a worker process; its index.
+    pub fn spawn_worker(&mut self) -> usize {
+        self.spawned += 1;
+        let n = self.spawned;
+        let probe_port = free_port();
+        let s = &self.settings;
+        let mut cmd = tokio::process::Command::new(std::env::current_exe().expect("this binary"));
+        cmd.arg("worker")
+            .env("FERRIQ_BROKER_URL", self.worker_broker_url())
+            .env(
+                "FERRIQ_STORE_URL",
+                format!("redis://127.0.0.1:{}", self.redis_proxy.port),
+            )
+            .env("FERRIQ_QUEUES", &self.lane)
+            .env("FERRIQ_AMQP_EXCHANGE", &self.exchange)
+            .env("FERRIQ_RESULT_PREFIX", &self.prefix)
+            .env("FERRIQ_WORKER_ID", format!("{}-w{n}", self.prefix))
+            .env("FERRIQ_LEASE_SECS", s.lease_secs.to_string())
+            .env("FERRIQ_CONCURRENCY", s.concurrency.to_string())
+            .env("FERRIQ_GRACE_SECS", s.grace_secs.to_string())
+            .env("FERRIQ_SCHEDULER", if s.scheduler { "1" } else { "0" })
+            .env("FERRIQ_PROBE_ADDR", format!("127.0.0.1:{probe_port}"))
+            .env("AWS_ACCESS_KEY_ID", "test")
+            .env("AWS_SECRET_ACCESS_KEY", "test")
+            .env("AWS_REGION", "us-east-1")
+            .env("FAULT_EVENTS", self.events_dir.join(format!("w{n}.log")))
+            .stdout(Stdio::null())
+            .stderr(
+                std::fs::File::create(self.events_dir.join(format!("w{n}.stderr")))
+                    .map(Stdio::from)
+                    .unwrap_or_else(|_| Stdio::null()),
+            )
+            .kill_on_drop(true);
+        if let Some(max) = s.max_payload {
+            cmd.env("FERRIQ_MAX_PAYLOAD_BYTES", max.to_string());
+        }
+        cmd.envs(s.env.iter().map(|(k, v)| (*k, v.as_str())));
+        let child = cmd.spawn().expect("a worker process starts");
+        let pid = child.id().unwrap_or(0);
+        self.workers.push(WorkerProc {
+            pid,
+            child,
+            probe_port,
+        });
+        self.workers.len() - 1
+    }
+
+    /// Sends `sig` (`KILL`, `STOP`, `CONT`, `TERM`) to worker `i`.
+    pub fn signal(&self, i: usize, sig: &str) {
+        let _ = std::process::Command::new("kill")
+            .args([&format!("-{sig}"), &self.workers[i].pid.to_string()])
+            .status();
+    }
+
+    /// SIGKILL worker `i` and reap it.
+    pub async fn kill(&mut self, i: usize) {
+        self.signal(i, "KILL");
+        let _ = self.workers[i].child.wait().await;
+        self.deaths.insert(self.workers[i].pid, now_ms());
+    }
+
+    /// Whether worker `i` still runs; reaps it (and records its death) if not.
+    pub fn alive(&mut self, i: usize) -> bool {
+        match self.workers[i].child.try_wait() {
+            Ok(None) => true,
+            _ => {
+                self.deaths
+                    .entry(self.workers[i].pid)
+                    .or_insert_with(now_ms);
+                false
+            }
+        }
+    }
+
+    /// Waits for worker `i` to exit on its own, up to `limit`; whether it did.
+    pub async fn exited_within(&mut self, i: usize, limit: Duration) -> bool {
+        let done = tokio::time::timeout(limit, self.workers[i].child.wait())
+            .await
+            .is_ok();
+        if done {
+            self.deaths.insert(self.workers[i].pid, now_ms());
+        }
+        done
+    }
+
+    /// Indexes of the live workers.
+    pub fn live(&mut self) -> Vec<usize> {
+        (0..self.workers.len()).filter(|i| self.alive(*i)).collect()
+    }
+
+    /// Enqueues `n` `fault.work` tasks of `ms` each, in batches.
+    pub async fn enqueue_work(&mut self, n: usize, ms: impl Fn(usize) -> u64) {
+        let mut i = 0;
+        while i < n {
+            let end = (i + 500).min(n);
+            let handles = self
+                .client
+                .enqueue_batch((i..end).map(|k| crate::tasks::work::call(ms(k))))
+                .await
+                .expect("the producer enqueues");
+            self.sent
+                .extend(handles.into_iter().map(|h| h.task_id().clone()));
+            i = end;
+        }
+    }
+
+    /// Ids with at least one result write seen.
+    pub fn written(&self) -> usize {
+        let writes = self.oracle.writes();
+        self.sent
+            .iter()
+            .filter(|id| writes.contains_key(id.as_str()))
+            .count()
+    }
+
+    /// Waits until every sent id has a result write seen, up to `limit`; whether it did.
+    pub async fn wait_written(&self, limit: Duration) -> bool {
+        let deadline = Instant::now() + limit;
+        loop {
+            if self.written() >= self.sent.len() {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Whether worker `i`'s /readyz answers 200 (within a second).
+    pub async fn ready(&self, i: usize) -> bool {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let port = self.workers[i].probe_port;
+        let probe = async {
+            let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .ok()?;
+            s.write_all(b"GET /readyz HTTP/1.1\r\nhost: x\r\n\r\n")
+                .await
+                .ok()?;
+            let mut out = String::new();
+            s.read_to_string(&mut out).await.ok()?;
+            Some(out.starts_with("HTTP/1.1 200"))
+        };
+        matches!(
+            tokio::time::timeout(Duration::from_secs(3), probe).await,
+            Ok(Some(true))
+        )
+    }
+
+    /// Removes what the world made on the shared broker; stops every process.
+    pub async fn cleanup(mut self) {
+        for w in &mut self.workers {
+            let _ = w.child.start_kill();
+            let _ = w.child.wait().await;
+        }
+        match &self.sqs {
+            Some(q) => {
+                ferriq_examples::sqs::delete_queues(&q.admin, &[q.url.clone(), q.dlq.clone()]).await
+            }
+            None => ferriq_examples::delete_amqp_topology(&self.exchange, &self.lane).await,
+        }
+        self.redis.kill().await;
+    }
+}
