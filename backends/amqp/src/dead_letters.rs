@@ -180,9 +180,26 @@ impl DeadLetterQueue for AmqpBroker {
     }
 
     async fn return_dead(&self, held: Vec<DeadMessage>) -> Result<(), BrokerError> {
-        // In the order taken: RabbitMQ hands returned messages out first, in return order.
-        for m in &held {
-            self.settle_dead(self.held_dead(m)?, Some(true)).await?;
+        // In the order taken: a quorum queue hands returned messages out first, in the order
+        // it applies the returns. But RabbitMQ 3.x applies a pile of returns (more than ~32
+        // unapplied at once) out of order, so they go back a few at a time, each few waited
+        // for (the queue's ready count rises by as many) before the next is sent.
+        let Some(first) = held.first() else {
+            return Ok(());
+        };
+        let queue = AmqpBrokerBuilder::dead_letter_queue(&self.held_dead(first)?.lane);
+        let mut ready = self.ready_count(&queue).await?.unwrap_or(0);
+        for chunk in held.chunks(RETURN_CHUNK) {
+            let mut returned = 0;
+            for m in chunk {
+                if self.settle_dead(self.held_dead(m)?, Some(true)).await? {
+                    returned += 1;
+                }
+            }
+            ready += returned;
+            if held.len() > RETURN_CHUNK {
+                self.wait_ready(&queue, ready).await;
+            }
         }
         Ok(())
     }
@@ -237,7 +254,28 @@ impl DeadLetterQueue for AmqpBroker {
     }
 }
 
+/// How many dead letters go back before their returns are waited for (see `return_dead`).
+const RETURN_CHUNK: usize = 16;
+
 impl AmqpBroker {
+    /// Waits (up to a second) until `queue` holds at least `ready` ready messages: returns
+    /// sent have been applied. Past the deadline the order is only best effort, never lost.
+    async fn wait_ready(&self, queue: &str, ready: u64) {
+        let deadline = Instant::now() + std::time::Duration::from_secs(1);
+        loop {
+            match self.ready_count(queue).await {
+                Ok(Some(n)) if n >= ready => return,
+                Ok(_) if Instant::now() < deadline => {
+                    tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+                }
+                _ => {
+                    tracing::debug!(queue, "returned dead letters not all seen in time");
+                    return;
+                }
+            }
+        }
+    }
+
     /// Ready messages in `queue` (`None`: no such queue), read on a scratch channel, because a
     /// passive declare of a missing queue closes its channel.
     pub(crate) async fn ready_count(&self, queue: &str) -> Result<Option<u64>, BrokerError> {
