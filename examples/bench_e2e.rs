@@ -8,6 +8,7 @@
 //! cargo run --release --example bench_e2e -- --broker sqs    # FERRIQ_SQS_ENDPOINT, else fauxqs
 //! cargo run --release --example bench_e2e -- --broker memory [--middlewares 3]
 //! cargo run --release --example bench_e2e -- --broker amqp --steady 60   # + 60 s at 70 % load
+//! cargo run --release --example bench_e2e -- --broker amqp --backlog 100000 # worker RSS
 //! ```
 //!
 //! Bulk: N tasks enqueued in batches of 1000 (publisher confirms), then every result awaited.
@@ -277,6 +278,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let tag = &uuid::Uuid::new_v4().simple().to_string()[..8];
 
     let (figures, raw, rss, what) = match broker_kind.as_str() {
+        "amqp" if arg("--backlog", "0") != "0" => {
+            return rss_run(tag, arg("--backlog", "0").parse()?).await;
+        }
         "memory" if arg("--rounds", "0") != "0" => {
             return compare_middlewares(n, lat_n, arg("--rounds", "0").parse()?).await;
         }
@@ -353,6 +357,63 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
 
     report(&figures, raw, rss, what, n, lat_n);
+    Ok(())
+}
+
+/// `--broker amqp --backlog N`: the worker process's resident set idle (connected, two
+/// seconds after it is ready, nothing queued), then its peak while N tasks are enqueued as
+/// fast as the producer can and drained.
+async fn rss_run(tag: &str, backlog: u64) -> Result<(), Box<dyn std::error::Error>> {
+    use tokio::io::AsyncBufReadExt;
+    let (exchange, queue, prefix) = (
+        format!("fqbench.{tag}.x"),
+        format!("fqbench.{tag}"),
+        format!("fqbench{tag}"),
+    );
+    let store = Arc::new(valkey(&prefix).await);
+    let client = Client::new(Arc::new(amqp(&exchange, &queue).await), store.clone());
+    let mut child = tokio::process::Command::new(std::env::current_exe()?)
+        .args(["--role", "worker", "--exchange", &exchange])
+        .args(["--queue", &queue, "--prefix", &prefix])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()?;
+    let pid = child.id().unwrap_or(0);
+    let stdout = child.stdout.take().ok_or("no worker stdout")?;
+    let mut ready = String::new();
+    tokio::io::BufReader::new(stdout)
+        .read_line(&mut ready)
+        .await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let idle = ferriq_examples::rss_mib(pid);
+    let started = Instant::now();
+    let mut handles = Vec::with_capacity(backlog as usize);
+    for chunk in (0..backlog).collect::<Vec<_>>().chunks(1000) {
+        handles.extend(
+            client
+                .enqueue_batch(chunk.iter().map(|&i| noop::call(i)))
+                .await?,
+        );
+    }
+    let enqueued = started.elapsed();
+    for h in &handles {
+        h.wait(Duration::from_secs(600)).await?;
+    }
+    let drained = started.elapsed();
+    let peak = peak_rss_mib(pid);
+    drop(child.stdin.take());
+    let _ = tokio::time::timeout(Duration::from_secs(30), child.wait()).await;
+    let _ = store.purge_prefix().await;
+    ferriq_examples::delete_amqp_topology(&exchange, &queue).await;
+    println!("ferriq bench_e2e --backlog {backlog}: RabbitMQ + Redis, worker in its own process, concurrency {CONCURRENCY}");
+    println!("CPU: {}", ferriq_examples::cpu_model());
+    println!(
+        "| worker RSS idle | {idle:.1} MiB |\n| worker peak RSS, {backlog} tasks enqueued in {:.1} s and drained in {:.1} s | {peak:.1} MiB |",
+        enqueued.as_secs_f64(),
+        drained.as_secs_f64()
+    );
+    println!("idle_rss_mib={idle:.1} backlog_peak_rss_mib={peak:.1}");
     Ok(())
 }
 

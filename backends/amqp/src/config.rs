@@ -186,14 +186,19 @@ impl AmqpBrokerBuilder {
     }
 
     /// The URL handed to lapin: an empty vhost read as `/` (see [`vhost_as_pika_reads_it`]),
-    /// and the heartbeat added when the URL has none.
+    /// the heartbeat and [`FRAME_MAX`] added when the URL has none.
     pub(crate) fn connect_url(&self) -> String {
-        let url = vhost_as_pika_reads_it(self.url.expose());
-        if url.contains("heartbeat=") {
-            return url;
+        let mut url = vhost_as_pika_reads_it(self.url.expose());
+        for (key, value) in [
+            ("heartbeat", self.heartbeat_secs.to_string()),
+            ("frame_max", FRAME_MAX.to_string()),
+        ] {
+            if !url.contains(&format!("{key}=")) {
+                let sep = if url.contains('?') { '&' } else { '?' };
+                url = format!("{url}{sep}{key}={value}");
+            }
         }
-        let sep = if url.contains('?') { '&' } else { '?' };
-        format!("{url}{sep}heartbeat={}", self.heartbeat_secs)
+        url
     }
 
     /// The dead-letter queue of a lane.
@@ -243,9 +248,29 @@ pub(crate) fn vhost_as_pika_reads_it(url: &str) -> String {
     }
 }
 
+/// The largest AMQP frame asked for (bytes), unless the URL sets `frame_max`. lapin keeps two
+/// buffers of 32 frames per connection, written through: at RabbitMQ's default of 128 KiB
+/// that is 8 MiB resident per connection (a worker has two). Bodies larger than a frame are
+/// split into several frames, as they are at any size.
+pub(crate) const FRAME_MAX: u32 = 32 * 1024;
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_heartbeat_and_frame_size_are_added_unless_the_url_sets_them() {
+        let url = |u: &str| AmqpBrokerBuilder::new(u).heartbeat_secs(7).connect_url();
+        assert_eq!(url("amqp://h/"), "amqp://h/%2f?heartbeat=7&frame_max=32768");
+        assert_eq!(
+            url("amqp://h/v?frame_max=4096"),
+            "amqp://h/v?frame_max=4096&heartbeat=7"
+        );
+        assert_eq!(
+            url("amqp://h/v?heartbeat=3&frame_max=8192"),
+            "amqp://h/v?heartbeat=3&frame_max=8192"
+        );
+    }
 
     #[test]
     fn an_empty_vhost_is_the_default_vhost_as_in_pika() {
