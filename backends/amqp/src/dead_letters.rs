@@ -189,6 +189,9 @@ impl DeadLetterQueue for AmqpBroker {
         };
         let queue = AmqpBrokerBuilder::dead_letter_queue(&self.held_dead(first)?.lane);
         let mut ready = self.ready_count(&queue).await?.unwrap_or(0);
+        // Someone else taking from the queue meanwhile keeps the count down: after one wait
+        // that runs out, the rest go back without waiting (order best effort, nothing lost).
+        let mut waiting = held.len() > RETURN_CHUNK;
         for chunk in held.chunks(RETURN_CHUNK) {
             let mut returned = 0;
             for m in chunk {
@@ -197,8 +200,8 @@ impl DeadLetterQueue for AmqpBroker {
                 }
             }
             ready += returned;
-            if held.len() > RETURN_CHUNK {
-                self.wait_ready(&queue, ready).await;
+            if waiting {
+                waiting = self.wait_ready(&queue, ready).await;
             }
         }
         Ok(())
@@ -259,18 +262,18 @@ const RETURN_CHUNK: usize = 16;
 
 impl AmqpBroker {
     /// Waits (up to a second) until `queue` holds at least `ready` ready messages: returns
-    /// sent have been applied. Past the deadline the order is only best effort, never lost.
-    async fn wait_ready(&self, queue: &str, ready: u64) {
+    /// sent have been applied. `false` when the deadline passed first.
+    async fn wait_ready(&self, queue: &str, ready: u64) -> bool {
         let deadline = Instant::now() + std::time::Duration::from_secs(1);
         loop {
             match self.ready_count(queue).await {
-                Ok(Some(n)) if n >= ready => return,
+                Ok(Some(n)) if n >= ready => return true,
                 Ok(_) if Instant::now() < deadline => {
                     tokio::time::sleep(std::time::Duration::from_millis(1)).await;
                 }
                 _ => {
                     tracing::debug!(queue, "returned dead letters not all seen in time");
-                    return;
+                    return false;
                 }
             }
         }
