@@ -27,7 +27,7 @@ use ferriq::broker::Broker;
 use ferriq::memory::{MemoryBroker, MemoryStore};
 use ferriq::{Client, Registry, Shutdown, Worker};
 use ferriq_amqp::AmqpBroker;
-use ferriq_examples::raw::{raw_lapin, raw_memory, raw_sqs};
+use ferriq_examples::raw::{raw_lapin, raw_lapin_round_trips, raw_memory, raw_sqs};
 use ferriq_examples::{amqp_url, arg, peak_rss_mib, percentile, redis_url};
 use ferriq_sqs::SqsBroker;
 use ferriq_valkey::ValkeyStore;
@@ -323,6 +323,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             drop(child.stdin.take()); // the worker drains and exits
             let _ = tokio::time::timeout(Duration::from_secs(30), child.wait()).await;
             let raw = raw_lapin(&format!("fqbench.{tag}.raw"), n, CONCURRENCY as u16).await;
+            let raw_rtt = raw_lapin_round_trips(&format!("fqbench.{tag}.rtt"), lat_n).await;
+            println!(
+                "raw RabbitMQ round trip (publish, confirm, deliver, ack; no store) p50 / p99: {:.2} / {:.2} ms",
+                percentile(&raw_rtt, 50.0),
+                percentile(&raw_rtt, 99.0)
+            );
             let _ = store.purge_prefix().await;
             ferriq_examples::delete_amqp_topology(&exchange, &queue).await;
             (figures, raw, rss, "RabbitMQ quorum queue (confirms, persistent) + Redis claims/results, worker in its own process")

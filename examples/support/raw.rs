@@ -86,6 +86,66 @@ pub async fn raw_lapin(queue: &str, n: u64, prefetch: u16) -> f64 {
     rate
 }
 
+/// Raw lapin round trips on a fresh quorum queue: `n` times, one persistent message published
+/// and its confirm awaited, then its delivery awaited and acked. Milliseconds, sorted: the
+/// broker's share of a task's round trip, with no store.
+pub async fn raw_lapin_round_trips(queue: &str, n: usize) -> Vec<f64> {
+    use lapin::options::*;
+    use lapin::types::{AMQPValue, FieldTable};
+    use lapin::{BasicProperties, Connection, ConnectionProperties};
+    let conn = Connection::connect(&amqp_url(), ConnectionProperties::default())
+        .await
+        .unwrap();
+    let ch = conn.create_channel().await.unwrap();
+    let mut args = FieldTable::default();
+    args.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString("quorum".into()),
+    );
+    ch.queue_declare(queue.into(), QueueDeclareOptions::durable(), args)
+        .await
+        .unwrap();
+    ch.confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    let consumer_ch = conn.create_channel().await.unwrap();
+    let mut consumer = consumer_ch
+        .basic_consume(
+            queue.into(),
+            "raw-rtt".into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let body = TaskMessage::new("bench.noop").to_json().unwrap();
+    let props = BasicProperties::default().with_delivery_mode(2);
+    let mut lat = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        let confirm = ch
+            .basic_publish(
+                "".into(),
+                queue.into(),
+                BasicPublishOptions::default(),
+                &body,
+                props.clone(),
+            )
+            .await
+            .unwrap();
+        assert!(confirm.await.unwrap().is_ack());
+        let d = consumer.next().await.unwrap().unwrap();
+        d.ack(BasicAckOptions::default()).await.unwrap();
+        lat.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    lat.sort_by(|a, b| a.total_cmp(b));
+    let _ = ch
+        .queue_delete(queue.into(), QueueDeleteOptions::default())
+        .await;
+    let _ = conn.close(200, "".into()).await;
+    lat
+}
+
 /// The same for the memory broker: publish in batches, receive and ack.
 pub async fn raw_memory(n: u64, batch: usize) -> f64 {
     let broker = MemoryBroker::new();
