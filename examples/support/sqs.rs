@@ -48,6 +48,15 @@ pub fn client(endpoint: &str) -> Client {
 /// A queue named `name` with a dead-letter queue `{name}-dlq` (maxReceiveCount 10); their
 /// URLs.
 pub async fn create_queue_pair(client: &Client, name: &str) -> (String, String) {
+    create_queue_pair_with(client, name, 10).await
+}
+
+/// [`create_queue_pair`] with the given `maxReceiveCount`.
+pub async fn create_queue_pair_with(
+    client: &Client,
+    name: &str,
+    max_receive_count: u32,
+) -> (String, String) {
     let dlq = client
         .create_queue()
         .queue_name(format!("{name}-dlq"))
@@ -71,7 +80,7 @@ pub async fn create_queue_pair(client: &Client, name: &str) -> (String, String) 
         .queue_name(name)
         .attributes(
             QueueAttributeName::RedrivePolicy,
-            format!(r#"{{"deadLetterTargetArn":"{arn}","maxReceiveCount":"10"}}"#),
+            format!(r#"{{"deadLetterTargetArn":"{arn}","maxReceiveCount":"{max_receive_count}"}}"#),
         )
         .send()
         .await

@@ -79,7 +79,11 @@ async fn main() {
             rows.push(row);
         }
     }
-    let _ = std::fs::remove_dir_all(&root);
+    if std::env::var_os("FERRIQ_HARNESS_KEEP").is_some() {
+        eprintln!("kept the worlds' files in {}", root.display());
+    } else {
+        let _ = std::fs::remove_dir_all(&root);
+    }
     let size_name = if size.flow == Size::FULL.flow {
         "full"
     } else {

@@ -38,6 +38,11 @@ impl Backend {
     }
 }
 
+/// The harness queues' `maxReceiveCount`. A SIGKILL every second (scenario 1) can push a
+/// message past 10 receives — polls cut off by a kill count as receives too — and SQS then
+/// parks it itself, without a result (RELIABILITY.md, "Known limits").
+const SQS_MAX_RECEIVE_COUNT: u32 = 50;
+
 /// How the workers of a world run.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -169,7 +174,12 @@ impl World {
             Backend::Sqs => {
                 let endpoint = ferriq_examples::sqs::endpoint();
                 let admin = ferriq_examples::sqs::client(&endpoint);
-                let (url, dlq) = ferriq_examples::sqs::create_queue_pair(&admin, &name).await;
+                let (url, dlq) = ferriq_examples::sqs::create_queue_pair_with(
+                    &admin,
+                    &name,
+                    SQS_MAX_RECEIVE_COUNT,
+                )
+                .await;
                 let broker = ferriq_sqs::SqsBrokerBuilder::new(name.clone())
                     .endpoint_url(endpoint.clone())
                     .region("us-east-1")
@@ -374,6 +384,36 @@ impl World {
             tokio::time::timeout(Duration::from_secs(3), probe).await,
             Ok(Some(true))
         )
+    }
+
+    /// Where unfinished tasks' messages are, as SQS counts them (queue: visible / in flight /
+    /// delayed; dead-letter queue: visible): for a row that did not drain. Empty on RabbitMQ.
+    pub async fn sqs_counts(&self) -> String {
+        use aws_sdk_sqs::types::QueueAttributeName as A;
+        let Some(q) = &self.sqs else {
+            return String::new();
+        };
+        let mut out = Vec::new();
+        for (name, url) in [("queue", &q.url), ("dead-letter queue", &q.dlq)] {
+            let attrs = q
+                .admin
+                .get_queue_attributes()
+                .queue_url(url)
+                .attribute_names(A::All)
+                .send()
+                .await
+                .ok()
+                .and_then(|o| o.attributes)
+                .unwrap_or_default();
+            let get = |a: A| attrs.get(&a).cloned().unwrap_or_else(|| "?".into());
+            out.push(format!(
+                "{name}: {} visible, {} in flight, {} delayed",
+                get(A::ApproximateNumberOfMessages),
+                get(A::ApproximateNumberOfMessagesNotVisible),
+                get(A::ApproximateNumberOfMessagesDelayed)
+            ));
+        }
+        out.join("; ")
     }
 
     /// Removes what the world made on the shared broker; stops every process.

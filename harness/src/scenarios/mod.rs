@@ -117,6 +117,9 @@ async fn sigkill_workers(backend: Backend, size: Size, root: &Path) -> Row {
         false,
         Some(fault_end),
     );
+    if !drained {
+        j.row.notes.push(w.sqs_counts().await);
+    }
     j.row.check(drained, "not every task finished");
     j.row
         .check(kills > 0, "no worker was killed while tasks flowed");
