@@ -215,6 +215,48 @@ impl Oracle {
         });
     }
 
+    /// Results the restarted server holds whose write the oracle never heard of: a server
+    /// SIGKILLed right after a write (and its `appendfsync always`) dies before it sends the
+    /// notice. Read directly from the server (`EXISTS`), each recorded as a write of the
+    /// previous lifetime at `before_ms`; returns how many.
+    pub async fn recover(&self, port: u16, ids: &[String], before_ms: u64) -> usize {
+        let stream = TcpStream::connect(("127.0.0.1", port))
+            .await
+            .expect("the oracle reaches its redis");
+        let mut reader = BufReader::new(stream);
+        let epoch = self
+            .epoch
+            .load(std::sync::atomic::Ordering::SeqCst)
+            .saturating_sub(1);
+        let mut found = 0;
+        for id in ids {
+            if self.writes().contains_key(id) {
+                continue;
+            }
+            let key = format!("{}:{id}", self.prefix);
+            let cmd = format!("*2\r\n$6\r\nEXISTS\r\n${}\r\n{key}\r\n", key.len());
+            reader
+                .get_mut()
+                .write_all(cmd.as_bytes())
+                .await
+                .expect("EXISTS");
+            let reply = read_reply(&mut reader).await.expect("EXISTS answered");
+            if reply.first().map(String::as_str) == Some("1") {
+                found += 1;
+                self.writes
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .entry(id.clone())
+                    .or_default()
+                    .push(Write {
+                        epoch,
+                        at_ms: before_ms,
+                    });
+            }
+        }
+        found
+    }
+
     /// Every write seen, by task id.
     pub fn writes(&self) -> HashMap<String, Vec<Write>> {
         self.writes

@@ -36,6 +36,8 @@ pub(super) async fn store_restart(backend: Backend, size: Size, root: &Path, aof
     tokio::time::sleep(Duration::from_secs(3)).await;
     w.redis.restart().await;
     w.oracle.attach(w.redis.port, false).await;
+    let ids: Vec<String> = w.sent.iter().map(|id| id.to_string()).collect();
+    let unheard = w.oracle.recover(w.redis.port, &ids, down_at).await;
     let up_at = now_ms();
     w.redis_proxy.reset();
     let drained = w.wait_written(DRAIN).await;
@@ -79,7 +81,7 @@ pub(super) async fn store_restart(backend: Backend, size: Size, root: &Path, aof
         }
     }
     j.row.notes.push(format!(
-        "runs started while down: {started_down}; completed tasks run again: {reruns}; results lost with the data: {lost_with_data}"
+        "runs started while down: {started_down}; completed tasks run again: {reruns}; results lost with the data: {lost_with_data}; writes whose notice died with the server: {unheard}"
     ));
     j.row.check(drained, "not every task finished");
     j.row
