@@ -26,7 +26,7 @@ use crate::send::Entry;
 pub(crate) const HOLD: Duration = Duration::from_secs(30);
 
 /// Attributes a dead letter carries that its redriven copy must not.
-const PARKING_ATTRIBUTES: [&str; 7] = [
+const PARKING_ATTRIBUTES: [&str; 8] = [
     "ferriq_reason",
     "ferriq_detail",
     "ferriq_task_name",
@@ -34,6 +34,7 @@ const PARKING_ATTRIBUTES: [&str; 7] = [
     "ferriq_source_queue",
     "ferriq_receive_count",
     crate::receive::NOT_BEFORE_ATTRIBUTE,
+    crate::receive::EARLIER_RECEIVES_ATTRIBUTE,
 ];
 
 /// A dead letter held by its visibility.

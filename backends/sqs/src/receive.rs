@@ -22,6 +22,11 @@ use crate::queue::Queue;
 /// when a release is longer than SQS's 900-second `DelaySeconds`).
 pub(crate) const NOT_BEFORE_ATTRIBUTE: &str = "ferriq_not_before";
 
+/// Our message attribute: receives of the copies a fresh copy replaced. SQS counts each copy
+/// from zero; a delivery's receive count is SQS's count plus this, so limits that count
+/// receives (an unknown task's) hold across copies.
+pub(crate) const EARLIER_RECEIVES_ATTRIBUTE: &str = "ferriq_earlier_receives";
+
 /// What a delivery's handle keeps: enough to delete it, change its visibility, or copy it.
 pub(crate) struct Held {
     pub(crate) broker: u64,
@@ -30,7 +35,11 @@ pub(crate) struct Held {
     /// Taken just before the receive call: SQS's 12-hour visibility budget runs from the
     /// receive, and an earlier instant keeps every ask inside it.
     pub(crate) received_at: Instant,
+    /// Receives of this message and of the copies it replaced.
     pub(crate) receive_count: u32,
+    /// SQS's own count for this copy (`ApproximateReceiveCount`): what `maxReceiveCount`
+    /// compares.
+    pub(crate) sqs_receive_count: u32,
     pub(crate) body: String,
     pub(crate) attributes: HashMap<String, MessageAttributeValue>,
     pub(crate) group_id: Option<String>,
@@ -259,7 +268,7 @@ fn delivery(
 ) -> Option<Delivery> {
     let receipt = m.receipt_handle?;
     let system = m.attributes.unwrap_or_default();
-    let receive_count = system
+    let sqs_receive_count = system
         .get(&MessageSystemAttributeName::ApproximateReceiveCount)
         .and_then(|c| c.parse::<u32>().ok())
         .unwrap_or(1)
@@ -270,6 +279,10 @@ fn delivery(
     let attributes = m.message_attributes.unwrap_or_default();
     let text = |name: &str| attributes.get(name).and_then(|v| v.string_value());
     let task_id = text("task_id").map(str::to_owned);
+    let receive_count = text(EARLIER_RECEIVES_ATTRIBUTE)
+        .and_then(|n| n.parse::<u32>().ok())
+        .unwrap_or(0)
+        .saturating_add(sqs_receive_count);
     let not_before = text(NOT_BEFORE_ATTRIBUTE)
         .and_then(|ms| ms.parse::<f64>().ok())
         .map(|ms| ms / 1000.0);
@@ -280,6 +293,7 @@ fn delivery(
         receipt,
         received_at,
         receive_count,
+        sqs_receive_count,
         body: body.clone(),
         attributes,
         group_id,

@@ -17,7 +17,7 @@ use tokio::time::Instant;
 use crate::broker::Shared;
 use crate::error::{broker_error, code_of, describe, is_lost_handle};
 use crate::queue::Queue;
-use crate::receive::{Held, NOT_BEFORE_ATTRIBUTE};
+use crate::receive::{Held, EARLIER_RECEIVES_ATTRIBUTE, NOT_BEFORE_ATTRIBUTE};
 use crate::send::{number, text, Entry, MAX_DELAY_SECS};
 
 /// How long SQS keeps a message invisible at most, counted from the receive.
@@ -192,7 +192,7 @@ impl Shared {
         if secs == 0 || held.queue.fifo {
             return self.change_visibility(handle, secs).await;
         }
-        if held.receive_count < self.resend_after() {
+        if held.sqs_receive_count < self.resend_after() {
             if secs + 5 <= left {
                 return self.change_visibility(handle, secs).await;
             }
@@ -210,9 +210,15 @@ impl Shared {
         let mut attributes: Vec<_> = held
             .attributes
             .iter()
-            .filter(|(k, _)| k.as_str() != NOT_BEFORE_ATTRIBUTE)
+            .filter(|(k, _)| {
+                k.as_str() != NOT_BEFORE_ATTRIBUTE && k.as_str() != EARLIER_RECEIVES_ATTRIBUTE
+            })
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
+        attributes.push((
+            EARLIER_RECEIVES_ATTRIBUTE.to_owned(),
+            number(held.receive_count),
+        ));
         if secs > MAX_DELAY_SECS {
             attributes.push((
                 NOT_BEFORE_ATTRIBUTE.to_owned(),

@@ -298,3 +298,31 @@ async fn a_backlog_drains_back_to_back() {
     );
     worker.stop().await;
 }
+
+/// With the default limit (5 receives) an unknown task is parked too: a release that sends a
+/// fresh copy (every third receive) carries the earlier receives along, so the count reaches
+/// the limit although SQS counts each copy from zero.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_task_is_parked_at_the_default_limit_across_copies() {
+    let queues = Queues::create(QueueOptions::default()).await;
+    let store = Arc::new(MemoryStore::new());
+    let mut config = WorkerConfig::default();
+    config.unknown_task_release = Duration::from_secs(1);
+    assert_eq!(config.max_unroutable_receives, 5, "the default");
+    let worker = RunningWorker::spawn(
+        worker(queues.broker().await, store.clone(), Arc::default())
+            .config(config)
+            .build()
+            .unwrap(),
+    );
+    let client = Client::new(Arc::new(queues.broker().await), store);
+    let unknown = client
+        .enqueue_message(TaskMessage::new("sqs.nobody_serves_this"))
+        .await
+        .unwrap();
+    match unknown.wait(WAIT).await {
+        Err(WaitError::Failed(f)) => assert_eq!(f.kind, Some(ErrorKind::UnknownTask)),
+        other => panic!("expected UnknownTask, got {other:?}"),
+    }
+    worker.stop().await;
+}
