@@ -19,7 +19,8 @@
 //!   (a lone delete goes at once). A release changes the visibility — or, once a message has
 //!   been received [`resend_after_receives`](SqsBrokerBuilder::resend_after_receives) times (3)
 //!   or the wait outlasts its visibility budget, sends a fresh copy and deletes the original,
-//!   so deferred and long-delayed tasks never reach the queue's `maxReceiveCount`. A dead
+//!   so deferred and long-delayed tasks never reach the queue's `maxReceiveCount`. The copy
+//!   carries its earlier receives, so the worker's own receive limits still count them. A dead
 //!   letter is a copy sent to the dead-letter queue with `ferriq_reason`, `ferriq_detail`,
 //!   `ferriq_task_name`, `ferriq_attempts`, `ferriq_source_queue` and `task_id` attributes,
 //!   then the original deleted.
