@@ -295,33 +295,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             )
         }
         "amqp" => {
-            let (exchange, queue, prefix) = (
-                format!("fqbench.{tag}.x"),
-                format!("fqbench.{tag}"),
-                format!("fqbench{tag}"),
-            );
-            let store = Arc::new(valkey(&prefix).await);
-            let client = Client::new(Arc::new(amqp(&exchange, &queue).await), store.clone());
-            let mut child = tokio::process::Command::new(std::env::current_exe()?)
-                .args([
-                    "--role",
-                    "worker",
-                    "--exchange",
-                    &exchange,
-                    "--queue",
-                    &queue,
-                    "--prefix",
-                    &prefix,
-                ])
-                .stdin(std::process::Stdio::piped())
-                .stdout(std::process::Stdio::piped())
-                .kill_on_drop(true)
-                .spawn()?;
-            let pid = child.id().unwrap_or(0);
-            let figures = drive(&client, n, lat_n).await;
-            let rss = peak_rss_mib(pid);
-            drop(child.stdin.take()); // the worker drains and exits
-            let _ = tokio::time::timeout(Duration::from_secs(30), child.wait()).await;
+            let mut world = AmqpWorld::start(tag).await?;
+            let figures = drive(&world.client, n, lat_n).await;
+            let rss = peak_rss_mib(world.pid);
+            world.stop_worker().await;
             let raw = raw_lapin(&format!("fqbench.{tag}.raw"), n, CONCURRENCY as u16).await;
             let raw_rtt = raw_lapin_round_trips(&format!("fqbench.{tag}.rtt"), lat_n).await;
             println!(
@@ -329,8 +306,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 percentile(&raw_rtt, 50.0),
                 percentile(&raw_rtt, 99.0)
             );
-            let _ = store.purge_prefix().await;
-            ferriq_examples::delete_amqp_topology(&exchange, &queue).await;
+            world.remove().await;
             (figures, raw, rss, "RabbitMQ quorum queue (confirms, persistent) + Redis claims/results, worker in its own process")
         }
         "sqs" => {
@@ -366,27 +342,65 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
+/// A unique exchange, lane and key prefix on RabbitMQ + Redis, a client on them, and a worker
+/// process (`--role worker`) serving them.
+struct AmqpWorld {
+    exchange: String,
+    queue: String,
+    store: Arc<ValkeyStore>,
+    client: Client,
+    child: tokio::process::Child,
+    pid: u32,
+}
+
+impl AmqpWorld {
+    async fn start(tag: &str) -> Result<Self, Box<dyn std::error::Error>> {
+        let (exchange, queue, prefix) = (
+            format!("fqbench.{tag}.x"),
+            format!("fqbench.{tag}"),
+            format!("fqbench{tag}"),
+        );
+        let store = Arc::new(valkey(&prefix).await);
+        let client = Client::new(Arc::new(amqp(&exchange, &queue).await), store.clone());
+        let child = tokio::process::Command::new(std::env::current_exe()?)
+            .args(["--role", "worker", "--exchange", &exchange])
+            .args(["--queue", &queue, "--prefix", &prefix])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()?;
+        let pid = child.id().unwrap_or(0);
+        Ok(AmqpWorld {
+            exchange,
+            queue,
+            store,
+            client,
+            child,
+            pid,
+        })
+    }
+
+    /// Closes the worker's stdin: it drains and exits (waited for up to 30 s).
+    async fn stop_worker(&mut self) {
+        drop(self.child.stdin.take());
+        let _ = tokio::time::timeout(Duration::from_secs(30), self.child.wait()).await;
+    }
+
+    /// Deletes the keys and the RabbitMQ topology the run made.
+    async fn remove(self) {
+        let _ = self.store.purge_prefix().await;
+        ferriq_examples::delete_amqp_topology(&self.exchange, &self.queue).await;
+    }
+}
+
 /// `--broker amqp --backlog N`: the worker process's resident set idle (connected, two
 /// seconds after it is ready, nothing queued), then its peak while N tasks are enqueued as
 /// fast as the producer can and drained.
 async fn rss_run(tag: &str, backlog: u64) -> Result<(), Box<dyn std::error::Error>> {
     use tokio::io::AsyncBufReadExt;
-    let (exchange, queue, prefix) = (
-        format!("fqbench.{tag}.x"),
-        format!("fqbench.{tag}"),
-        format!("fqbench{tag}"),
-    );
-    let store = Arc::new(valkey(&prefix).await);
-    let client = Client::new(Arc::new(amqp(&exchange, &queue).await), store.clone());
-    let mut child = tokio::process::Command::new(std::env::current_exe()?)
-        .args(["--role", "worker", "--exchange", &exchange])
-        .args(["--queue", &queue, "--prefix", &prefix])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()?;
-    let pid = child.id().unwrap_or(0);
-    let stdout = child.stdout.take().ok_or("no worker stdout")?;
+    let mut world = AmqpWorld::start(tag).await?;
+    let (client, pid) = (world.client.clone(), world.pid);
+    let stdout = world.child.stdout.take().ok_or("no worker stdout")?;
     let mut ready = String::new();
     tokio::io::BufReader::new(stdout)
         .read_line(&mut ready)
@@ -408,10 +422,8 @@ async fn rss_run(tag: &str, backlog: u64) -> Result<(), Box<dyn std::error::Erro
     }
     let drained = started.elapsed();
     let peak = peak_rss_mib(pid);
-    drop(child.stdin.take());
-    let _ = tokio::time::timeout(Duration::from_secs(30), child.wait()).await;
-    let _ = store.purge_prefix().await;
-    ferriq_examples::delete_amqp_topology(&exchange, &queue).await;
+    world.stop_worker().await;
+    world.remove().await;
     println!("ferriq bench_e2e --backlog {backlog}: RabbitMQ + Redis, worker in its own process, concurrency {CONCURRENCY}");
     println!("CPU: {}", ferriq_examples::cpu_model());
     println!(

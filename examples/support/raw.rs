@@ -12,12 +12,12 @@ use futures_util::StreamExt;
 
 use crate::amqp_url;
 
-/// Raw lapin: persistent messages, confirms in batches of 1000, a prefetch-64 consumer acking
-/// each, on a quorum queue; publisher and consumer at once. Messages per second end to end.
-pub async fn raw_lapin(queue: &str, n: u64, prefetch: u16) -> f64 {
-    use lapin::options::*;
+/// A connection to the test RabbitMQ and a channel on it, with `queue` declared as a durable
+/// quorum queue.
+async fn quorum_queue(queue: &str) -> (lapin::Connection, lapin::Channel) {
+    use lapin::options::QueueDeclareOptions;
     use lapin::types::{AMQPValue, FieldTable};
-    use lapin::{BasicProperties, Connection, ConnectionProperties};
+    use lapin::{Connection, ConnectionProperties};
     let conn = Connection::connect(&amqp_url(), ConnectionProperties::default())
         .await
         .unwrap();
@@ -30,6 +30,16 @@ pub async fn raw_lapin(queue: &str, n: u64, prefetch: u16) -> f64 {
     ch.queue_declare(queue.into(), QueueDeclareOptions::durable(), args)
         .await
         .unwrap();
+    (conn, ch)
+}
+
+/// Raw lapin: persistent messages, confirms in batches of 1000, a prefetch-64 consumer acking
+/// each, on a quorum queue; publisher and consumer at once. Messages per second end to end.
+pub async fn raw_lapin(queue: &str, n: u64, prefetch: u16) -> f64 {
+    use lapin::options::*;
+    use lapin::types::FieldTable;
+    use lapin::BasicProperties;
+    let (conn, ch) = quorum_queue(queue).await;
     let consumer_ch = conn.create_channel().await.unwrap();
     consumer_ch
         .basic_qos(prefetch, BasicQosOptions::default())
@@ -91,20 +101,9 @@ pub async fn raw_lapin(queue: &str, n: u64, prefetch: u16) -> f64 {
 /// broker's share of a task's round trip, with no store.
 pub async fn raw_lapin_round_trips(queue: &str, n: usize) -> Vec<f64> {
     use lapin::options::*;
-    use lapin::types::{AMQPValue, FieldTable};
-    use lapin::{BasicProperties, Connection, ConnectionProperties};
-    let conn = Connection::connect(&amqp_url(), ConnectionProperties::default())
-        .await
-        .unwrap();
-    let ch = conn.create_channel().await.unwrap();
-    let mut args = FieldTable::default();
-    args.insert(
-        "x-queue-type".into(),
-        AMQPValue::LongString("quorum".into()),
-    );
-    ch.queue_declare(queue.into(), QueueDeclareOptions::durable(), args)
-        .await
-        .unwrap();
+    use lapin::types::FieldTable;
+    use lapin::BasicProperties;
+    let (conn, ch) = quorum_queue(queue).await;
     ch.confirm_select(ConfirmSelectOptions::default())
         .await
         .unwrap();
