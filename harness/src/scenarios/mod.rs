@@ -398,8 +398,11 @@ async fn poison_abort(backend: Backend, root: &Path) -> Row {
         gap.unwrap_or(0)
     ));
     j.row.check(most <= 6, format!("{most} runs of one task"));
+    // Both parked, for that reason only. A worker killed between sending a fresh copy and
+    // deleting the original (SQS releases) leaves two copies: both may be parked (one CI run
+    // saw 3 dead letters for the 2 tasks), a duplicate the design allows.
     j.row.check(
-        reasons.get("retries_exhausted") == Some(&2),
+        reasons.len() == 1 && reasons.get("retries_exhausted").is_some_and(|n| *n >= 2),
         "not parked as retries_exhausted",
     );
     j.row.check(
