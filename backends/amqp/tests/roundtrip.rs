@@ -207,6 +207,38 @@ async fn depth_and_health_report_the_queue() {
 }
 
 #[tokio::test]
+async fn a_batch_arrives_in_the_order_it_was_published() {
+    // A batch is handed to the connection all at once (pipelined), not one message per write:
+    // it must still go out, and so arrive, in order.
+    let topology = Topology::new();
+    let broker = topology.broker().await;
+    let msgs: Vec<_> = (0..2000)
+        .map(|i| OutgoingMessage::from_message(&add::call(i, 0).into_message().unwrap()).unwrap())
+        .collect();
+    let sent: Vec<String> = msgs.iter().map(|m| m.task_id.to_string()).collect();
+    broker.publish(msgs).await.unwrap();
+    let mut received = Vec::new();
+    let deadline = Instant::now() + WAIT;
+    while received.len() < sent.len() {
+        assert!(
+            Instant::now() < deadline,
+            "{} of {} arrived",
+            received.len(),
+            sent.len()
+        );
+        for d in broker
+            .receive(64, Duration::from_millis(200))
+            .await
+            .unwrap()
+        {
+            received.push(d.task_id.clone().expect("the task_id header"));
+            broker.ack(&d.handle).await.unwrap();
+        }
+    }
+    assert!(received == sent, "the batch arrived out of order");
+}
+
+#[tokio::test]
 async fn the_delivery_limit_backstop_parks_a_looping_message() {
     let topology = Topology::new();
     let broker = topology
