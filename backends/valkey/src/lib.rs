@@ -12,7 +12,8 @@
 //! - Results are taskiq `TaskiqResult` JSON at `{prefix}:{task_id}` (taskiq-redis reads them with
 //!   `prefix_str=prefix` and `JSONSerializer`), written `NX` by the fenced `complete` script.
 //! - `wait` is woken by a pub/sub notification on this process's reply channel (one
-//!   subscriber connection for every waiter). A task enqueued without a `reply_to` (by a Python
+//!   subscriber connection for every waiter), which carries the stored result (up to 8 KiB) so
+//!   the waiter does not read it back. A task enqueued without a `reply_to` (by a Python
 //!   producer) is announced on its own channel, so every wait still unanswered after its first
 //!   re-read (100 ms) subscribes there as well (a subscription per long wait, whoever enqueued
 //!   the task), and leaves when its last waiter does. A task another

@@ -136,9 +136,10 @@ return r.failures
 /// The fenced write, for one task or many at once. KEYS: claim and result of each task, in
 /// pairs. ARGV: result ttl ms ('0' = none), claim ttl ms, then per task: token, store
 /// ('1'/'0'), result JSON, channel, task id. Returns per task 'stored' | 'already' | 'stale' |
-/// 'revoked' | 'err <message>' (that task only). Completions are announced once per channel per batch, the task ids separated by
-/// spaces (task ids hold no whitespace): each `PUBLISH` costs the server a write to every
-/// subscriber, so one per task was an eighth of the batch's cost.
+/// 'revoked' | 'err <message>' (that task only). Completions are announced once per channel
+/// per batch, a line per task (each `PUBLISH` costs the server a write to every subscriber, so
+/// one per task was an eighth of the batch's cost): the task id, then a tab and the result JSON
+/// when this call stored it (the waiter then has it without reading it back).
 const COMPLETE: &str = r#"
 local channels, announced = {}, {}
 local function complete(ck, rk, tok, store, json, channel, id, result_ttl, claim_ttl)
@@ -165,11 +166,15 @@ local function complete(ck, rk, tok, store, json, channel, id, result_ttl, claim
   -- Completed after its lease ran out (heartbeats failing, nobody took over): the TTL left
   -- from the last renewal may be short of claim_ttl.
   if redis.call('PTTL', ck) < tonumber(claim_ttl) then redis.call('PEXPIRE', ck, claim_ttl) end
-  local ids = announced[channel]
-  if ids then
-    ids[#ids + 1] = id
+  -- A result this call stored travels with its announcement (up to 8 KiB): the waiter need
+  -- not read it back. One someone else stored ('already') is read by the waiter as usual.
+  local line = id
+  if outcome == 'stored' and store == '1' and #json <= 8192 then line = id .. '\t' .. json end
+  local lines = announced[channel]
+  if lines then
+    lines[#lines + 1] = line
   else
-    announced[channel] = {id}
+    announced[channel] = {line}
     channels[#channels + 1] = channel
   end
   return outcome
@@ -182,7 +187,7 @@ for i = 1, #KEYS / 2 do
 end
 -- The results are written either way; a lost announcement only delays waiters to a re-read.
 for _, channel in ipairs(channels) do
-  pcall(redis.call, 'PUBLISH', channel, table.concat(announced[channel], ' '))
+  pcall(redis.call, 'PUBLISH', channel, table.concat(announced[channel], '\n'))
 end
 return out
 "#;

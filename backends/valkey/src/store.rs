@@ -471,6 +471,12 @@ impl ResultStore for ValkeyStore {
             let notified = guard.notify.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
+            // The completion announced here carried the stored result: no read needed.
+            if let Some(json) = guard.announced_result() {
+                if let Ok(result) = serde_json::from_str(&json) {
+                    return Ok(ResultStatus::Ready(result));
+                }
+            }
             match self.get(id).await {
                 Ok(ResultStatus::Ready(r)) => return Ok(ResultStatus::Ready(r)),
                 Ok(_) => {}

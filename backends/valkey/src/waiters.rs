@@ -29,6 +29,9 @@ struct Entry {
     count: usize,
     /// The task's own channel, once a waiter of it subscribes there.
     task_channel: Option<String>,
+    /// The result as its completion announced it (the JSON the worker stored), when the
+    /// announcement carried it: waiters take it from here instead of reading it back.
+    result: Option<Arc<str>>,
 }
 
 /// One waiter's registration; unregisters on drop.
@@ -57,6 +60,14 @@ impl Drop for WaiterGuard {
 }
 
 impl WaiterGuard {
+    /// The stored result JSON an announcement carried, if one did.
+    pub(crate) fn announced_result(&self) -> Option<Arc<str>> {
+        self.waiters
+            .lock()
+            .get(&self.id)
+            .and_then(|e| e.result.clone())
+    }
+
     /// Subscribes to the task's own completion channel (where tasks enqueued without a
     /// `reply_to` are announced). Every waiter subscribes for itself (the server keeps one
     /// subscription) and returns once the server confirmed it, so a read after this cannot miss
@@ -130,6 +141,7 @@ impl Waiters {
             notify: Arc::new(Notify::new()),
             count: 0,
             task_channel: None,
+            result: None,
         });
         entry.count += 1;
         WaiterGuard {
@@ -140,7 +152,16 @@ impl Waiters {
     }
 
     pub(crate) fn wake(&self, id: &str) {
-        if let Some(e) = self.lock().get(id) {
+        self.wake_with(id, None);
+    }
+
+    /// Wakes the waiters of `id`, leaving them the stored result JSON when the announcement
+    /// carried it.
+    fn wake_with(&self, id: &str, result: Option<&str>) {
+        if let Some(e) = self.lock().get_mut(id) {
+            if let Some(json) = result {
+                e.result = Some(Arc::from(json));
+            }
             e.notify.notify_waiters();
         }
     }
@@ -153,10 +174,21 @@ impl Waiters {
     }
 }
 
-/// The task ids one completion message names: a batch of completes announces its tasks in one
-/// message, separated by spaces (task ids hold no whitespace).
-fn announced(payload: &str) -> impl Iterator<Item = &str> {
-    payload.split(' ').filter(|id| !id.is_empty())
+/// The tasks one completion message names, each with its stored result JSON when the message
+/// carries it. A batch of completes announces its tasks in one message: one line per task,
+/// `task_id` or `task_id<TAB>result JSON` (compact JSON holds no raw tab or newline, task ids no
+/// whitespace). A line without a tab may also name several ids separated by spaces (the format
+/// before results were carried), so both are read.
+fn announced(payload: &str) -> impl Iterator<Item = (&str, Option<&str>)> {
+    payload.split('\n').flat_map(|line| {
+        let (ids, result) = match line.split_once('\t') {
+            Some((id, json)) => (id, Some(json)),
+            None => (line, None),
+        };
+        ids.split(' ')
+            .filter(|id| !id.is_empty())
+            .map(move |id| (id, result))
+    })
 }
 
 /// Reads completion messages and wakes the matching waiters; wakes all after a reconnect or
@@ -174,7 +206,7 @@ pub(crate) fn spawn_dispatcher(
             tokio::select! {
                 msg = messages.recv() => match msg {
                     Ok(msg) => match msg.value.as_str() {
-                        Some(payload) => announced(&payload).for_each(|id| waiters.wake(id)),
+                        Some(payload) => announced(&payload).for_each(|(id, result)| waiters.wake_with(id, result)),
                         None => waiters.wake_all(),
                     },
                     Err(RecvError::Lagged(n)) => {
@@ -245,7 +277,7 @@ mod tests {
         for w in [wa.as_mut(), wb.as_mut(), wc.as_mut()] {
             w.enable();
         }
-        announced("a1 c3").for_each(|id| waiters.wake(id));
+        announced("a1 c3").for_each(|(id, result)| waiters.wake_with(id, result));
         let poll = |f: std::pin::Pin<&mut tokio::sync::futures::Notified<'_>>| {
             let waker = std::task::Waker::noop();
             f.poll(&mut std::task::Context::from_waker(waker))
@@ -254,7 +286,23 @@ mod tests {
         assert!(poll(wa.as_mut()));
         assert!(!poll(wb.as_mut()));
         assert!(poll(wc.as_mut()));
-        assert_eq!(announced("x").collect::<Vec<_>>(), ["x"]);
+        assert_eq!(announced("x").collect::<Vec<_>>(), [("x", None)]);
         assert_eq!(announced("").count(), 0);
+        assert!(a.announced_result().is_none());
+    }
+
+    #[test]
+    fn results_carried_by_an_announcement_reach_their_waiters() {
+        let waiters = Arc::new(Waiters::default());
+        let (a, b) = (waiters.register("a1"), waiters.register("b2"));
+        let json = r#"{"is_err":false,"return_value":"two words\tand a tab"}"#;
+        let payload = format!("a1\t{json}\nb2");
+        assert_eq!(
+            announced(&payload).collect::<Vec<_>>(),
+            [("a1", Some(json)), ("b2", None)]
+        );
+        announced(&payload).for_each(|(id, result)| waiters.wake_with(id, result));
+        assert_eq!(a.announced_result().as_deref(), Some(json));
+        assert!(b.announced_result().is_none());
     }
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use common::ok;
 use ferriq::store::{ResultStatus, ResultStore, Token};
-use ferriq::wire::TaskId;
+use ferriq::wire::{TaskId, TaskResult};
 use serde_json::json;
 use tokio::time::Instant;
 
@@ -219,7 +219,7 @@ async fn wait_times_out_with_pending() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_completes_are_announced_together_each_task_once() {
     // One batch in flight at a time: completes arriving meanwhile form the next batch, whose
-    // announcement names all of them (ids separated by spaces).
+    // announcement names all of them (a line each, with the result stored).
     let store =
         Arc::new(common::store_at(&common::url(), &common::prefix(), |b| b.pool_size(1)).await);
     let channel = format!("{}:test-announcements", store.prefix());
@@ -252,12 +252,20 @@ async fn concurrent_completes_are_announced_together_each_task_once() {
             .await
             .expect("every completion is announced")
             .unwrap();
+        // A line per task: its id, a tab, and the result this complete stored.
         let names: Vec<String> = msg
             .value
             .as_string()
             .unwrap()
-            .split(' ')
-            .map(str::to_owned)
+            .split('\n')
+            .map(|line| {
+                let (id, json) = line
+                    .split_once('\t')
+                    .expect("the result travels with its id");
+                let carried: TaskResult = serde_json::from_str(json).unwrap();
+                assert_eq!(carried, ok(json!(1)));
+                id.to_owned()
+            })
             .collect();
         largest = largest.max(names.len());
         announced.extend(names);
@@ -268,4 +276,36 @@ async fn concurrent_completes_are_announced_together_each_task_once() {
     assert_eq!(announced, expected, "each task announced exactly once");
     assert!(largest > 1, "completes were not announced together");
     fred::prelude::ClientLike::quit(&subscriber).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_waiter_takes_the_result_its_announcement_carries() {
+    // The announcement of a stored result carries it: the waiter answers without reading it
+    // back. Here nothing is stored at all, so only the announcement can answer.
+    let store = common::store_at(&common::url(), &common::prefix(), |b| {
+        b.recheck_interval(Duration::from_secs(60))
+    })
+    .await;
+    let id = TaskId::random();
+    let waiter = {
+        let (store, id) = (store.clone(), id.clone());
+        tokio::spawn(async move { store.wait(&id, Duration::from_secs(30)).await.unwrap() })
+    };
+    let raw = common::raw_client(&common::url()).await;
+    let channel = format!("{}:done:{}", store.prefix(), id);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while common::subscribers(&raw, &channel).await == 0 {
+        assert!(Instant::now() < deadline, "the waiter never parked");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let line = format!("{id}\t{}", serde_json::to_string(&ok(json!(7))).unwrap());
+    let _: i64 = fred::prelude::PubsubInterface::publish(&raw, &channel, line)
+        .await
+        .unwrap();
+    let r = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the announcement answers the wait")
+        .unwrap();
+    assert_eq!(r, ResultStatus::Ready(ok(json!(7))));
+    fred::prelude::ClientLike::quit(&raw).await.unwrap();
 }
