@@ -168,14 +168,19 @@ local function complete(ck, rk, tok, store, json, channel, id, result_ttl, claim
   if redis.call('PTTL', ck) < tonumber(claim_ttl) then redis.call('PEXPIRE', ck, claim_ttl) end
   -- A result this call stored travels with its announcement (up to 8 KiB): the waiter need
   -- not read it back. One someone else stored ('already') is read by the waiter as usual.
-  local line = id
-  if outcome == 'stored' and store == '1' and #json <= 8192 then line = id .. '\t' .. json end
-  local lines = announced[channel]
-  if lines then
-    lines[#lines + 1] = line
+  -- Pieces of the message, joined once at the end (no string built per task).
+  local pieces = announced[channel]
+  if pieces then
+    pieces[#pieces + 1] = '\n'
   else
-    announced[channel] = {line}
+    pieces = {}
+    announced[channel] = pieces
     channels[#channels + 1] = channel
+  end
+  pieces[#pieces + 1] = id
+  if outcome == 'stored' and store == '1' and #json <= 8192 then
+    pieces[#pieces + 1] = '\t'
+    pieces[#pieces + 1] = json
   end
   return outcome
 end
@@ -187,7 +192,7 @@ for i = 1, #KEYS / 2 do
 end
 -- The results are written either way; a lost announcement only delays waiters to a re-read.
 for _, channel in ipairs(channels) do
-  pcall(redis.call, 'PUBLISH', channel, table.concat(announced[channel], '\n'))
+  pcall(redis.call, 'PUBLISH', channel, table.concat(announced[channel]))
 end
 return out
 "#;
