@@ -7,6 +7,7 @@
 //! cargo run --release --example bench_e2e -- --broker amqp   [--tasks 10000] [--lat-n 1000]
 //! cargo run --release --example bench_e2e -- --broker sqs    # FERRIQ_SQS_ENDPOINT, else fauxqs
 //! cargo run --release --example bench_e2e -- --broker memory [--middlewares 3]
+//! cargo run --release --example bench_e2e -- --broker amqp --rounds 5   # 5 interleaved ratios
 //! cargo run --release --example bench_e2e -- --broker amqp --steady 60   # + 60 s at 70 % load
 //! cargo run --release --example bench_e2e -- --broker amqp --backlog 100000 # worker RSS
 //! ```
@@ -27,7 +28,9 @@ use ferriq::broker::Broker;
 use ferriq::memory::{MemoryBroker, MemoryStore};
 use ferriq::{Client, Registry, Shutdown, Worker};
 use ferriq_amqp::AmqpBroker;
-use ferriq_examples::raw::{raw_lapin, raw_lapin_round_trips, raw_memory, raw_sqs};
+use ferriq_examples::raw::{
+    raw_lapin, raw_lapin_pipelined, raw_lapin_round_trips, raw_memory, raw_sqs,
+};
 use ferriq_examples::{amqp_url, arg, peak_rss_mib, percentile, redis_url};
 use ferriq_sqs::SqsBroker;
 use ferriq_valkey::ValkeyStore;
@@ -183,9 +186,9 @@ async fn steady(client: &Client, rate: f64, secs: u64) -> Vec<f64> {
     lat
 }
 
-async fn drive(client: &Client, n: u64, lat_n: usize) -> Figures {
+/// Readiness and warm-up (not recorded): one task, then 200.
+async fn warm_up(client: &Client) {
     let wait = Duration::from_secs(120);
-    // Readiness and warm-up (not recorded).
     noop::kiq(client, 0)
         .await
         .unwrap()
@@ -199,7 +202,12 @@ async fn drive(client: &Client, n: u64, lat_n: usize) -> Figures {
     for h in warm {
         h.wait(wait).await.unwrap();
     }
+}
 
+/// N tasks enqueued in batches of 1000, then every result awaited: (enqueue, end to end)
+/// seconds.
+async fn bulk(client: &Client, n: u64) -> (Duration, Duration) {
+    let wait = Duration::from_secs(120);
     let start = Instant::now();
     let mut handles = Vec::with_capacity(n as usize);
     let ids: Vec<u64> = (0..n).collect();
@@ -224,22 +232,32 @@ async fn drive(client: &Client, n: u64, lat_n: usize) -> Figures {
             }
         })
         .await;
-    let e2e = start.elapsed();
     assert_eq!(bad.load(Ordering::Relaxed), 0, "wrong or missing results");
+    (enqueued, start.elapsed())
+}
 
+/// `lat_n` sequential round trips (enqueue one, await its result), in ms, sorted.
+async fn round_trips(client: &Client, lat_n: usize) -> Vec<f64> {
     let mut lat_ms = Vec::with_capacity(lat_n);
     for i in 0..lat_n {
         let t = Instant::now();
         let v = noop::kiq(client, i as u64)
             .await
             .unwrap()
-            .wait(wait)
+            .wait(Duration::from_secs(120))
             .await
             .unwrap();
         assert_eq!(v, i as u64);
         lat_ms.push(t.elapsed().as_secs_f64() * 1e3);
     }
     lat_ms.sort_by(|a, b| a.total_cmp(b));
+    lat_ms
+}
+
+async fn drive(client: &Client, n: u64, lat_n: usize) -> Figures {
+    warm_up(client).await;
+    let (enqueued, e2e) = bulk(client, n).await;
+    let lat_ms = round_trips(client, lat_n).await;
     let e2e_per_s = n as f64 / e2e.as_secs_f64();
     let steady_secs: u64 = arg("--steady", "0").parse().unwrap_or(0);
     let steady = if steady_secs > 0 {
@@ -280,6 +298,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (figures, raw, rss, what) = match broker_kind.as_str() {
         "amqp" if arg("--backlog", "0") != "0" => {
             return rss_run(tag, arg("--backlog", "0").parse()?).await;
+        }
+        "amqp" if arg("--rounds", "0") != "0" => {
+            return amqp_rounds(tag, n, lat_n, arg("--rounds", "0").parse()?).await;
         }
         "memory" if arg("--rounds", "0") != "0" => {
             return compare_middlewares(n, lat_n, arg("--rounds", "0").parse()?).await;
@@ -391,6 +412,74 @@ impl AmqpWorld {
         let _ = self.store.purge_prefix().await;
         ferriq_examples::delete_amqp_topology(&self.exchange, &self.queue).await;
     }
+}
+
+/// `--broker amqp --rounds R`: R rounds, each ferriq's bulk run of N tasks then raw lapin's
+/// N messages on a fresh queue, back to back; then both round-trip sets. One worker process
+/// throughout (idle while raw runs). Single runs swing 10–20 % on a shared 2-core machine;
+/// the median of R interleaved ratios is the figure to compare.
+async fn amqp_rounds(
+    tag: &str,
+    n: u64,
+    lat_n: usize,
+    rounds: usize,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let mut world = AmqpWorld::start(tag).await?;
+    warm_up(&world.client).await;
+    println!("ferriq bench_e2e --rounds {rounds}: RabbitMQ quorum queue + Redis, worker in its own process; N={n}, concurrency {CONCURRENCY}");
+    println!("CPU: {}", ferriq_examples::cpu_model());
+    println!("| round | enqueue tasks/s | end to end tasks/s | raw msgs/s | ratio | raw pipelined msgs/s | ratio |");
+    println!("|---|---|---|---|---|---|---|");
+    let (mut e2e, mut ratios, mut piped) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 1..=rounds {
+        let (enqueued, took) = bulk(&world.client, n).await;
+        let raw = raw_lapin(&format!("fqbench.{tag}.raw{round}"), n, CONCURRENCY as u16).await;
+        let raw_piped = raw_lapin_pipelined(
+            &format!("fqbench.{tag}.piped{round}"),
+            n,
+            CONCURRENCY as u16,
+        )
+        .await;
+        let per_s = n as f64 / took.as_secs_f64();
+        println!(
+            "| {round} | {:.0} | {per_s:.0} | {raw:.0} | {:.3} | {raw_piped:.0} | {:.3} |",
+            n as f64 / enqueued.as_secs_f64(),
+            per_s / raw,
+            per_s / raw_piped
+        );
+        e2e.push(per_s);
+        ratios.push(per_s / raw);
+        piped.push(per_s / raw_piped);
+    }
+    let lat_ms = round_trips(&world.client, lat_n).await;
+    let rss = peak_rss_mib(world.pid);
+    world.stop_worker().await;
+    let raw_rtt = raw_lapin_round_trips(&format!("fqbench.{tag}.rtt"), lat_n).await;
+    world.remove().await;
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(|a, b| a.total_cmp(b));
+        v[v.len() / 2]
+    };
+    let (p, raw_p) = (|q| percentile(&lat_ms, q), |q| percentile(&raw_rtt, q));
+    println!(
+        "round trip p50 / p99: ferriq {:.2} / {:.2} ms, raw RabbitMQ (publish, confirm, deliver, ack) {:.2} / {:.2} ms",
+        p(50.0),
+        p(99.0),
+        raw_p(50.0),
+        raw_p(99.0)
+    );
+    println!(
+        "median_e2e_tasks_per_s={:.0} median_ratio={:.3} min_ratio={:.3} max_ratio={:.3} median_ratio_pipelined={:.3} p50_ms={:.2} p99_ms={:.2} raw_rtt_p50_ms={:.2} rss_mib={rss:.1}",
+        median(&mut e2e),
+        median(&mut ratios),
+        ratios[0],
+        ratios[ratios.len() - 1],
+        median(&mut piped),
+        p(50.0),
+        p(99.0),
+        raw_p(50.0)
+    );
+    Ok(())
 }
 
 /// `--broker amqp --backlog N`: the worker process's resident set idle (connected, two
