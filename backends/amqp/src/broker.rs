@@ -1,4 +1,4 @@
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -7,8 +7,9 @@ use ferriq::broker::{
     Broker, BrokerError, ConsumerSettings, DeadLetter, Delivery, DeliveryHandle, Health,
     LeaseStatus, OutgoingMessage, QueueDepth,
 };
+use lapin::options::BasicAckOptions;
 use lapin::types::{AMQPValue, FieldTable};
-use lapin::Acker;
+use lapin::{Acker, Channel};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
@@ -52,6 +53,13 @@ impl Drop for Owner {
 struct Held {
     generation: u64,
     acker: Acker,
+    /// Its consumer channel and tag: an ack is written to the channel directly (lapin's
+    /// `Acker` goes through its internal RPC task and a spawned future first: two thread
+    /// hand-offs more per message).
+    channel: Arc<Channel>,
+    delivery_tag: u64,
+    /// Acked through `channel` (the `Acker` does not know).
+    acked: AtomicBool,
     queue: String,
     body: Vec<u8>,
     headers: FieldTable,
@@ -160,7 +168,9 @@ impl AmqpBroker {
     /// Whether a delivery still belongs to the live channel: after a reconnect it never does,
     /// and its tag must not be acked on the new channel.
     fn is_current(&self, held: &Held) -> bool {
-        held.generation == self.shared.current_generation() && held.acker.usable()
+        held.generation == self.shared.current_generation()
+            && !held.acked.load(Ordering::SeqCst)
+            && held.acker.usable()
     }
 
     /// The headers of a copy: the original's, without RabbitMQ's bookkeeping, plus ours.
@@ -213,14 +223,24 @@ impl AmqpBroker {
     }
 
     async fn ack_held(&self, held: &Held) -> Result<(), BrokerError> {
-        if held.generation != self.shared.current_generation() {
+        // Already settled, or its channel is gone: the broker redelivers it.
+        if held.generation != self.shared.current_generation()
+            || !held.acker.usable()
+            || held.acked.swap(true, Ordering::SeqCst)
+        {
             return Err(BrokerError::DeliveryLost);
         }
-        match crate::session::settle(&held.acker, None).await {
-            Ok(true) => Ok(()),
-            // Already settled, or its channel is gone: the broker redelivers it.
-            Ok(false) => Err(BrokerError::DeliveryLost),
-            Err(e) => Err(BrokerError::Unavailable(e)),
+        let ack = held
+            .channel
+            .basic_ack(held.delivery_tag, BasicAckOptions::default());
+        match tokio::time::timeout(crate::session::SETTLE_TIMEOUT, ack).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(_)) if !held.channel.status().connected() => Err(BrokerError::DeliveryLost),
+            Ok(Err(e)) => Err(BrokerError::Unavailable(e.to_string())),
+            Err(_) => Err(BrokerError::Unavailable(format!(
+                "no answer within {:?}",
+                crate::session::SETTLE_TIMEOUT
+            ))),
         }
     }
 
@@ -229,6 +249,7 @@ impl AmqpBroker {
             generation,
             queue,
             delivery,
+            channel,
         } = incoming;
         let headers = delivery.properties.headers().clone().unwrap_or_default();
         let earlier = header_int(&headers, "x-delivery-count")
@@ -245,6 +266,9 @@ impl AmqpBroker {
         let held = Held {
             generation,
             acker: delivery.acker.clone(),
+            channel,
+            delivery_tag: delivery.delivery_tag,
+            acked: AtomicBool::new(false),
             queue: queue.clone(),
             body: delivery.data.clone(),
             headers,

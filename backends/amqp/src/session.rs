@@ -18,6 +18,8 @@ pub(crate) struct Incoming {
     pub(crate) generation: u64,
     pub(crate) queue: String,
     pub(crate) delivery: lapin::message::Delivery,
+    /// The consumer channel it came on (acks go straight to it).
+    pub(crate) channel: Arc<Channel>,
 }
 
 /// A live session: a publishing connection with its confirm-mode channels, a consuming
@@ -282,14 +284,14 @@ impl Shared {
                         .push(channel.clone());
                     let (shared, session, queue) =
                         (Arc::clone(self), Arc::clone(session), queue.clone());
+                    let channel = Arc::new(channel);
                     tokio::spawn(async move {
-                        let _channel = channel; // keep it open while consuming
                         loop {
                             tokio::select! {
                                 _ = session.dead.cancelled() => return,
                                 item = consumer.next() => match item {
                                     Some(Ok(delivery)) => {
-                                        let incoming = Incoming { generation: session.generation, queue: queue.clone(), delivery };
+                                        let incoming = Incoming { generation: session.generation, queue: queue.clone(), delivery, channel: Arc::clone(&channel) };
                                         if shared.deliveries.send(incoming).await.is_err() {
                                             return;
                                         }
@@ -422,7 +424,7 @@ impl Shared {
 /// Longest wait for an ack or nack to be handed to the connection. lapin resolves it once the
 /// frame is queued; a connection that dies at that moment may never resolve it, and a worker
 /// must not wait forever on a settlement (the broker redelivers what was not acked).
-const SETTLE_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const SETTLE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Acks (`None`) or nacks with `requeue` a delivery, bounded in time. `Ok(false)`: the acker
 /// was spent or its channel is gone.
