@@ -8,13 +8,16 @@
 //!   arguments (dead-letter exchange `""`, routing key `{queue}.dead_letter`) so Python taskiq
 //!   producers and ferriq workers share it, the dead-letter queue `{queue}.dead_letter`, and
 //!   delay tiers `{queue}.delay.{tier}` whose TTL dead-letters back into the lane (at-least-once).
-//! - **Publishing** waits for every publisher confirm (pipelined per batch); a nack or an
+//! - **Publishing** hands a batch to the connection at once, in order, then waits for every
+//!   publisher confirm; a nack or an
 //!   unroutable (returned) message is an error, never silent. Messages are persistent and carry
 //!   taskiq-aio-pika's headers (`task_id`, `task_name`, labels).
 //! - **Consuming**: prefetch = the worker's concurrency; `release(after)` publishes a copy to a
 //!   delay tier and acks the original only after the copy's confirm; `release(0)` is a nack with
 //!   requeue; `dead_letter` parks a copy with `x-ferriq-reason`, `x-ferriq-detail`,
 //!   `x-ferriq-task-name` and `x-ferriq-attempts` headers, then acks.
+//! - **Acks** are written on the delivery's own consumer channel (not through lapin's `Acker`,
+//!   whose RPC task costs two more thread hand-offs per message).
 //! - **Two connections**: one publishes, one (opened by the first `receive`) consumes and acks,
 //!   as RabbitMQ advises: under a memory or disk alarm it stops reading from publishing
 //!   connections, and a worker's acks must still get through to drain the backlog.
