@@ -9,9 +9,9 @@
 //!   producers and ferriq workers share it, the dead-letter queue `{queue}.dead_letter`, and
 //!   delay tiers `{queue}.delay.{tier}` whose TTL dead-letters back into the lane (at-least-once).
 //! - **Publishing** hands a batch to the connection at once, in order, then waits for every
-//!   publisher confirm; a nack or an
-//!   unroutable (returned) message is an error, never silent. Messages are persistent and carry
-//!   taskiq-aio-pika's headers (`task_id`, `task_name`, labels).
+//!   publisher confirm; a nack or an unroutable (returned) message is an error, never silent.
+//!   Messages are persistent and carry taskiq-aio-pika's headers (`task_id`, `task_name`,
+//!   labels).
 //! - **Consuming**: prefetch = the worker's concurrency; `release(after)` publishes a copy to a
 //!   delay tier and acks the original only after the copy's confirm; `release(0)` is a nack with
 //!   requeue; `dead_letter` parks a copy with `x-ferriq-reason`, `x-ferriq-detail`,
