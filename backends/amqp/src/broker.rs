@@ -58,8 +58,9 @@ struct Held {
     /// hand-offs more per message).
     channel: Arc<Channel>,
     delivery_tag: u64,
-    /// Acked through `channel` (the `Acker` does not know).
-    acked: AtomicBool,
+    /// Claimed by the first settle (an ack through `channel`, which the `Acker` does not know
+    /// of, or a nack through the `Acker`): one gate for both, so they never both go out.
+    settled: Arc<AtomicBool>,
     queue: String,
     body: Vec<u8>,
     headers: FieldTable,
@@ -169,7 +170,7 @@ impl AmqpBroker {
     /// and its tag must not be acked on the new channel.
     fn is_current(&self, held: &Held) -> bool {
         held.generation == self.shared.current_generation()
-            && !held.acked.load(Ordering::SeqCst)
+            && !held.settled.load(Ordering::SeqCst)
             && held.acker.usable()
     }
 
@@ -210,10 +211,14 @@ impl AmqpBroker {
     ) -> Result<(), BrokerError> {
         if let Err(e) = self.publish_all(std::slice::from_ref(&copy)).await {
             let (broker, acker, generation) = (self.clone(), held.acker.clone(), held.generation);
+            let settled = Arc::clone(&held.settled);
             let wait = retry_in.min(Duration::from_secs(5));
             tokio::spawn(async move {
                 tokio::time::sleep(wait).await;
-                if generation == broker.shared.current_generation() && acker.usable() {
+                if generation == broker.shared.current_generation()
+                    && acker.usable()
+                    && !settled.swap(true, Ordering::SeqCst)
+                {
                     crate::session::requeue(&acker).await;
                 }
             });
@@ -226,7 +231,7 @@ impl AmqpBroker {
         // Already settled, or its channel is gone: the broker redelivers it.
         if held.generation != self.shared.current_generation()
             || !held.acker.usable()
-            || held.acked.swap(true, Ordering::SeqCst)
+            || held.settled.swap(true, Ordering::SeqCst)
         {
             return Err(BrokerError::DeliveryLost);
         }
@@ -268,7 +273,7 @@ impl AmqpBroker {
             acker: delivery.acker.clone(),
             channel,
             delivery_tag: delivery.delivery_tag,
-            acked: AtomicBool::new(false),
+            settled: Arc::new(AtomicBool::new(false)),
             queue: queue.clone(),
             body: delivery.data.clone(),
             headers,
@@ -336,6 +341,9 @@ impl Broker for AmqpBroker {
             return Err(BrokerError::DeliveryLost);
         }
         if after.is_zero() {
+            if held.settled.swap(true, Ordering::SeqCst) {
+                return Err(BrokerError::DeliveryLost);
+            }
             return match crate::session::settle(&held.acker, Some(true)).await {
                 Ok(true) => Ok(()),
                 Ok(false) => Err(BrokerError::DeliveryLost),

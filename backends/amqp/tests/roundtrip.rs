@@ -239,6 +239,60 @@ async fn a_batch_arrives_in_the_order_it_was_published() {
 }
 
 #[tokio::test]
+async fn a_delivery_is_settled_once_whichever_way_comes_first() {
+    // Acks go to the channel directly and nacks through lapin's acker: one gate for both, so a
+    // second settle is refused here instead of reaching RabbitMQ (which would close the
+    // channel over an unknown delivery tag, taking every other held delivery with it).
+    use ferriq::broker::BrokerError;
+    let topology = Topology::new();
+    let broker = topology.broker().await;
+    let msgs: Vec<_> = (0..3)
+        .map(|i| OutgoingMessage::from_message(&add::call(i, 0).into_message().unwrap()).unwrap())
+        .collect();
+    broker.publish(msgs).await.unwrap();
+    let mut held = Vec::new();
+    let deadline = Instant::now() + WAIT;
+    while held.len() < 3 {
+        assert!(Instant::now() < deadline, "{} of 3 arrived", held.len());
+        held.extend(broker.receive(3, Duration::from_millis(200)).await.unwrap());
+    }
+    let (a, b, c) = (&held[0], &held[1], &held[2]);
+    broker.ack(&a.handle).await.unwrap();
+    assert!(matches!(
+        broker.ack(&a.handle).await,
+        Err(BrokerError::DeliveryLost)
+    ));
+    assert!(matches!(
+        broker.release(&a.handle, Duration::ZERO).await,
+        Err(BrokerError::DeliveryLost)
+    ));
+    broker.release(&b.handle, Duration::ZERO).await.unwrap();
+    assert!(matches!(
+        broker.ack(&b.handle).await,
+        Err(BrokerError::DeliveryLost)
+    ));
+    // The channel survived: the third is still ours to ack, and the released one comes back.
+    broker.ack(&c.handle).await.unwrap();
+    let deadline = Instant::now() + WAIT;
+    loop {
+        assert!(
+            Instant::now() < deadline,
+            "the released delivery never came back"
+        );
+        if let Some(d) = broker
+            .receive(1, Duration::from_millis(200))
+            .await
+            .unwrap()
+            .pop()
+        {
+            assert_eq!(d.task_id, b.task_id);
+            broker.ack(&d.handle).await.unwrap();
+            break;
+        }
+    }
+}
+
+#[tokio::test]
 async fn the_delivery_limit_backstop_parks_a_looping_message() {
     let topology = Topology::new();
     let broker = topology
