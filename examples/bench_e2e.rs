@@ -415,7 +415,9 @@ impl AmqpWorld {
 }
 
 /// `--broker amqp --rounds R`: R rounds, each ferriq's bulk run of N tasks then raw lapin's
-/// N messages on a fresh queue, back to back; then both round-trip sets. One worker process
+/// N messages on a fresh queue three ways (as written in lapin's examples; pipelined; pipelined
+/// with the two `SET`s of the store floor per message), back to back; then both round-trip
+/// sets. One worker process
 /// throughout (idle while raw runs). Single runs swing 10–20 % on a shared 2-core machine;
 /// the median of R interleaved ratios is the figure to compare.
 async fn amqp_rounds(
@@ -424,33 +426,50 @@ async fn amqp_rounds(
     lat_n: usize,
     rounds: usize,
 ) -> Result<(), Box<dyn std::error::Error>> {
+    use fred::prelude::ClientLike;
     let mut world = AmqpWorld::start(tag).await?;
     warm_up(&world.client).await;
+    let floor_pool = fred::clients::Pool::new(
+        fred::prelude::Config::from_url(&redis_url())?,
+        None,
+        None,
+        None,
+        4,
+    )?;
+    floor_pool.init().await?;
     println!("ferriq bench_e2e --rounds {rounds}: RabbitMQ quorum queue + Redis, worker in its own process; N={n}, concurrency {CONCURRENCY}");
     println!("CPU: {}", ferriq_examples::cpu_model());
-    println!("| round | enqueue tasks/s | end to end tasks/s | raw msgs/s | ratio | raw pipelined msgs/s | ratio |");
-    println!("|---|---|---|---|---|---|---|");
-    let (mut e2e, mut ratios, mut piped) = (Vec::new(), Vec::new(), Vec::new());
+    println!("| round | enqueue tasks/s | end to end tasks/s | raw msgs/s | ratio | raw pipelined msgs/s | ratio | raw pipelined + store floor msgs/s | ratio |");
+    println!("|---|---|---|---|---|---|---|---|---|");
+    let (mut e2e, mut ratios, mut piped, mut floored) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for round in 1..=rounds {
         let (enqueued, took) = bulk(&world.client, n).await;
-        let raw = raw_lapin(&format!("fqbench.{tag}.raw{round}"), n, CONCURRENCY as u16).await;
-        let raw_piped = raw_lapin_pipelined(
-            &format!("fqbench.{tag}.piped{round}"),
+        let prefetch = CONCURRENCY as u16;
+        let raw = raw_lapin(&format!("fqbench.{tag}.raw{round}"), n, prefetch).await;
+        let raw_piped =
+            raw_lapin_pipelined(&format!("fqbench.{tag}.piped{round}"), n, prefetch, None).await;
+        let raw_floor = raw_lapin_pipelined(
+            &format!("fqbench.{tag}.floor{round}"),
             n,
-            CONCURRENCY as u16,
+            prefetch,
+            Some(&floor_pool),
         )
         .await;
         let per_s = n as f64 / took.as_secs_f64();
         println!(
-            "| {round} | {:.0} | {per_s:.0} | {raw:.0} | {:.3} | {raw_piped:.0} | {:.3} |",
+            "| {round} | {:.0} | {per_s:.0} | {raw:.0} | {:.3} | {raw_piped:.0} | {:.3} | {raw_floor:.0} | {:.3} |",
             n as f64 / enqueued.as_secs_f64(),
             per_s / raw,
-            per_s / raw_piped
+            per_s / raw_piped,
+            per_s / raw_floor
         );
         e2e.push(per_s);
         ratios.push(per_s / raw);
         piped.push(per_s / raw_piped);
+        floored.push(per_s / raw_floor);
     }
+    let _ = floor_pool.quit().await;
     let lat_ms = round_trips(&world.client, lat_n).await;
     let rss = peak_rss_mib(world.pid);
     world.stop_worker().await;
@@ -469,12 +488,13 @@ async fn amqp_rounds(
         raw_p(99.0)
     );
     println!(
-        "median_e2e_tasks_per_s={:.0} median_ratio={:.3} min_ratio={:.3} max_ratio={:.3} median_ratio_pipelined={:.3} p50_ms={:.2} p99_ms={:.2} raw_rtt_p50_ms={:.2} rss_mib={rss:.1}",
+        "median_e2e_tasks_per_s={:.0} median_ratio={:.3} min_ratio={:.3} max_ratio={:.3} median_ratio_pipelined={:.3} median_ratio_pipelined_floor={:.3} p50_ms={:.2} p99_ms={:.2} raw_rtt_p50_ms={:.2} rss_mib={rss:.1}",
         median(&mut e2e),
         median(&mut ratios),
         ratios[0],
         ratios[ratios.len() - 1],
         median(&mut piped),
+        median(&mut floored),
         p(50.0),
         p(99.0),
         raw_p(50.0)

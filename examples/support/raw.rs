@@ -99,7 +99,17 @@ pub async fn raw_lapin(queue: &str, n: u64, prefetch: u16) -> f64 {
 /// Raw lapin as [`raw_lapin`], written for throughput: each batch of 1000 publishes handed to
 /// lapin at once (`join_all`) rather than one awaited after another, and acks not awaited one
 /// by one (the consumer keeps taking deliveries while earlier acks are in flight).
-pub async fn raw_lapin_pipelined(queue: &str, n: u64, prefetch: u16) -> f64 {
+///
+/// With `store_floor`, each delivery first writes the two keys any exactly-once result needs
+/// (a claim and a result, bare `SET NX PX`, one after the other, as the Valkey bench's floor)
+/// and is acked after them: the least store work a task queue with results can do, beside the
+/// broker's. The keys are deleted afterwards.
+pub async fn raw_lapin_pipelined(
+    queue: &str,
+    n: u64,
+    prefetch: u16,
+    store_floor: Option<&fred::clients::Pool>,
+) -> f64 {
     use futures_util::stream::FuturesUnordered;
     use lapin::options::*;
     use lapin::types::FieldTable;
@@ -123,20 +133,31 @@ pub async fn raw_lapin_pipelined(queue: &str, n: u64, prefetch: u16) -> f64 {
         .await
         .unwrap();
     let body = TaskMessage::new("bench.noop").to_json().unwrap();
+    let pool = store_floor.cloned();
+    let prefix = format!("fqbench:floor:{queue}");
     let start = Instant::now();
-    let consumed = tokio::spawn(async move {
-        let (mut got, mut acks) = (0, FuturesUnordered::new());
-        while got < n || !acks.is_empty() {
-            tokio::select! {
-                Some(d) = consumer.next(), if got < n => {
-                    let d = d.unwrap();
-                    acks.push(async move { d.ack(BasicAckOptions::default()).await.unwrap() });
-                    got += 1;
+    let consumed = {
+        let (pool, prefix) = (pool.clone(), prefix.clone());
+        tokio::spawn(async move {
+            let (mut got, mut acks) = (0, FuturesUnordered::new());
+            while got < n || !acks.is_empty() {
+                tokio::select! {
+                    Some(d) = consumer.next(), if got < n => {
+                        let d = d.unwrap();
+                        let (pool, prefix) = (pool.clone(), prefix.clone());
+                        acks.push(async move {
+                            if let Some(pool) = pool {
+                                floor_writes(&pool, &prefix, got).await;
+                            }
+                            d.ack(BasicAckOptions::default()).await.unwrap()
+                        });
+                        got += 1;
+                    }
+                    Some(_) = acks.next(), if !acks.is_empty() => {}
                 }
-                Some(_) = acks.next(), if !acks.is_empty() => {}
             }
-        }
-    });
+        })
+    };
     let props = BasicProperties::default().with_delivery_mode(2);
     for _ in 0..n.div_ceil(1000) {
         let publishes = (0..1000).map(|_| {
@@ -154,11 +175,48 @@ pub async fn raw_lapin_pipelined(queue: &str, n: u64, prefetch: u16) -> f64 {
     }
     consumed.await.unwrap();
     let rate = n as f64 / start.elapsed().as_secs_f64();
+    if let Some(pool) = &pool {
+        delete_floor_keys(pool, &prefix, n).await;
+    }
     let _ = ch
         .queue_delete(queue.into(), QueueDeleteOptions::default())
         .await;
     let _ = conn.close(200, "".into()).await;
     rate
+}
+
+/// The two keys of task `i`: a claim record and a result, each `SET NX PX` (values shaped as
+/// ferriq's).
+async fn floor_writes(pool: &fred::clients::Pool, prefix: &str, i: u64) {
+    use fred::prelude::{Expiration, KeysInterface, SetOptions};
+    for (kind, value) in [
+        ("c", "r 1764430000000000 1764430030000000 0 0 0 bench"),
+        (
+            "r",
+            r#"{"is_err":false,"log":null,"return_value":1,"execution_time":0.0,"labels":{},"error":null}"#,
+        ),
+    ] {
+        let _: Option<String> = pool
+            .set(
+                format!("{prefix}:{kind}:{i}"),
+                value,
+                Some(Expiration::PX(120_000)),
+                Some(SetOptions::NX),
+                false,
+            )
+            .await
+            .expect("floor SET");
+    }
+}
+
+async fn delete_floor_keys(pool: &fred::clients::Pool, prefix: &str, n: u64) {
+    use fred::prelude::KeysInterface;
+    let keys: Vec<String> = (0..n)
+        .flat_map(|i| [format!("{prefix}:c:{i}"), format!("{prefix}:r:{i}")])
+        .collect();
+    for chunk in keys.chunks(1000) {
+        let _: i64 = pool.del(chunk.to_vec()).await.unwrap_or(0);
+    }
 }
 
 /// Raw lapin round trips on a fresh quorum queue: `n` times, one persistent message published
