@@ -7,7 +7,7 @@
 //! cargo run --release --example bench_e2e -- --broker amqp   [--tasks 10000] [--lat-n 1000]
 //! cargo run --release --example bench_e2e -- --broker sqs    # FERRIQ_SQS_ENDPOINT, else fauxqs
 //! cargo run --release --example bench_e2e -- --broker memory [--middlewares 3]
-//! cargo run --release --example bench_e2e -- --broker amqp --rounds 5   # 5 interleaved ratios
+//! cargo run --release --example bench_e2e -- --broker amqp --rounds 5   # 3 baselines, medians
 //! cargo run --release --example bench_e2e -- --broker amqp --steady 60   # + 60 s at 70 % load
 //! cargo run --release --example bench_e2e -- --broker amqp --backlog 100000 # worker RSS
 //! ```
@@ -417,9 +417,8 @@ impl AmqpWorld {
 /// `--broker amqp --rounds R`: R rounds, each ferriq's bulk run of N tasks then raw lapin's
 /// N messages on a fresh queue three ways (as written in lapin's examples; pipelined; pipelined
 /// with the two `SET`s of the store floor per message), back to back; then both round-trip
-/// sets. One worker process
-/// throughout (idle while raw runs). Single runs swing 10–20 % on a shared 2-core machine;
-/// the median of R interleaved ratios is the figure to compare.
+/// sets. One worker process throughout (idle while raw runs). Single runs swing 10–20 % on a
+/// shared 2-core machine; the median of R interleaved ratios is the figure to compare.
 async fn amqp_rounds(
     tag: &str,
     n: u64,
