@@ -33,30 +33,58 @@ async fn quorum_queue(queue: &str) -> (lapin::Connection, lapin::Channel) {
     (conn, ch)
 }
 
+/// A fresh quorum queue, a confirm-mode publishing channel and a consumer on it (`prefetch`, 0
+/// for unlimited), on one connection: what the raw lapin benchmarks share.
+struct RawRig {
+    conn: lapin::Connection,
+    ch: lapin::Channel,
+    consumer: lapin::Consumer,
+}
+
+impl RawRig {
+    async fn open(queue: &str, prefetch: u16) -> Self {
+        use lapin::options::{BasicConsumeOptions, BasicQosOptions, ConfirmSelectOptions};
+        use lapin::types::FieldTable;
+        let (conn, ch) = quorum_queue(queue).await;
+        let consumer_ch = conn.create_channel().await.unwrap();
+        consumer_ch
+            .basic_qos(prefetch, BasicQosOptions::default())
+            .await
+            .unwrap();
+        let consumer = consumer_ch
+            .basic_consume(
+                queue.into(),
+                "raw".into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        ch.confirm_select(ConfirmSelectOptions::default())
+            .await
+            .unwrap();
+        RawRig { conn, ch, consumer }
+    }
+}
+
+/// Deletes the benchmark's queue and closes its connection.
+async fn remove(conn: lapin::Connection, ch: lapin::Channel, queue: &str) {
+    let _ = ch
+        .queue_delete(queue.into(), lapin::options::QueueDeleteOptions::default())
+        .await;
+    let _ = conn.close(200, "".into()).await;
+}
+
 /// Raw lapin: persistent messages, confirms in batches of 1000, a prefetch-64 consumer acking
 /// each, on a quorum queue; publisher and consumer at once. Messages per second end to end.
 pub async fn raw_lapin(queue: &str, n: u64, prefetch: u16) -> f64 {
-    use lapin::options::*;
-    use lapin::types::FieldTable;
+    use lapin::options::{BasicAckOptions, BasicPublishOptions};
     use lapin::BasicProperties;
-    let (conn, ch) = quorum_queue(queue).await;
-    let consumer_ch = conn.create_channel().await.unwrap();
-    consumer_ch
-        .basic_qos(prefetch, BasicQosOptions::default())
-        .await
-        .unwrap();
-    let mut consumer = consumer_ch
-        .basic_consume(
-            queue.into(),
-            "raw".into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
-    ch.confirm_select(ConfirmSelectOptions::default())
-        .await
-        .unwrap();
+    let RawRig {
+        conn,
+        ch,
+        mut consumer,
+    } = RawRig::open(queue, prefetch).await;
     let body = TaskMessage::new("bench.noop").to_json().unwrap();
     let start = Instant::now();
     let consumed = tokio::spawn(async move {
@@ -89,10 +117,7 @@ pub async fn raw_lapin(queue: &str, n: u64, prefetch: u16) -> f64 {
     }
     consumed.await.unwrap();
     let rate = n as f64 / start.elapsed().as_secs_f64();
-    let _ = ch
-        .queue_delete(queue.into(), QueueDeleteOptions::default())
-        .await;
-    let _ = conn.close(200, "".into()).await;
+    remove(conn, ch, queue).await;
     rate
 }
 
@@ -111,27 +136,13 @@ pub async fn raw_lapin_pipelined(
     store_floor: Option<&fred::clients::Pool>,
 ) -> f64 {
     use futures_util::stream::FuturesUnordered;
-    use lapin::options::*;
-    use lapin::types::FieldTable;
+    use lapin::options::{BasicAckOptions, BasicPublishOptions};
     use lapin::BasicProperties;
-    let (conn, ch) = quorum_queue(queue).await;
-    let consumer_ch = conn.create_channel().await.unwrap();
-    consumer_ch
-        .basic_qos(prefetch, BasicQosOptions::default())
-        .await
-        .unwrap();
-    let mut consumer = consumer_ch
-        .basic_consume(
-            queue.into(),
-            "raw".into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
-    ch.confirm_select(ConfirmSelectOptions::default())
-        .await
-        .unwrap();
+    let RawRig {
+        conn,
+        ch,
+        mut consumer,
+    } = RawRig::open(queue, prefetch).await;
     let body = TaskMessage::new("bench.noop").to_json().unwrap();
     let pool = store_floor.cloned();
     let prefix = format!("fqbench:floor:{queue}");
@@ -178,10 +189,7 @@ pub async fn raw_lapin_pipelined(
     if let Some(pool) = &pool {
         delete_floor_keys(pool, &prefix, n).await;
     }
-    let _ = ch
-        .queue_delete(queue.into(), QueueDeleteOptions::default())
-        .await;
-    let _ = conn.close(200, "".into()).await;
+    remove(conn, ch, queue).await;
     rate
 }
 
@@ -223,23 +231,14 @@ async fn delete_floor_keys(pool: &fred::clients::Pool, prefix: &str, n: u64) {
 /// and its confirm awaited, then its delivery awaited and acked. Milliseconds, sorted: the
 /// broker's share of a task's round trip, with no store.
 pub async fn raw_lapin_round_trips(queue: &str, n: usize) -> Vec<f64> {
-    use lapin::options::*;
-    use lapin::types::FieldTable;
+    use lapin::options::{BasicAckOptions, BasicPublishOptions};
     use lapin::BasicProperties;
-    let (conn, ch) = quorum_queue(queue).await;
-    ch.confirm_select(ConfirmSelectOptions::default())
-        .await
-        .unwrap();
-    let consumer_ch = conn.create_channel().await.unwrap();
-    let mut consumer = consumer_ch
-        .basic_consume(
-            queue.into(),
-            "raw-rtt".into(),
-            BasicConsumeOptions::default(),
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
+    // Prefetch 0: unlimited (one message is in flight at a time anyway).
+    let RawRig {
+        conn,
+        ch,
+        mut consumer,
+    } = RawRig::open(queue, 0).await;
     let body = TaskMessage::new("bench.noop").to_json().unwrap();
     let props = BasicProperties::default().with_delivery_mode(2);
     let mut lat = Vec::with_capacity(n);
@@ -261,10 +260,7 @@ pub async fn raw_lapin_round_trips(queue: &str, n: usize) -> Vec<f64> {
         lat.push(t.elapsed().as_secs_f64() * 1e3);
     }
     lat.sort_by(|a, b| a.total_cmp(b));
-    let _ = ch
-        .queue_delete(queue.into(), QueueDeleteOptions::default())
-        .await;
-    let _ = conn.close(200, "".into()).await;
+    remove(conn, ch, queue).await;
     lat
 }
 
