@@ -166,26 +166,55 @@ async fn a_task_announced_on_its_own_channel_wakes_its_waiter() {
     fred::prelude::ClientLike::quit(&raw).await.unwrap();
 }
 
+/// A waiter of a fresh task that has read Pending, subscribed to the task's own channel and
+/// parked there (what a wait for a task enqueued without `reply_to` does after its first
+/// re-read), with a raw client to act on the server.
+struct Parked {
+    store: ferriq_valkey::ValkeyStore,
+    id: TaskId,
+    waiter: tokio::task::JoinHandle<ResultStatus>,
+    raw: fred::prelude::Client,
+    channel: String,
+}
+
+impl Parked {
+    async fn wait(recheck: Duration) -> Self {
+        let store = common::store_at(&common::url(), &common::prefix(), |b| {
+            b.recheck_interval(recheck)
+        })
+        .await;
+        let id = TaskId::random();
+        let waiter = {
+            let (store, id) = (store.clone(), id.clone());
+            tokio::spawn(async move { store.wait(&id, Duration::from_secs(30)).await.unwrap() })
+        };
+        let raw = common::raw_client(&common::url()).await;
+        let channel = format!("{}:done:{}", store.prefix(), id);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while common::subscribers(&raw, &channel).await == 0 {
+            assert!(Instant::now() < deadline, "the waiter never parked");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        Parked {
+            store,
+            id,
+            waiter,
+            raw,
+            channel,
+        }
+    }
+}
+
 #[tokio::test]
 async fn a_completion_nobody_announced_is_found_by_the_recheck() {
     // Announcements are fire-and-forget (lost during a reconnect, say): re-reads still find it.
-    let store = common::store_at(&common::url(), &common::prefix(), |b| {
-        b.recheck_interval(Duration::from_millis(100))
-    })
-    .await;
-    let id = TaskId::random();
-    let waiter = {
-        let (store, id) = (store.clone(), id.clone());
-        tokio::spawn(async move { store.wait(&id, Duration::from_secs(30)).await.unwrap() })
-    };
-    let raw = common::raw_client(&common::url()).await;
-    // Once it listens on the task's channel it has read Pending twice and is parked.
-    let channel = format!("{}:done:{}", store.prefix(), id);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while common::subscribers(&raw, &channel).await == 0 {
-        assert!(Instant::now() < deadline, "the waiter never parked");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let Parked {
+        store,
+        id,
+        waiter,
+        raw,
+        ..
+    } = Parked::wait(Duration::from_millis(100)).await;
     // Written directly, announced nowhere.
     let json = serde_json::to_string(&ok(json!(3))).unwrap();
     let _: () = fred::prelude::KeysInterface::set(
@@ -282,22 +311,13 @@ async fn concurrent_completes_are_announced_together_each_task_once() {
 async fn a_waiter_takes_the_result_its_announcement_carries() {
     // The announcement of a stored result carries it: the waiter answers without reading it
     // back. Here nothing is stored at all, so only the announcement can answer.
-    let store = common::store_at(&common::url(), &common::prefix(), |b| {
-        b.recheck_interval(Duration::from_secs(60))
-    })
-    .await;
-    let id = TaskId::random();
-    let waiter = {
-        let (store, id) = (store.clone(), id.clone());
-        tokio::spawn(async move { store.wait(&id, Duration::from_secs(30)).await.unwrap() })
-    };
-    let raw = common::raw_client(&common::url()).await;
-    let channel = format!("{}:done:{}", store.prefix(), id);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while common::subscribers(&raw, &channel).await == 0 {
-        assert!(Instant::now() < deadline, "the waiter never parked");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let Parked {
+        id,
+        waiter,
+        raw,
+        channel,
+        ..
+    } = Parked::wait(Duration::from_secs(60)).await;
     let line = format!("{id}\t{}", serde_json::to_string(&ok(json!(7))).unwrap());
     let _: i64 = fred::prelude::PubsubInterface::publish(&raw, &channel, line)
         .await
