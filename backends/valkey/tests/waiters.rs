@@ -329,3 +329,26 @@ async fn a_waiter_takes_the_result_its_announcement_carries() {
     assert_eq!(r, ResultStatus::Ready(ok(json!(7))));
     fred::prelude::ClientLike::quit(&raw).await.unwrap();
 }
+
+#[tokio::test]
+async fn a_result_too_large_to_announce_is_read_back_whole() {
+    // Over 8 KiB the announcement names the task only; the waiter reads the stored result.
+    let store = notification_only_store().await;
+    let channel = format!("{}:test-large", store.prefix());
+    let (subscriber, mut messages) = common::listen(&common::url(), &channel).await;
+    let id = TaskId::random();
+    let token = claim(&store, &id).await;
+    let large = ok(json!("x".repeat(10_000)));
+    store
+        .complete(&id, token, Some(&large), Some(&channel))
+        .await
+        .unwrap();
+    let msg = tokio::time::timeout(Duration::from_secs(5), messages.recv())
+        .await
+        .expect("the completion is announced")
+        .unwrap();
+    assert_eq!(msg.value.as_string().unwrap(), id.as_str(), "the id alone");
+    let r = store.wait(&id, Duration::from_secs(5)).await.unwrap();
+    assert_eq!(r, ResultStatus::Ready(large));
+    fred::prelude::ClientLike::quit(&subscriber).await.unwrap();
+}
