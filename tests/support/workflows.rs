@@ -437,6 +437,11 @@ pub async fn racing_chords<S: Store>(
     }
     done.store(true, Ordering::SeqCst);
     let leases = chaos.await.unwrap();
+    // Stopped before counting: a waiter can hear a result announced before the worker's
+    // write call has returned to the counting store.
+    for w in workers {
+        w.stop().await;
+    }
     for h in &handles {
         let cb = callback_id(h.group().id());
         // A run whose lease the chaos expired may still finish; its write is fenced off.
@@ -452,7 +457,4 @@ pub async fn racing_chords<S: Store>(
         store.total_writes(),
         oracle.duplicate_starts()
     );
-    for w in workers {
-        w.stop().await;
-    }
 }

@@ -143,6 +143,9 @@ async fn a_worker_killed_with_sigkill_loses_nothing_and_writes_nothing_twice() {
             .unwrap_or_else(|e| panic!("task {n} lost: {e}"));
         assert_eq!(v, n as u64 + 1);
     }
+    // Stopped before counting: a waiter can hear a result announced before the worker's
+    // write call has returned to the counting store.
+    worker.stop().await;
     // Nothing the child stored was written again: the second worker wrote exactly the rest.
     for (i, h) in handles.iter().enumerate() {
         let writes = counting.writes(h.task_id());
@@ -157,7 +160,6 @@ async fn a_worker_killed_with_sigkill_loses_nothing_and_writes_nothing_twice() {
         done_by_child.len(),
         counting.total_writes()
     );
-    worker.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
