@@ -31,6 +31,7 @@ use ferriq_amqp::AmqpBroker;
 use ferriq_examples::raw::{
     raw_lapin, raw_lapin_pipelined, raw_lapin_round_trips, raw_memory, raw_sqs,
 };
+use ferriq_examples::cpu::{column_medians, cpu_seconds, find_process, Meter};
 use ferriq_examples::{amqp_url, arg, peak_rss_mib, percentile, redis_url};
 use ferriq_sqs::SqsBroker;
 use ferriq_valkey::ValkeyStore;
@@ -151,6 +152,9 @@ struct Figures {
     enqueue_per_s: f64,
     e2e_per_s: f64,
     lat_ms: Vec<f64>,
+    /// CPU µs per task this process spent over the bulk run (for `--broker memory`, the
+    /// whole engine: client, broker, worker and store).
+    bench_cpu_us: f64,
     /// Steady load (`--steady SECS`): the rate offered, and every task's enqueue-to-result
     /// latency, sorted.
     steady: Option<(f64, Vec<f64>)>,
@@ -256,7 +260,9 @@ async fn round_trips(client: &Client, lat_n: usize) -> Vec<f64> {
 
 async fn drive(client: &Client, n: u64, lat_n: usize) -> Figures {
     warm_up(client).await;
+    let cpu_before = cpu_seconds(std::process::id()).unwrap_or(f64::NAN);
     let (enqueued, e2e) = bulk(client, n).await;
+    let cpu_after = cpu_seconds(std::process::id()).unwrap_or(f64::NAN);
     let lat_ms = round_trips(client, lat_n).await;
     let e2e_per_s = n as f64 / e2e.as_secs_f64();
     let steady_secs: u64 = arg("--steady", "0").parse().unwrap_or(0);
@@ -275,6 +281,7 @@ async fn drive(client: &Client, n: u64, lat_n: usize) -> Figures {
         enqueue_per_s: n as f64 / enqueued.as_secs_f64(),
         e2e_per_s: n as f64 / e2e.as_secs_f64(),
         lat_ms,
+        bench_cpu_us: (cpu_after - cpu_before) * 1e6 / n as f64,
     }
 }
 
@@ -307,7 +314,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         "memory" => {
             let figures = memory_round(n, lat_n, middlewares()).await?;
+            let cpu_before = cpu_seconds(std::process::id()).unwrap_or(f64::NAN);
             let raw = raw_memory(n, CONCURRENCY).await;
+            let raw_cpu = cpu_seconds(std::process::id()).unwrap_or(f64::NAN) - cpu_before;
+            println!(
+                "CPU per task in this process: ferriq {:.2} µs (client, broker, worker, store), raw memory broker {:.2} µs (publish, receive, ack)",
+                figures.bench_cpu_us,
+                raw_cpu * 1e6 / n as f64
+            );
             (
                 figures,
                 raw,
@@ -442,12 +456,25 @@ async fn amqp_rounds(
     println!("|---|---|---|---|---|---|---|---|---|");
     let (mut e2e, mut ratios, mut piped, mut floored) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    // CPU per task of each process, per round: ferriq's run, raw lapin's, the floor's.
+    let meter = Meter::new(vec![
+        ("bench process", Some(std::process::id())),
+        ("worker", Some(world.pid)),
+        ("RabbitMQ", find_process("beam.smp")),
+        ("Redis", find_process("redis-server")),
+    ]);
+    let (mut cpu, mut raw_cpu, mut floor_cpu) = (Vec::new(), Vec::new(), Vec::new());
     for round in 1..=rounds {
+        let before = meter.read();
         let (enqueued, took) = bulk(&world.client, n).await;
+        cpu.push(meter.per_task_us(&before, n));
         let prefetch = CONCURRENCY as u16;
+        let before = meter.read();
         let raw = raw_lapin(&format!("fqbench.{tag}.raw{round}"), n, prefetch).await;
+        raw_cpu.push(meter.per_task_us(&before, n));
         let raw_piped =
             raw_lapin_pipelined(&format!("fqbench.{tag}.piped{round}"), n, prefetch, None).await;
+        let before = meter.read();
         let raw_floor = raw_lapin_pipelined(
             &format!("fqbench.{tag}.floor{round}"),
             n,
@@ -455,6 +482,7 @@ async fn amqp_rounds(
             Some(&floor_pool),
         )
         .await;
+        floor_cpu.push(meter.per_task_us(&before, n));
         let per_s = n as f64 / took.as_secs_f64();
         println!(
             "| {round} | {:.0} | {per_s:.0} | {raw:.0} | {:.3} | {raw_piped:.0} | {:.3} | {raw_floor:.0} | {:.3} |",
@@ -479,6 +507,15 @@ async fn amqp_rounds(
         v[v.len() / 2]
     };
     let (p, raw_p) = (|q| percentile(&lat_ms, q), |q| percentile(&raw_rtt, q));
+    let cpu_totals = print_cpu_table(
+        &meter.names(),
+        rounds,
+        &[
+            ("ferriq (bench process = producer)", &cpu, true),
+            ("raw lapin (bench process = client)", &raw_cpu, false),
+            ("raw pipelined + store floor", &floor_cpu, false),
+        ],
+    );
     println!(
         "round trip p50 / p99: ferriq {:.2} / {:.2} ms, raw RabbitMQ (publish, confirm, deliver, ack) {:.2} / {:.2} ms",
         p(50.0),
@@ -487,7 +524,7 @@ async fn amqp_rounds(
         raw_p(99.0)
     );
     println!(
-        "median_e2e_tasks_per_s={:.0} median_ratio={:.3} min_ratio={:.3} max_ratio={:.3} median_ratio_pipelined={:.3} median_ratio_pipelined_floor={:.3} p50_ms={:.2} p99_ms={:.2} raw_rtt_p50_ms={:.2} rss_mib={rss:.1}",
+        "median_e2e_tasks_per_s={:.0} median_ratio={:.3} min_ratio={:.3} max_ratio={:.3} median_ratio_pipelined={:.3} median_ratio_pipelined_floor={:.3} p50_ms={:.2} p99_ms={:.2} raw_rtt_p50_ms={:.2} rss_mib={rss:.1} cpu_us_per_task={:.1} raw_cpu_us_per_msg={:.1} floor_cpu_us_per_msg={:.1}",
         median(&mut e2e),
         median(&mut ratios),
         ratios[0],
@@ -496,7 +533,10 @@ async fn amqp_rounds(
         median(&mut floored),
         p(50.0),
         p(99.0),
-        raw_p(50.0)
+        raw_p(50.0),
+        cpu_totals[0],
+        cpu_totals[1],
+        cpu_totals[2]
     );
     Ok(())
 }
@@ -602,6 +642,32 @@ async fn compare_middlewares(
         (1.0 - b / a) * 100.0
     );
     Ok(())
+}
+
+/// Prints the medians of each run's CPU µs per task by process, and returns each run's total
+/// (the processes it used: the worker only for ferriq, whose run is the only one using it).
+fn print_cpu_table(names: &[&str], rounds: usize, runs: &[(&str, &[Vec<f64>], bool)]) -> Vec<f64> {
+    println!("| CPU µs per task, median of {rounds} | {} | all |", names.join(" | "));
+    println!("|---|{}---|", "---|".repeat(names.len()));
+    let mut totals = Vec::new();
+    for (what, rows, uses_worker) in runs {
+        let medians = column_medians(rows);
+        let used = |i: usize| *uses_worker || names[i] != "worker";
+        let total: f64 = medians
+            .iter()
+            .enumerate()
+            .filter(|(i, v)| used(*i) && !v.is_nan())
+            .map(|(_, v)| v)
+            .sum();
+        let cells: Vec<String> = medians
+            .iter()
+            .enumerate()
+            .map(|(i, v)| if used(i) { format!("{v:.1}") } else { "–".into() })
+            .collect();
+        println!("| {what} | {} | {total:.1} |", cells.join(" | "));
+        totals.push(total);
+    }
+    totals
 }
 
 fn fmt_runs(v: &[f64]) -> String {

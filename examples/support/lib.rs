@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+pub mod cpu;
 pub mod raw;
 pub mod sqs;
 

@@ -1,0 +1,94 @@
+//! CPU time per process, from /proc: the benchmarks' "CPU per task" figures. On a small
+//! machine every process of a run (producer, worker, broker, store) shares the same cores, so
+//! throughput follows the CPU a task costs all of them together; this says which one pays.
+
+/// Linux reports process times in clock ticks of 1/100 s on every architecture it runs on
+/// (`USER_HZ`), whatever the kernel's own tick.
+const TICKS_PER_SEC: f64 = 100.0;
+
+/// The first process whose command name (`/proc/<pid>/comm`) is `comm`.
+///
+/// ```
+/// // Some process is always running this example's own name.
+/// let me = std::fs::read_to_string("/proc/self/comm").unwrap();
+/// assert!(ferriq_examples::cpu::find_process(me.trim()).is_some());
+/// ```
+pub fn find_process(comm: &str) -> Option<u32> {
+    std::fs::read_dir("/proc").ok()?.find_map(|entry| {
+        let pid: u32 = entry.ok()?.file_name().to_str()?.parse().ok()?;
+        let name = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+        (name.trim() == comm).then_some(pid)
+    })
+}
+
+/// User + system CPU seconds a process has used so far (all its threads); `None` once it
+/// is gone.
+pub fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name is in parentheses and may hold spaces: count fields after it.
+    let after_name = &stat[stat.rfind(')')? + 2..];
+    let mut fields = after_name.split_whitespace();
+    // Fields 14 (utime) and 15 (stime) of proc(5); `after_name` starts at field 3.
+    let utime: f64 = fields.nth(11)?.parse().ok()?;
+    let stime: f64 = fields.next()?.parse().ok()?;
+    Some((utime + stime) / TICKS_PER_SEC)
+}
+
+/// Named processes whose CPU a benchmark phase is charged to.
+///
+/// ```
+/// let me = std::process::id();
+/// let meter = ferriq_examples::cpu::Meter::new(vec![("bench", Some(me)), ("nobody", None)]);
+/// let before = meter.read();
+/// let spent = meter.per_task_us(&before, 1);
+/// assert_eq!(spent.len(), 2);
+/// assert!(spent[1].is_nan(), "a process that was not found reads as NaN");
+/// ```
+pub struct Meter {
+    processes: Vec<(&'static str, Option<u32>)>,
+}
+
+impl Meter {
+    /// Meters the given processes (`None`: not found; its figures read as NaN).
+    pub fn new(processes: Vec<(&'static str, Option<u32>)>) -> Self {
+        Meter { processes }
+    }
+
+    /// The names, in order.
+    pub fn names(&self) -> Vec<&'static str> {
+        self.processes.iter().map(|(name, _)| *name).collect()
+    }
+
+    /// Each process's CPU seconds so far.
+    pub fn read(&self) -> Vec<f64> {
+        self.processes
+            .iter()
+            .map(|(_, pid)| pid.and_then(cpu_seconds).unwrap_or(f64::NAN))
+            .collect()
+    }
+
+    /// CPU µs per task each process spent since `before`, over `tasks` tasks.
+    pub fn per_task_us(&self, before: &[f64], tasks: u64) -> Vec<f64> {
+        self.read()
+            .iter()
+            .zip(before)
+            .map(|(after, before)| (after - before) * 1e6 / tasks as f64)
+            .collect()
+    }
+}
+
+/// The median of each column of `rows` (NaN where a column is all NaN).
+pub fn column_medians(rows: &[Vec<f64>]) -> Vec<f64> {
+    let width = rows.first().map_or(0, Vec::len);
+    (0..width)
+        .map(|c| {
+            let mut column: Vec<f64> = rows
+                .iter()
+                .map(|r| r[c])
+                .filter(|v| !v.is_nan())
+                .collect();
+            column.sort_by(|a, b| a.total_cmp(b));
+            column.get(column.len() / 2).copied().unwrap_or(f64::NAN)
+        })
+        .collect()
+}
