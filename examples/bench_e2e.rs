@@ -10,7 +10,13 @@
 //! cargo run --release --example bench_e2e -- --broker amqp --rounds 5   # 3 baselines, medians
 //! cargo run --release --example bench_e2e -- --broker amqp --steady 60   # + 60 s at 70 % load
 //! cargo run --release --example bench_e2e -- --broker amqp --backlog 100000 # worker RSS
+//! cargo run --release --example bench_e2e -- --broker amqp --rounds 5 --worker-threads 1
 //! ```
+//!
+//! `--worker-threads N` sets the worker process's tokio runtime: 1 is a current-thread
+//! runtime, more a multi-thread one with N threads; by default tokio's (a thread per core).
+//! `--rounds` also prints the CPU µs per task of each process (this one, the worker,
+//! RabbitMQ's `beam.smp`, `redis-server`) over each bulk run, read from /proc.
 //!
 //! Bulk: N tasks enqueued in batches of 1000 (publisher confirms), then every result awaited.
 //! Latency: sequential round trips (enqueue one, await its result). Raw RabbitMQ: N persistent
@@ -28,10 +34,10 @@ use ferriq::broker::Broker;
 use ferriq::memory::{MemoryBroker, MemoryStore};
 use ferriq::{Client, Registry, Shutdown, Worker};
 use ferriq_amqp::AmqpBroker;
+use ferriq_examples::cpu::{column_medians, cpu_seconds, find_process, Meter};
 use ferriq_examples::raw::{
     raw_lapin, raw_lapin_pipelined, raw_lapin_round_trips, raw_memory, raw_sqs,
 };
-use ferriq_examples::cpu::{column_medians, cpu_seconds, find_process, Meter};
 use ferriq_examples::{amqp_url, arg, peak_rss_mib, percentile, redis_url};
 use ferriq_sqs::SqsBroker;
 use ferriq_valkey::ValkeyStore;
@@ -285,8 +291,28 @@ async fn drive(client: &Client, n: u64, lat_n: usize) -> Figures {
     }
 }
 
-#[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // `--worker-threads N`: the worker process's runtime threads (1: a current-thread
+    // runtime); tokio's default (one per core) otherwise.
+    let threads: usize = arg("--worker-threads", "0").parse()?;
+    let runtime = if arg("--role", "producer") == "worker" && threads == 1 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?
+    } else if arg("--role", "producer") == "worker" && threads > 1 {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads)
+            .enable_all()
+            .build()?
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()?
+    };
+    runtime.block_on(run())
+}
+
+async fn run() -> Result<(), Box<dyn std::error::Error>> {
     if arg("--role", "producer") == "worker" {
         worker_process(
             arg("--broker", "amqp"),
@@ -400,6 +426,7 @@ impl AmqpWorld {
         let child = tokio::process::Command::new(std::env::current_exe()?)
             .args(["--role", "worker", "--exchange", &exchange])
             .args(["--queue", &queue, "--prefix", &prefix])
+            .args(["--worker-threads", &arg("--worker-threads", "0")])
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .kill_on_drop(true)
@@ -647,7 +674,10 @@ async fn compare_middlewares(
 /// Prints the medians of each run's CPU µs per task by process, and returns each run's total
 /// (the processes it used: the worker only for ferriq, whose run is the only one using it).
 fn print_cpu_table(names: &[&str], rounds: usize, runs: &[(&str, &[Vec<f64>], bool)]) -> Vec<f64> {
-    println!("| CPU µs per task, median of {rounds} | {} | all |", names.join(" | "));
+    println!(
+        "| CPU µs per task, median of {rounds} | {} | all |",
+        names.join(" | ")
+    );
     println!("|---|{}---|", "---|".repeat(names.len()));
     let mut totals = Vec::new();
     for (what, rows, uses_worker) in runs {
@@ -662,7 +692,13 @@ fn print_cpu_table(names: &[&str], rounds: usize, runs: &[(&str, &[Vec<f64>], bo
         let cells: Vec<String> = medians
             .iter()
             .enumerate()
-            .map(|(i, v)| if used(i) { format!("{v:.1}") } else { "–".into() })
+            .map(|(i, v)| {
+                if used(i) {
+                    format!("{v:.1}")
+                } else {
+                    "–".into()
+                }
+            })
             .collect();
         println!("| {what} | {} | {total:.1} |", cells.join(" | "));
         totals.push(total);

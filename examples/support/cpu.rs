@@ -82,11 +82,7 @@ pub fn column_medians(rows: &[Vec<f64>]) -> Vec<f64> {
     let width = rows.first().map_or(0, Vec::len);
     (0..width)
         .map(|c| {
-            let mut column: Vec<f64> = rows
-                .iter()
-                .map(|r| r[c])
-                .filter(|v| !v.is_nan())
-                .collect();
+            let mut column: Vec<f64> = rows.iter().map(|r| r[c]).filter(|v| !v.is_nan()).collect();
             column.sort_by(|a, b| a.total_cmp(b));
             column.get(column.len() / 2).copied().unwrap_or(f64::NAN)
         })
