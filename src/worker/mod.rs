@@ -451,6 +451,10 @@ impl Worker {
     /// Receives and runs tasks until `shutdown` asks for a drain; then stops receiving, lets
     /// runs finish within the grace period (or until a forced stop), cancels the leftovers and
     /// releases their claims and messages so another worker takes them at once.
+    ///
+    /// Deliveries received together are settled in one runtime task per thread of the current
+    /// runtime (fewer spawns and cross-thread wake-ups than a task each); a task body runs on
+    /// that thread until it awaits, so CPU-heavy work belongs in `spawn_blocking`.
     pub async fn run(&self, shutdown: Shutdown) {
         let inner = &self.inner;
         inner.running.open();
