@@ -371,8 +371,8 @@ impl Client {
     }
 
     pub(crate) fn outgoing(&self, msg: &mut TaskMessage) -> Result<OutgoingMessage, WireError> {
-        if let Some(channel) = self.store.reply_channel() {
-            if msg.labels.get(names::REPLY_TO).is_none() {
+        if msg.labels.get(names::REPLY_TO).is_none() {
+            if let Some(channel) = self.store.reply_channel_for(&msg.task_id) {
                 msg.labels.insert(names::REPLY_TO, channel);
             }
         }

@@ -195,6 +195,13 @@ pub trait ResultStore: Send + Sync + 'static {
     fn reply_channel(&self) -> Option<String> {
         None
     }
+    /// [`reply_channel`](Self::reply_channel), asked for the message of task `id` as the client
+    /// puts it on that message: a store may note that `id`'s completion will be announced to
+    /// this process, and spare its waits any other way of hearing it.
+    fn reply_channel_for(&self, id: &TaskId) -> Option<String> {
+        let _ = id;
+        self.reply_channel()
+    }
 }
 
 /// Everything a backend store provides: claims and results (which fencing needs answered by

@@ -275,6 +275,9 @@ impl<S: ResultStore> ResultStore for CountingStore<S> {
     fn reply_channel(&self) -> Option<String> {
         self.inner.reply_channel()
     }
+    fn reply_channel_for(&self, id: &TaskId) -> Option<String> {
+        self.inner.reply_channel_for(id)
+    }
 }
 
 /// Implements the workflow, progress and schedule traits for a wrapper by handing every call to the

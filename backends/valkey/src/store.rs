@@ -465,7 +465,9 @@ impl ResultStore for ValkeyStore {
         // only waits longer than that pay a subscription. A task another ferriq process
         // enqueued is announced on that process's channel: re-reads find it (the safety net).
         let mut recheck = Duration::from_millis(100).min(self.inner.core.settings.recheck_interval);
-        let mut on_task_channel = false;
+        // A task this process enqueued carries its reply channel: a worker announces it there,
+        // never on the task's channel (a Python worker announces nowhere), so no subscription.
+        let mut on_task_channel = self.inner.waiters.is_announced_here(id.as_str());
         loop {
             // Listen before reading, so a completion in between is not missed.
             let notified = guard.notify.notified();
@@ -517,6 +519,11 @@ impl ResultStore for ValkeyStore {
     }
 
     fn reply_channel(&self) -> Option<String> {
+        Some(self.inner.reply_channel.clone())
+    }
+
+    fn reply_channel_for(&self, id: &TaskId) -> Option<String> {
+        self.inner.waiters.announced_here(id.as_str());
         Some(self.inner.reply_channel.clone())
     }
 }

@@ -19,6 +19,44 @@ pub(crate) struct Waiters {
     subscriber: Option<SubscriberClient>,
     /// Task channels to leave, handed to the dispatcher: a guard may drop outside a runtime.
     leave: Option<mpsc::UnboundedSender<(String, String)>>,
+    /// Tasks this process enqueued with its reply channel, the latest ones.
+    announced_here: Mutex<RecentIds>,
+}
+
+/// The most recent ids (by a 64-bit hash), forgetting the oldest beyond a bound: memory stays
+/// bounded however many tasks a client enqueues, and a forgotten id only costs its waits the
+/// task-channel subscription they made before.
+#[derive(Default)]
+struct RecentIds {
+    set: std::collections::HashSet<u64>,
+    order: std::collections::VecDeque<u64>,
+}
+
+impl RecentIds {
+    /// About 1.5 MiB at most.
+    const CAPACITY: usize = 1 << 16;
+
+    fn hash(id: &str) -> u64 {
+        use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+        BuildHasherDefault::<DefaultHasher>::default().hash_one(id)
+    }
+
+    fn insert(&mut self, id: &str) {
+        let h = Self::hash(id);
+        if !self.set.insert(h) {
+            return;
+        }
+        self.order.push_back(h);
+        if self.order.len() > Self::CAPACITY {
+            if let Some(old) = self.order.pop_front() {
+                self.set.remove(&old);
+            }
+        }
+    }
+
+    fn contains(&self, id: &str) -> bool {
+        self.set.contains(&Self::hash(id))
+    }
 }
 
 /// Task channels the last waiter left: (task id, channel).
@@ -120,8 +158,26 @@ impl Waiters {
             entries: Mutex::default(),
             subscriber: Some(subscriber),
             leave: Some(leave),
+            announced_here: Mutex::default(),
         };
         (waiters, leaves)
+    }
+
+    /// Notes that task `id` went out with this process's reply channel: its completion is
+    /// announced there.
+    pub(crate) fn announced_here(&self, id: &str) {
+        self.announced_here
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id);
+    }
+
+    /// Whether task `id` went out with this process's reply channel (as far as it remembers).
+    pub(crate) fn is_announced_here(&self, id: &str) -> bool {
+        self.announced_here
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(id)
     }
 
     /// Whether a waiter of `id` listens on the task's channel (again).
@@ -259,6 +315,26 @@ pub(crate) fn spawn_dispatcher(
 mod tests {
     use super::*;
     use std::future::Future;
+
+    #[test]
+    fn the_ids_announced_here_are_bounded_and_forget_the_oldest() {
+        let waiters = Waiters::default();
+        for i in 0..=RecentIds::CAPACITY {
+            waiters.announced_here(&format!("task-{i}"));
+        }
+        assert!(
+            !waiters.is_announced_here("task-0"),
+            "the oldest is forgotten"
+        );
+        assert!(waiters.is_announced_here("task-1"));
+        assert!(waiters.is_announced_here(&format!("task-{}", RecentIds::CAPACITY)));
+        assert!(!waiters.is_announced_here("never-enqueued"));
+        // Noting an id again does not make room for another.
+        waiters.announced_here("task-1");
+        let recent = waiters.announced_here.lock().unwrap();
+        assert_eq!(recent.order.len(), RecentIds::CAPACITY);
+        assert_eq!(recent.set.len(), RecentIds::CAPACITY);
+    }
 
     #[test]
     fn one_message_wakes_every_task_it_names() {

@@ -166,6 +166,54 @@ async fn a_task_announced_on_its_own_channel_wakes_its_waiter() {
     fred::prelude::ClientLike::quit(&raw).await.unwrap();
 }
 
+#[tokio::test]
+async fn a_task_enqueued_with_this_stores_reply_channel_is_awaited_without_a_subscription() {
+    // The client asked for the reply channel for this task's message: its completion comes on
+    // that channel, so a long wait never subscribes to the task's own.
+    let store = common::store_at(&common::url(), &common::prefix(), |b| {
+        b.recheck_interval(Duration::from_millis(100))
+    })
+    .await;
+    let raw = common::raw_client(&common::url()).await;
+    let ours = TaskId::random();
+    assert_eq!(store.reply_channel_for(&ours), store.reply_channel());
+    let channel = format!("{}:done:{}", store.prefix(), ours);
+    let waiter = {
+        let (store, id) = (store.clone(), ours.clone());
+        // Several re-reads long: a wait for a task enqueued elsewhere subscribes after the first.
+        tokio::spawn(async move { store.wait(&id, Duration::from_millis(800)).await.unwrap() })
+    };
+    while !waiter.is_finished() {
+        assert_eq!(
+            common::subscribers(&raw, &channel).await,
+            0,
+            "the waiter subscribed to the task's channel"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(matches!(waiter.await.unwrap(), ResultStatus::Pending));
+
+    // The same wait for a task this store was not asked about does subscribe (the check above
+    // can see a subscription).
+    let theirs = TaskId::random();
+    let channel = format!("{}:done:{}", store.prefix(), theirs);
+    let waiter = {
+        let (store, id) = (store.clone(), theirs.clone());
+        tokio::spawn(async move { store.wait(&id, Duration::from_millis(800)).await.unwrap() })
+    };
+    let mut seen = false;
+    while !waiter.is_finished() && !seen {
+        seen = common::subscribers(&raw, &channel).await > 0;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(
+        seen,
+        "a wait for a task enqueued elsewhere listens on its channel"
+    );
+    let _ = waiter.await;
+    fred::prelude::ClientLike::quit(&raw).await.unwrap();
+}
+
 /// A waiter of a fresh task that has read Pending, subscribed to the task's own channel and
 /// parked there (what a wait for a task enqueued without `reply_to` does after its first
 /// re-read), with a raw client to act on the server.
