@@ -1,5 +1,5 @@
-//! Deliveries received together are settled together in one runtime task per thread: a
-//! panic while settling one of them must end that delivery only, not its whole group.
+//! Deliveries received together: a panic while settling one of them must end that delivery
+//! only, not the others received with it.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

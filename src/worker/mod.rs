@@ -3,7 +3,6 @@
 
 mod config;
 mod delivery;
-mod dispatch;
 mod heartbeat;
 mod metrics;
 mod probes;
@@ -451,10 +450,6 @@ impl Worker {
     /// Receives and runs tasks until `shutdown` asks for a drain; then stops receiving, lets
     /// runs finish within the grace period (or until a forced stop), cancels the leftovers and
     /// releases their claims and messages so another worker takes them at once.
-    ///
-    /// Deliveries received together are settled in one runtime task per thread of the current
-    /// runtime (fewer spawns and cross-thread wake-ups than a task each); a task body runs on
-    /// that thread until it awaits, so CPU-heavy work belongs in `spawn_blocking`.
     pub async fn run(&self, shutdown: Shutdown) {
         let inner = &self.inner;
         inner.running.open();
@@ -507,12 +502,21 @@ impl Worker {
             match received {
                 Ok(deliveries) => {
                     backoff = Duration::from_millis(100);
-                    if deliveries.len() > permits.len() {
-                        // Handled anyway rather than held unheartbeated.
-                        tracing::warn!("broker returned more deliveries than requested");
+                    for d in deliveries {
+                        let Some(permit) = permits.pop() else {
+                            // A broker returned more than asked: handle it anyway rather than
+                            // hold it unheartbeated.
+                            tracing::warn!("broker returned more deliveries than requested");
+                            let inner = Arc::clone(inner);
+                            tracker.spawn(async move { inner.process(d).await });
+                            continue;
+                        };
+                        let inner = Arc::clone(inner);
+                        tracker.spawn(async move {
+                            inner.process(d).await;
+                            drop(permit);
+                        });
                     }
-                    let with_slots = deliveries.into_iter().map(|d| (d, permits.pop())).collect();
-                    dispatch::dispatch(inner, &tracker, with_slots);
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, retry_in = ?backoff, "receive failed");
