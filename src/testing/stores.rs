@@ -2,7 +2,7 @@
 //! result writes.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -179,6 +179,7 @@ impl ResultStore for FaultyStore {
 pub struct CountingStore<S> {
     inner: Arc<S>,
     writes: Mutex<HashMap<TaskId, u32>>,
+    fenced: AtomicU64,
 }
 
 impl<S> CountingStore<S> {
@@ -187,6 +188,7 @@ impl<S> CountingStore<S> {
         CountingStore {
             inner,
             writes: Mutex::default(),
+            fenced: AtomicU64::new(0),
         }
     }
 
@@ -203,6 +205,12 @@ impl<S> CountingStore<S> {
     /// Writes over all tasks.
     pub fn total_writes(&self) -> u64 {
         self.lock().values().map(|n| u64::from(*n)).sum()
+    }
+
+    /// Result writes refused as `Stale`: a holder whose claim was taken over tried to write
+    /// (fencing at work, whatever the worker then did with its delivery).
+    pub fn fenced_writes(&self) -> u64 {
+        self.fenced.load(Ordering::Relaxed)
     }
 
     /// Tasks written more than once (must stay empty).
@@ -258,8 +266,12 @@ impl<S: ResultStore> ResultStore for CountingStore<S> {
         reply_to: Option<&str>,
     ) -> Result<CompleteOutcome, StoreError> {
         let outcome = self.inner.complete(id, token, result, reply_to).await?;
-        if outcome == CompleteOutcome::Stored {
-            *self.lock().entry(id.clone()).or_default() += 1;
+        match outcome {
+            CompleteOutcome::Stored => *self.lock().entry(id.clone()).or_default() += 1,
+            CompleteOutcome::Stale => {
+                self.fenced.fetch_add(1, Ordering::Relaxed);
+            }
+            _ => {}
         }
         Ok(outcome)
     }
