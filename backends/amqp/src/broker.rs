@@ -10,11 +10,11 @@ use ferriq::broker::{
 use lapin::options::BasicAckOptions;
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Acker, Channel};
-use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use crate::consume::{Incoming, Lanes};
 use crate::publish::{long, persistent, Publication};
-use crate::session::{Incoming, Session, Shared};
+use crate::session::{Session, Shared};
 use crate::{AmqpBrokerBuilder, AmqpError};
 
 /// Our receive count, carried on copies made by `release(after)` (a copy is a new message to
@@ -36,7 +36,8 @@ fn unix_ms_now() -> i64 {
 #[derive(Clone)]
 pub struct AmqpBroker {
     pub(crate) shared: Arc<Shared>,
-    receiver: Arc<tokio::sync::Mutex<mpsc::Receiver<Incoming>>>,
+    /// The consumers one `receive` at a time polls.
+    lanes: Arc<tokio::sync::Mutex<Lanes>>,
     _owner: Arc<Owner>,
 }
 
@@ -96,12 +97,8 @@ impl AmqpBroker {
     }
 
     pub(crate) async fn connect(config: AmqpBrokerBuilder) -> Result<Self, AmqpError> {
-        // Deliveries pushed by the consumers and not yet received by the worker; the
-        // prefetch bounds them anyway.
-        let capacity = 1024;
-        let (tx, rx) = mpsc::channel(capacity);
         let url = config.url.redacted();
-        let shared = Arc::new(Shared::new(config, tx));
+        let shared = Arc::new(Shared::new(config));
         let first = shared
             .connect_once()
             .await
@@ -115,7 +112,7 @@ impl AmqpBroker {
         let mut sessions = shared.session.subscribe();
         let _ = sessions.wait_for(Option::is_some).await;
         Ok(AmqpBroker {
-            receiver: Arc::new(tokio::sync::Mutex::new(rx)),
+            lanes: Arc::default(),
             _owner: Arc::new(Owner(Arc::clone(&shared))),
             shared,
         })
@@ -307,12 +304,20 @@ impl Broker for AmqpBroker {
         if !self.shared.consume.swap(true, Ordering::SeqCst) {
             self.shared.start_consuming.notify_one();
         }
-        let mut rx = self.receiver.lock().await;
+        let mut lanes = self.lanes.lock().await;
         let mut out = Vec::new();
-        let first = match tokio::time::timeout(wait, rx.recv()).await {
-            Ok(Some(incoming)) => incoming,
-            Ok(None) => return Err(BrokerError::Unavailable("the broker was closed".into())),
-            Err(_) => return Ok(out),
+        let waiting = async {
+            loop {
+                lanes.adopt(&self.shared);
+                tokio::select! {
+                    incoming = lanes.next(&self.shared) => return incoming,
+                    // A reconnect started new consumers: poll those instead.
+                    _ = self.shared.consumers_started.notified() => {}
+                }
+            }
+        };
+        let Ok(first) = tokio::time::timeout(wait, waiting).await else {
+            return Ok(out);
         };
         let mut next = Some(first);
         while let Some(incoming) = next.take() {
@@ -324,7 +329,7 @@ impl Broker for AmqpBroker {
                 out.push(self.to_delivery(incoming));
             }
             if out.len() < max.max(1) {
-                next = rx.try_recv().ok();
+                next = lanes.try_next(&self.shared);
             }
         }
         Ok(out)
@@ -487,8 +492,8 @@ impl Broker for AmqpBroker {
         // also hand away the deliveries of runs still finishing.)
         self.shared.consume.store(false, Ordering::SeqCst);
         self.shared.close_consumers().await;
-        let mut rx = self.receiver.lock().await;
-        while rx.try_recv().is_ok() {} // their channel is closed: they are the queue's again
+        // Their channels are closed: what they still hold is the queue's again.
+        self.lanes.lock().await.clear();
     }
 
     async fn health(&self) -> Health {

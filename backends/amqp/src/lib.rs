@@ -16,6 +16,8 @@
 //!   delay tier and acks the original only after the copy's confirm; `release(0)` is a nack with
 //!   requeue; `dead_letter` parks a copy with `x-ferriq-reason`, `x-ferriq-detail`,
 //!   `x-ferriq-task-name` and `x-ferriq-attempts` headers, then acks.
+//! - **Deliveries** are taken from lapin's consumers by the worker's `receive` itself, with no
+//!   forwarding task or channel in between.
 //! - **Acks** are written on the delivery's own consumer channel (not through lapin's `Acker`,
 //!   whose RPC task costs two more thread hand-offs per message).
 //! - **Two connections**: one publishes, one (opened by the first `receive`) consumes and acks,
@@ -48,6 +50,7 @@
 
 mod broker;
 mod config;
+mod consume;
 mod dead_letters;
 mod error;
 mod from_url;

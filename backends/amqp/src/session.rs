@@ -8,19 +8,11 @@ use futures_util::StreamExt;
 use lapin::options::{BasicConsumeOptions, BasicQosOptions, ConfirmSelectOptions};
 use lapin::types::FieldTable;
 use lapin::{Channel, Connection, ConnectionProperties, Event};
-use tokio::sync::{mpsc, watch, Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
+use crate::consume::LaneConsumer;
 use crate::{topology, AmqpBrokerBuilder};
-
-/// A delivery as a consumer task received it, tagged with its session.
-pub(crate) struct Incoming {
-    pub(crate) generation: u64,
-    pub(crate) queue: String,
-    pub(crate) delivery: lapin::message::Delivery,
-    /// The consumer channel it came on (acks go straight to it).
-    pub(crate) channel: Arc<Channel>,
-}
 
 /// A live session: a publishing connection with its confirm-mode channels, a consuming
 /// connection opened on the first receive, and a token cancelled when either fails.
@@ -123,7 +115,11 @@ pub(crate) struct Shared {
     generation: AtomicU64,
     pub(crate) consume: AtomicBool,
     pub(crate) start_consuming: Notify,
-    pub(crate) deliveries: mpsc::Sender<Incoming>,
+    /// Consumers started and not yet taken by `receive`, which polls them itself.
+    started_consumers: Mutex<Vec<LaneConsumer>>,
+    /// Signalled when consumers are started (after a reconnect, a waiting `receive` takes
+    /// them at once).
+    pub(crate) consumers_started: Notify,
     pub(crate) last_error: Mutex<String>,
     pub(crate) stop: CancellationToken,
     /// Deliveries held unacked at once over the lanes: the configured prefetch, else the
@@ -135,13 +131,14 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    pub(crate) fn new(config: AmqpBrokerBuilder, deliveries: mpsc::Sender<Incoming>) -> Self {
+    pub(crate) fn new(config: AmqpBrokerBuilder) -> Self {
         Shared {
             session: watch::channel(None).0,
             generation: AtomicU64::new(0),
             consume: AtomicBool::new(false),
             start_consuming: Notify::new(),
-            deliveries,
+            started_consumers: Mutex::new(Vec::new()),
+            consumers_started: Notify::new(),
             last_error: Mutex::new(String::new()),
             stop: CancellationToken::new(),
             prefetch: std::sync::atomic::AtomicU16::new(config.prefetch.unwrap_or(32)),
@@ -159,7 +156,17 @@ impl Shared {
             .map_or(0, |s| s.generation)
     }
 
-    fn set_error(&self, e: impl std::fmt::Display) {
+    /// The consumers started since the last call.
+    pub(crate) fn take_started_consumers(&self) -> Vec<LaneConsumer> {
+        std::mem::take(
+            &mut *self
+                .started_consumers
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()),
+        )
+    }
+
+    pub(crate) fn set_error(&self, e: impl std::fmt::Display) {
         *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = e.to_string();
     }
 
@@ -271,7 +278,7 @@ impl Shared {
                 Ok::<_, lapin::Error>((channel, tag, consumer))
             };
             match started.await {
-                Ok((channel, _tag, mut consumer)) => {
+                Ok((channel, _tag, consumer)) => {
                     if !self.consume.load(Ordering::SeqCst) {
                         // The worker drained while this consumer was starting.
                         let _ = channel.close(200, "worker drained".into()).await;
@@ -282,37 +289,17 @@ impl Shared {
                         .lock()
                         .unwrap_or_else(|p| p.into_inner())
                         .push(channel.clone());
-                    let (shared, session, queue) =
-                        (Arc::clone(self), Arc::clone(session), queue.clone());
-                    let channel = Arc::new(channel);
-                    tokio::spawn(async move {
-                        loop {
-                            tokio::select! {
-                                _ = session.dead.cancelled() => return,
-                                item = consumer.next() => match item {
-                                    Some(Ok(delivery)) => {
-                                        let incoming = Incoming { generation: session.generation, queue: queue.clone(), delivery, channel: Arc::clone(&channel) };
-                                        if shared.deliveries.send(incoming).await.is_err() {
-                                            return;
-                                        }
-                                    }
-                                    // Closed on purpose after a drain.
-                                    None | Some(Err(_)) if !shared.consume.load(Ordering::SeqCst) => return,
-                                    Some(Err(e)) => {
-                                        tracing::warn!(error = %e, queue, "consumer failed; reconnecting");
-                                        shared.set_error(&e);
-                                        session.dead.cancel();
-                                        return;
-                                    }
-                                    None => {
-                                        tracing::warn!(queue, "consumer cancelled by the broker; reconnecting");
-                                        session.dead.cancel();
-                                        return;
-                                    }
-                                },
-                            }
-                        }
-                    });
+                    self.started_consumers
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push(LaneConsumer {
+                            generation: session.generation,
+                            queue: queue.clone(),
+                            channel: Arc::new(channel),
+                            consumer,
+                            dead: session.dead.clone(),
+                        });
+                    self.consumers_started.notify_one();
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, queue, "cannot start consuming; reconnecting");

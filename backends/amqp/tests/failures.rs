@@ -79,6 +79,41 @@ async fn a_channel_closed_by_the_broker_does_not_end_the_session() {
     broker.ack(&held.handle).await.unwrap();
 }
 
+#[tokio::test]
+async fn a_lane_deleted_under_its_consumer_is_declared_again_and_consumed() {
+    let topology = Topology::new();
+    let broker = topology.broker().await;
+    broker.publish(vec![message()]).await.unwrap();
+    let first = broker
+        .receive(1, Duration::from_secs(5))
+        .await
+        .unwrap()
+        .remove(0);
+    broker.ack(&first.handle).await.unwrap();
+    // RabbitMQ cancels the consumer of a deleted queue: the session is replaced, which
+    // declares the lane again and consumes it anew.
+    delete_queue(&topology.queue).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let mut published = false;
+    loop {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "nothing received from the lane declared again (published: {published})"
+        );
+        // Until the lane exists again a publish is unroutable, and refused.
+        if !published {
+            published = broker.publish(vec![message()]).await.is_ok();
+        }
+        let got = broker.receive(1, Duration::from_millis(200)).await.unwrap();
+        if let Some(d) = got.into_iter().next() {
+            assert!(published, "a delivery before any publish went through");
+            broker.ack(&d.handle).await.unwrap();
+            break;
+        }
+    }
+    assert!(broker.health().await.is_healthy());
+}
+
 #[ferriq::task(name = "failures.slow")]
 async fn slow(ctx: ferriq::TaskContext) -> u32 {
     // Runs until the worker gives up on it (a drain), or finishes at once on its redelivery.
