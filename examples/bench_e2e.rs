@@ -11,8 +11,12 @@
 //! cargo run --release --example bench_e2e -- --broker amqp --steady 60   # + 60 s at 70 % load
 //! cargo run --release --example bench_e2e -- --broker amqp --backlog 100000 # worker RSS
 //! cargo run --release --example bench_e2e -- --broker amqp --rounds 5 --worker-threads 1
+//! cargo run --release --example bench_e2e -- --broker amqp --rounds 5 --direct
 //! ```
 //!
+//! `--direct` publishes ferriq's tasks to the lane queue through RabbitMQ's default exchange
+//! (`AmqpBrokerBuilder::publish_to_lanes_directly`) instead of the topic exchange, as the raw
+//! baselines do.
 //! `--worker-threads N` sets the worker process's tokio runtime: 1 is a current-thread
 //! runtime, more a multi-thread one with N threads; by default tokio's (a thread per core).
 //! `--rounds` also prints the CPU µs per task of each process (this one, the worker,
@@ -38,7 +42,7 @@ use ferriq_examples::cpu::{column_medians, cpu_seconds, find_process, Meter};
 use ferriq_examples::raw::{
     raw_lapin, raw_lapin_pipelined, raw_lapin_round_trips, raw_memory, raw_sqs,
 };
-use ferriq_examples::{amqp_url, arg, peak_rss_mib, percentile, redis_url};
+use ferriq_examples::{amqp_url, arg, flag, peak_rss_mib, percentile, redis_url};
 use ferriq_sqs::SqsBroker;
 use ferriq_valkey::ValkeyStore;
 use futures_util::StreamExt;
@@ -55,6 +59,7 @@ async fn amqp(exchange: &str, queue: &str) -> AmqpBroker {
         .exchange(exchange)
         .queues([queue])
         .prefetch(CONCURRENCY as u16)
+        .publish_to_lanes_directly(flag("--direct"))
         .connect()
         .await
         .expect("RabbitMQ")
@@ -477,7 +482,12 @@ async fn amqp_rounds(
         4,
     )?;
     floor_pool.init().await?;
-    println!("ferriq bench_e2e --rounds {rounds}: RabbitMQ quorum queue + Redis, worker in its own process; N={n}, concurrency {CONCURRENCY}");
+    let route = if flag("--direct") {
+        "published to the lane directly"
+    } else {
+        "published through the topic exchange"
+    };
+    println!("ferriq bench_e2e --rounds {rounds}: RabbitMQ quorum queue ({route}) + Redis, worker in its own process; N={n}, concurrency {CONCURRENCY}");
     println!("CPU: {}", ferriq_examples::cpu_model());
     println!("| round | enqueue tasks/s | end to end tasks/s | raw msgs/s | ratio | raw pipelined msgs/s | ratio | raw pipelined + store floor msgs/s | ratio |");
     println!("|---|---|---|---|---|---|---|---|---|");

@@ -71,7 +71,11 @@ impl AmqpBroker {
                 self.delayed(lane, delay, msg.body.clone(), properties)
             }
             _ => Publication {
-                exchange: config.exchange.clone(),
+                exchange: if config.publish_to_lanes_directly {
+                    String::new()
+                } else {
+                    config.exchange.clone()
+                },
                 routing_key: lane,
                 body: msg.body.clone(),
                 properties,

@@ -107,3 +107,26 @@ async fn a_worker_from_the_environment_takes_its_prefetch_from_its_concurrency()
     }
     running.stop().await;
 }
+
+#[tokio::test]
+async fn publishing_to_lanes_directly_is_read_as_true_or_false() {
+    let topology = Topology::new();
+    let options = |value: &str| {
+        ConnectOptions::new(common::amqp_url()).settings([
+            ("FERRIQ_QUEUES", topology.queue.clone()),
+            ("FERRIQ_AMQP_EXCHANGE", topology.exchange.clone()),
+            ("FERRIQ_AMQP_PUBLISH_TO_LANES_DIRECTLY", value.to_owned()),
+        ])
+    };
+    for good in ["true", "false", "1", "0"] {
+        connect_broker_with(options(good))
+            .await
+            .unwrap_or_else(|e| panic!("{good}: {e}"));
+    }
+    let err = connect_broker_with(options("yes")).await.unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("FERRIQ_AMQP_PUBLISH_TO_LANES_DIRECTLY=\"yes\" is invalid"),
+        "{err}"
+    );
+}

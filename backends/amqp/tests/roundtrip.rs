@@ -429,3 +429,81 @@ async fn waiting_on_a_queue_nobody_consumes_says_so() {
         Err(WaitError::TimedOut(_))
     ));
 }
+
+#[tokio::test]
+async fn publishing_to_lanes_directly_skips_the_exchanges_other_bindings() {
+    use lapin::options::{BasicGetOptions, QueueBindOptions, QueueDeclareOptions};
+    let topology = Topology::new();
+    let through_exchange = topology.broker().await;
+    let direct = topology
+        .builder(&common::amqp_url())
+        .publish_to_lanes_directly(true)
+        .connect()
+        .await
+        .unwrap();
+    // An audit queue bound to the exchange by pattern (exclusive: gone with its connection).
+    let conn = lapin::Connection::connect(&common::amqp_url(), Default::default())
+        .await
+        .unwrap();
+    let ch = conn.create_channel().await.unwrap();
+    let audit = common::unique("audit");
+    let exclusive = QueueDeclareOptions {
+        exclusive: true,
+        ..Default::default()
+    };
+    ch.queue_declare(audit.as_str().into(), exclusive, Default::default())
+        .await
+        .unwrap();
+    ch.queue_bind(
+        audit.as_str().into(),
+        topology.exchange.as_str().into(),
+        "#".into(),
+        QueueBindOptions::default(),
+        Default::default(),
+    )
+    .await
+    .unwrap();
+
+    let message = |n| OutgoingMessage::from_message(&add::call(n, 0).into_message().unwrap());
+    let (a, b) = (message(1).unwrap(), message(2).unwrap());
+    let (via_exchange, via_default) = (a.task_id.to_string(), b.task_id.to_string());
+    through_exchange.publish(vec![a]).await.unwrap();
+    direct.publish(vec![b]).await.unwrap();
+
+    // Both reach the lane.
+    let mut received = Vec::new();
+    let deadline = Instant::now() + WAIT;
+    while received.len() < 2 {
+        assert!(Instant::now() < deadline, "the lane got only {received:?}");
+        for d in through_exchange
+            .receive(2, Duration::from_millis(200))
+            .await
+            .unwrap()
+        {
+            received.push(d.task_id.clone().expect("the task_id header"));
+            through_exchange.ack(&d.handle).await.unwrap();
+        }
+    }
+    received.sort();
+    let mut expected = vec![via_exchange.clone(), via_default];
+    expected.sort();
+    assert_eq!(received, expected);
+    // Only the one published through the exchange was copied to the audit queue.
+    let get = || ch.basic_get(audit.as_str().into(), BasicGetOptions { no_ack: true });
+    let copied = get()
+        .await
+        .unwrap()
+        .expect("a copy of the exchange's message");
+    let copied_id = copied
+        .delivery
+        .properties
+        .message_id()
+        .as_ref()
+        .map(|s| s.to_string());
+    assert_eq!(copied_id.as_deref(), Some(via_exchange.as_str()));
+    assert!(
+        get().await.unwrap().is_none(),
+        "the direct publish was copied"
+    );
+    let _ = conn.close(200, "".into()).await;
+}
