@@ -148,14 +148,22 @@ async fn sigstop_past_lease(backend: Backend, root: &Path) -> Row {
         assert!(Instant::now() < deadline, "worker A never started a run");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    // RabbitMQ hands a stopped consumer's deliveries on only when its connection is declared
-    // dead (two missed AMQP heartbeats, ~10 s); SQS when the visibility (the lease) ends.
-    let pause = match backend {
-        Backend::Amqp => Duration::from_secs(15),
-        Backend::Sqs => Duration::from_secs(6),
-    };
+    // Paused until another worker has taken a run over. RabbitMQ hands a stopped consumer's
+    // deliveries on only once it declares the connection dead: ~15 s after the stop with 5 s
+    // heartbeats (measured: 14.8 s). A fixed 15 s pause raced that: when the worker resumed
+    // first, its runs finished and wrote before any copy was handed on, and nothing was taken
+    // over. SQS hands them on when the visibility (the lease) ends.
     w.signal(a, "STOP");
-    tokio::time::sleep(pause).await;
+    let stopped_at = Instant::now();
+    let give_up = stopped_at + Duration::from_secs(60);
+    while Instant::now() < give_up
+        && !events::count(&events::read_all(&w.events_dir), "start")
+            .values()
+            .any(|n| *n > 1)
+    {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let pause = stopped_at.elapsed();
     w.signal(a, "CONT");
     let fault_end = now_ms();
     let drained = w.wait_written(DRAIN).await;
