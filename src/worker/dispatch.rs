@@ -18,6 +18,12 @@ use tokio_util::task::TaskTracker;
 use super::Inner;
 use crate::broker::Delivery;
 
+/// The most deliveries one task runs. Deliveries in one task are never run in parallel, and a
+/// task body that blocks its thread (a mistake, but a common one) holds up the others of its
+/// group, their result writes and acks included: a small group bounds that, and 8 already
+/// saves most of the spawns of a batch.
+const MAX_GROUP: usize = 8;
+
 /// Runs each delivery, holding its concurrency slot (`None`: a delivery the broker returned
 /// beyond what was asked, handled rather than left unheartbeated) until it is settled.
 pub(super) fn dispatch(
@@ -29,7 +35,7 @@ pub(super) fn dispatch(
         .metrics()
         .num_workers()
         .max(1);
-    let per_group = deliveries.len().div_ceil(threads).max(1);
+    let per_group = deliveries.len().div_ceil(threads).clamp(1, MAX_GROUP);
     let mut deliveries = deliveries.into_iter().peekable();
     while deliveries.peek().is_some() {
         let group: Vec<_> = deliveries.by_ref().take(per_group).collect();
