@@ -3,9 +3,10 @@
 //! One task per delivery made every delivery a spawn, and on a multi-thread runtime every
 //! spawn and every wake of a task another thread holds can wake a parked thread (a futex call
 //! and a context switch). On a 2-core machine shared with the broker and the store that cost
-//! the worker about a fifth of its CPU per task. A received batch is instead split into one
-//! group per runtime thread, each group one task that runs its deliveries concurrently: the
-//! threads still share the work, and a batch costs a few spawns instead of one per message.
+//! the worker a tenth to a quarter of its CPU per task (BENCHMARKS.md). A received batch is
+//! instead split into groups, at least one per runtime thread and at most 8 deliveries each,
+//! each group one task that runs its deliveries concurrently: the threads still share the
+//! work, and a batch costs a few spawns instead of one per message.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
