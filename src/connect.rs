@@ -126,6 +126,27 @@ impl ConnectOptions {
         self.settings.get(name)
     }
 
+    /// An on/off setting: `None` when unset, else `1`/`true`/`yes`/`on` or `0`/`false`/`no`/
+    /// `off` (any case), anything else an error naming the setting.
+    ///
+    /// ```
+    /// use ferriq::connect::ConnectOptions;
+    /// let options = ConnectOptions::new("memory://").settings([("FERRIQ_X", "On"), ("FERRIQ_Y", "maybe")]);
+    /// assert_eq!(options.flag("FERRIQ_X").unwrap(), Some(true));
+    /// assert_eq!(options.flag("FERRIQ_UNSET").unwrap(), None);
+    /// assert!(options.flag("FERRIQ_Y").is_err());
+    /// ```
+    pub fn flag(&self, name: &str) -> Result<Option<bool>, ConnectError> {
+        let Some(value) = self.setting(name) else {
+            return Ok(None);
+        };
+        parse_flag(value).map(Some).ok_or_else(|| {
+            ConnectError::Backend(format!(
+                "{name}={value:?} is invalid: expected 1 or 0 (true or false)"
+            ))
+        })
+    }
+
     /// `FERRIQ_QUEUES`: the lanes, comma-separated (the first is the default lane).
     pub fn queues(&self) -> Option<Vec<String>> {
         let queues: Vec<String> = self
@@ -304,4 +325,13 @@ mod memory {
         schemes: &["memory"],
         connect: store,
     });
+}
+
+/// An on/off value as every `FERRIQ_*` switch reads it (empty is off).
+pub(crate) fn parse_flag(value: &str) -> Option<bool> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "" | "0" | "false" | "no" | "off" => Some(false),
+        "1" | "true" | "yes" | "on" => Some(true),
+        _ => None,
+    }
 }

@@ -183,17 +183,13 @@ impl WorkerConfig {
                     c.store_url = Some(SecretUrl::new(value))
                 }
                 "FERRIQ_SCHEDULER" => {
-                    c.scheduler = match value.trim().to_ascii_lowercase().as_str() {
-                        "" | "0" | "false" | "no" | "off" => false,
-                        "1" | "true" | "yes" | "on" => true,
-                        _ => {
-                            return Err(ConfigError::InvalidVar {
-                                name: "FERRIQ_SCHEDULER",
-                                value: value.to_owned(),
-                                reason: "expected 1 or 0 (true or false)",
-                            })
+                    c.scheduler = crate::connect::parse_flag(value).ok_or_else(|| {
+                        ConfigError::InvalidVar {
+                            name: "FERRIQ_SCHEDULER",
+                            value: value.to_owned(),
+                            reason: "expected 1 or 0 (true or false)",
                         }
-                    }
+                    })?
                 }
                 "FERRIQ_PROBE_ADDR" if !value.is_empty() => {
                     c.probe_addr =

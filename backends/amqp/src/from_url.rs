@@ -3,7 +3,7 @@
 //!
 //! Settings read: `FERRIQ_QUEUES` (lanes, comma-separated; the first is the default),
 //! `FERRIQ_AMQP_EXCHANGE` (default `taskiq`), `FERRIQ_AMQP_PREFETCH` (default: the worker's
-//! concurrency), `FERRIQ_AMQP_PUBLISH_TO_LANES_DIRECTLY` (`true` or `false`, default `false`:
+//! concurrency), `FERRIQ_AMQP_PUBLISH_TO_LANES_DIRECTLY` (on or off as `FERRIQ_SCHEDULER`, default off:
 //! see [`AmqpBrokerBuilder::publish_to_lanes_directly`](crate::AmqpBrokerBuilder::publish_to_lanes_directly)).
 
 use std::sync::Arc;
@@ -22,17 +22,7 @@ fn connect(options: ConnectOptions) -> ConnectFuture<Arc<dyn Broker>> {
         if let Some(exchange) = options.setting("FERRIQ_AMQP_EXCHANGE") {
             builder = builder.exchange(exchange);
         }
-        if let Some(direct) = options.setting("FERRIQ_AMQP_PUBLISH_TO_LANES_DIRECTLY") {
-            let on = match direct.trim() {
-                "1" | "true" => true,
-                "0" | "false" => false,
-                other => {
-                    return Err(ConnectError::Backend(format!(
-                        "FERRIQ_AMQP_PUBLISH_TO_LANES_DIRECTLY={other:?} is invalid: expected \
-                         true or false"
-                    )))
-                }
-            };
+        if let Some(on) = options.flag("FERRIQ_AMQP_PUBLISH_TO_LANES_DIRECTLY")? {
             builder = builder.publish_to_lanes_directly(on);
         }
         if let Some(prefetch) = options.setting("FERRIQ_AMQP_PREFETCH") {

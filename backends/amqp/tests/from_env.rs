@@ -109,7 +109,7 @@ async fn a_worker_from_the_environment_takes_its_prefetch_from_its_concurrency()
 }
 
 #[tokio::test]
-async fn publishing_to_lanes_directly_is_read_as_true_or_false() {
+async fn publishing_to_lanes_directly_is_read_as_an_on_off_switch() {
     let topology = Topology::new();
     let options = |value: &str| {
         ConnectOptions::new(common::amqp_url()).settings([
@@ -118,15 +118,16 @@ async fn publishing_to_lanes_directly_is_read_as_true_or_false() {
             ("FERRIQ_AMQP_PUBLISH_TO_LANES_DIRECTLY", value.to_owned()),
         ])
     };
-    for good in ["true", "false", "1", "0"] {
+    // Read as every FERRIQ_* switch is (FERRIQ_SCHEDULER too).
+    for good in ["true", "false", "1", "0", "On", "no"] {
         connect_broker_with(options(good))
             .await
             .unwrap_or_else(|e| panic!("{good}: {e}"));
     }
-    let err = connect_broker_with(options("yes")).await.unwrap_err();
+    let err = connect_broker_with(options("maybe")).await.unwrap_err();
     assert!(
         err.to_string()
-            .contains("FERRIQ_AMQP_PUBLISH_TO_LANES_DIRECTLY=\"yes\" is invalid"),
+            .contains("FERRIQ_AMQP_PUBLISH_TO_LANES_DIRECTLY=\"maybe\" is invalid"),
         "{err}"
     );
 }
