@@ -27,16 +27,22 @@ async fn delete_queue(name: &str) {
     let _ = conn.close(200, "".into()).await;
 }
 
-#[tokio::test]
-async fn a_release_whose_copy_is_refused_puts_the_original_back() {
+/// A fresh topology and broker with one message published and received (held, unsettled).
+async fn one_held() -> (Topology, ferriq_amqp::AmqpBroker, ferriq::broker::Delivery) {
     let topology = Topology::new();
     let broker = topology.broker().await;
     broker.publish(vec![message()]).await.unwrap();
-    let first = broker
+    let held = broker
         .receive(1, Duration::from_secs(5))
         .await
         .unwrap()
         .remove(0);
+    (topology, broker, held)
+}
+
+#[tokio::test]
+async fn a_release_whose_copy_is_refused_puts_the_original_back() {
+    let (topology, broker, first) = one_held().await;
     delete_queue(&format!("{}.delay.1s", topology.queue)).await;
 
     let err = broker
@@ -54,14 +60,7 @@ async fn a_release_whose_copy_is_refused_puts_the_original_back() {
 
 #[tokio::test]
 async fn a_channel_closed_by_the_broker_does_not_end_the_session() {
-    let topology = Topology::new();
-    let broker = topology.broker().await;
-    broker.publish(vec![message()]).await.unwrap();
-    let held = broker
-        .receive(1, Duration::from_secs(5))
-        .await
-        .unwrap()
-        .remove(0);
+    let (topology, broker, held) = one_held().await;
     // A basic.get on a missing queue makes RabbitMQ close that (operator) channel with 404.
     delete_queue(&format!("{}.dead_letter", topology.queue)).await;
     let err = broker.take_dead(&topology.queue, 1).await.unwrap_err();
@@ -81,14 +80,7 @@ async fn a_channel_closed_by_the_broker_does_not_end_the_session() {
 
 #[tokio::test]
 async fn a_lane_deleted_under_its_consumer_is_declared_again_and_consumed() {
-    let topology = Topology::new();
-    let broker = topology.broker().await;
-    broker.publish(vec![message()]).await.unwrap();
-    let first = broker
-        .receive(1, Duration::from_secs(5))
-        .await
-        .unwrap()
-        .remove(0);
+    let (topology, broker, first) = one_held().await;
     broker.ack(&first.handle).await.unwrap();
     // RabbitMQ cancels the consumer of a deleted queue: the session is replaced, which
     // declares the lane again and consumes it anew.

@@ -206,6 +206,28 @@ async fn depth_and_health_report_the_queue() {
     assert!(!broker.health().await.is_healthy());
 }
 
+/// Receives `n` deliveries (acking each) and returns their task ids in the order they arrived.
+async fn receive_acking(broker: &ferriq_amqp::AmqpBroker, n: usize) -> Vec<String> {
+    let mut received = Vec::new();
+    let deadline = Instant::now() + WAIT;
+    while received.len() < n {
+        assert!(
+            Instant::now() < deadline,
+            "{} of {n} arrived",
+            received.len()
+        );
+        for d in broker
+            .receive(64, Duration::from_millis(200))
+            .await
+            .unwrap()
+        {
+            received.push(d.task_id.clone().expect("the task_id header"));
+            broker.ack(&d.handle).await.unwrap();
+        }
+    }
+    received
+}
+
 #[tokio::test]
 async fn a_batch_arrives_in_the_order_it_was_published() {
     // A batch is handed to the connection all at once (pipelined), not one message per write:
@@ -217,24 +239,7 @@ async fn a_batch_arrives_in_the_order_it_was_published() {
         .collect();
     let sent: Vec<String> = msgs.iter().map(|m| m.task_id.to_string()).collect();
     broker.publish(msgs).await.unwrap();
-    let mut received = Vec::new();
-    let deadline = Instant::now() + WAIT;
-    while received.len() < sent.len() {
-        assert!(
-            Instant::now() < deadline,
-            "{} of {} arrived",
-            received.len(),
-            sent.len()
-        );
-        for d in broker
-            .receive(64, Duration::from_millis(200))
-            .await
-            .unwrap()
-        {
-            received.push(d.task_id.clone().expect("the task_id header"));
-            broker.ack(&d.handle).await.unwrap();
-        }
-    }
+    let received = receive_acking(&broker, sent.len()).await;
     assert!(received == sent, "the batch arrived out of order");
 }
 
@@ -471,19 +476,7 @@ async fn publishing_to_lanes_directly_skips_the_exchanges_other_bindings() {
     direct.publish(vec![b]).await.unwrap();
 
     // Both reach the lane.
-    let mut received = Vec::new();
-    let deadline = Instant::now() + WAIT;
-    while received.len() < 2 {
-        assert!(Instant::now() < deadline, "the lane got only {received:?}");
-        for d in through_exchange
-            .receive(2, Duration::from_millis(200))
-            .await
-            .unwrap()
-        {
-            received.push(d.task_id.clone().expect("the task_id header"));
-            through_exchange.ack(&d.handle).await.unwrap();
-        }
-    }
+    let mut received = receive_acking(&through_exchange, 2).await;
     received.sort();
     let mut expected = vec![via_exchange.clone(), via_default];
     expected.sort();
