@@ -3,6 +3,7 @@
 
 mod config;
 mod delivery;
+mod dispatch;
 mod heartbeat;
 mod metrics;
 mod probes;
@@ -502,21 +503,12 @@ impl Worker {
             match received {
                 Ok(deliveries) => {
                     backoff = Duration::from_millis(100);
-                    for d in deliveries {
-                        let Some(permit) = permits.pop() else {
-                            // A broker returned more than asked: handle it anyway rather than
-                            // hold it unheartbeated.
-                            tracing::warn!("broker returned more deliveries than requested");
-                            let inner = Arc::clone(inner);
-                            tracker.spawn(async move { inner.process(d).await });
-                            continue;
-                        };
-                        let inner = Arc::clone(inner);
-                        tracker.spawn(async move {
-                            inner.process(d).await;
-                            drop(permit);
-                        });
+                    if deliveries.len() > permits.len() {
+                        // Handled anyway rather than held unheartbeated.
+                        tracing::warn!("broker returned more deliveries than requested");
                     }
+                    let with_slots = deliveries.into_iter().map(|d| (d, permits.pop())).collect();
+                    dispatch::dispatch(inner, &tracker, with_slots);
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, retry_in = ?backoff, "receive failed");

@@ -291,12 +291,14 @@ pub(super) async fn chord_and_schedule(backend: Backend, root: &Path) -> Row {
     // have its tick run (missed ones are caught up): waited for, bounded, not a fixed pause.
     let clock = TickClock::new(started);
     let required_until = (fault_end / 1000) as i64 + 3;
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let waiting_since = Instant::now();
+    let deadline = waiting_since + Duration::from_secs(30);
     let mut missing = clock.missing(&events::read_all(&w.events_dir), required_until);
     while !missing.is_empty() && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(200)).await;
         missing = clock.missing(&events::read_all(&w.events_dir), required_until);
     }
+    let waited = waiting_since.elapsed();
     for i in w.live() {
         w.signal(i, "TERM");
     }
@@ -320,10 +322,11 @@ pub(super) async fn chord_and_schedule(backend: Backend, root: &Path) -> Row {
         .count();
     let first = clock.first(&j.events);
     j.row.notes.push(format!(
-        "callback runs {callback_runs}, written {}; {} ticks run ({tick_writes} written), first {} s after the start",
+        "callback runs {callback_runs}, written {}; {} ticks run ({tick_writes} written), first {} s after the start, all run {:.1} s after the drain",
         j.writes.get(callback_id.as_str()).map_or(0, Vec::len),
         ticks.len(),
         first.map_or("never".to_owned(), |t| (t - (started / 1000) as i64).to_string()),
+        waited.as_secs_f64(),
     ));
     j.row
         .check(drained, "the callback's result was not written");

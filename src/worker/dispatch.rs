@@ -1,0 +1,79 @@
+//! Handing received deliveries to runtime tasks.
+//!
+//! One task per delivery made every delivery a spawn, and on a multi-thread runtime every
+//! spawn and every wake of a task another thread holds can wake a parked thread (a futex call
+//! and a context switch). On a 2-core machine shared with the broker and the store that cost
+//! the worker a tenth to a quarter of its CPU per task (BENCHMARKS.md). A received batch is
+//! instead split into groups, at least one per runtime thread and at most 8 deliveries each,
+//! each group one task that runs its deliveries concurrently: the threads still share the
+//! work, and a batch costs a few spawns instead of one per message.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+
+use futures_util::stream::FuturesUnordered;
+use futures_util::{FutureExt, StreamExt};
+use tokio::sync::OwnedSemaphorePermit;
+use tokio_util::task::TaskTracker;
+
+use super::Inner;
+use crate::broker::Delivery;
+
+/// The most deliveries one task runs. Deliveries in one task are never run in parallel, and a
+/// task body that blocks its thread (a mistake, but a common one) holds up the others of its
+/// group, their result writes and acks included: a small group bounds that, and 8 already
+/// saves most of the spawns of a batch.
+const MAX_GROUP: usize = 8;
+
+/// Runs each delivery, holding its concurrency slot (`None`: a delivery the broker returned
+/// beyond what was asked, handled rather than left unheartbeated) until it is settled.
+pub(super) fn dispatch(
+    inner: &Arc<Inner>,
+    tracker: &TaskTracker,
+    deliveries: Vec<(Delivery, Option<OwnedSemaphorePermit>)>,
+) {
+    let threads = tokio::runtime::Handle::current()
+        .metrics()
+        .num_workers()
+        .max(1);
+    let per_group = deliveries.len().div_ceil(threads).clamp(1, MAX_GROUP);
+    let mut deliveries = deliveries.into_iter().peekable();
+    while deliveries.peek().is_some() {
+        let group: Vec<_> = deliveries.by_ref().take(per_group).collect();
+        let inner = Arc::clone(inner);
+        if let [_] = group.as_slice() {
+            // A lone delivery needs no set around it.
+            let (d, permit) = group.into_iter().next().expect("one delivery");
+            tracker.spawn(async move {
+                settle_one(inner, d).await;
+                drop(permit);
+            });
+            continue;
+        }
+        let runs: FuturesUnordered<_> = group
+            .into_iter()
+            .map(|(d, permit)| {
+                let inner = Arc::clone(&inner);
+                async move {
+                    settle_one(inner, d).await;
+                    drop(permit);
+                }
+            })
+            .collect();
+        tracker.spawn(runs.for_each(|()| async {}));
+    }
+}
+
+/// Settles one delivery. A panic in the worker's own code (the task's body is caught in
+/// `run`) ends this delivery only, as it did when each had its own task: the message comes
+/// back after its lease, and the rest of the group carries on.
+async fn settle_one(inner: Arc<Inner>, d: Delivery) {
+    if let Err(panic) = AssertUnwindSafe(inner.process(d)).catch_unwind().await {
+        let what = panic
+            .downcast_ref::<&str>()
+            .map(|s| (*s).to_owned())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "(non-string panic payload)".to_owned());
+        tracing::error!(panic = %what, "settling a delivery panicked; its message comes back after its lease");
+    }
+}
