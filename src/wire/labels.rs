@@ -88,6 +88,18 @@ impl LabelValue {
         }
     }
 
+    /// The taskiq type code of the value.
+    fn type_code(&self) -> i64 {
+        match self {
+            LabelValue::Str(_) => code::STR,
+            LabelValue::Int(_) => code::INT,
+            LabelValue::Float(_) => code::FLOAT,
+            LabelValue::Bool(_) => code::BOOL,
+            LabelValue::Bytes(_) => code::BYTES,
+            LabelValue::Any(_) => code::ANY,
+        }
+    }
+
     /// The value and its type code, written the taskiq way.
     fn to_typed(&self) -> (Value, i64) {
         match self {
@@ -444,15 +456,8 @@ impl Labels {
     }
 
     /// Writes `labels` and `labels_types` the taskiq way.
-    pub(crate) fn to_wire(&self) -> (Map<String, Value>, Map<String, Value>) {
-        let mut labels = Map::new();
-        let mut types = Map::new();
-        for (name, value) in &self.0 {
-            let (v, code) = value.to_typed();
-            labels.insert(name.clone(), v);
-            types.insert(name.clone(), Value::from(code));
-        }
-        (labels, types)
+    pub(crate) fn to_wire(&self) -> (TypedLabels<'_>, LabelTypes<'_>) {
+        (TypedLabels(self), LabelTypes(self))
     }
 
     /// The labels as plain JSON values, as taskiq copies them into a result.
@@ -480,5 +485,53 @@ impl<K: Into<String>, V: Into<LabelValue>> FromIterator<(K, V)> for Labels {
                 .map(|(k, v)| (k.into(), v.into()))
                 .collect(),
         )
+    }
+}
+
+/// The labels' values written the taskiq way (every value a string but `Any`), serialized
+/// straight from the labels: no map of copies is built for each message sent.
+pub(crate) struct TypedLabels<'a>(&'a Labels);
+
+/// The `labels_types` object matching [`TypedLabels`].
+pub(crate) struct LabelTypes<'a>(&'a Labels);
+
+impl serde::Serialize for TypedLabels<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = serializer.serialize_map(Some(self.0 .0.len()))?;
+        for (name, value) in &self.0 .0 {
+            match value {
+                LabelValue::Str(s) => map.serialize_entry(name, s)?,
+                LabelValue::Int(i) => map.serialize_entry(name, &AsString(i))?,
+                LabelValue::Bool(b) => {
+                    map.serialize_entry(name, if *b { "True" } else { "False" })?
+                }
+                LabelValue::Any(v) => map.serialize_entry(name, v)?,
+                LabelValue::Float(_) | LabelValue::Bytes(_) => {
+                    map.serialize_entry(name, &value.to_typed().0)?
+                }
+            }
+        }
+        map.end()
+    }
+}
+
+impl serde::Serialize for LabelTypes<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = serializer.serialize_map(Some(self.0 .0.len()))?;
+        for (name, value) in &self.0 .0 {
+            map.serialize_entry(name, &value.type_code())?;
+        }
+        map.end()
+    }
+}
+
+/// Serializes a value through its `Display`, as a JSON string, without an intermediate `String`.
+struct AsString<T>(T);
+
+impl<T: std::fmt::Display> serde::Serialize for AsString<T> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(&self.0)
     }
 }

@@ -1,6 +1,7 @@
 use serde::Serialize;
 use serde_json::{Map, Value};
 
+use super::labels::{LabelTypes, TypedLabels};
 use super::{Labels, TaskId, WireError};
 
 /// The wire version this build writes and the newest it runs (label `ferriq_wire`).
@@ -34,8 +35,8 @@ pub struct TaskMessage {
 struct WireOut<'a> {
     task_id: &'a str,
     task_name: &'a str,
-    labels: Map<String, Value>,
-    labels_types: Map<String, Value>,
+    labels: TypedLabels<'a>,
+    labels_types: LabelTypes<'a>,
     args: &'a [Value],
     kwargs: &'a Map<String, Value>,
 }

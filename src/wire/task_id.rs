@@ -27,7 +27,15 @@ const MAX_LEN: usize = 200;
 impl TaskId {
     /// A fresh random id in taskiq's format (uuid4, lowercase hex, no dashes).
     pub fn random() -> Self {
-        TaskId(uuid::Uuid::new_v4().simple().to_string())
+        // uuid's `fast-rng`: a thread-local CSPRNG instead of a getrandom system call per id;
+        // encoded into a stack buffer rather than through `fmt`.
+        let mut buf = uuid::Uuid::encode_buffer();
+        TaskId(
+            uuid::Uuid::new_v4()
+                .simple()
+                .encode_lower(&mut buf)
+                .to_owned(),
+        )
     }
 
     /// An id derived from `parts`: the same parts always give the same id (a uuid5 in
