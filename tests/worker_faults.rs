@@ -1,6 +1,6 @@
 //! Fault paths beyond design §6's rows: runs that cancel themselves, errors returned after a
-//! stop, crash loops, copies of failed tasks, lanes sharing a queue, a store cut off from this
-//! worker only. Memory backends, paused time.
+//! stop, crash loops (and runs the broker cuts off again and again), copies of failed tasks,
+//! lanes sharing a queue, a store cut off from this worker only. Memory backends, paused time.
 
 mod common;
 
@@ -147,6 +147,51 @@ async fn a_crash_loop_ends_after_max_takeovers_without_running_again() {
     );
     assert_eq!(h.oracle.starts(&id), 0, "not run a fourth time");
     eventually("parked", LONG, || h.broker.dead_letters().len() == 1).await;
+    w.stop().await;
+}
+
+#[ferriq::task(name = "faults.cut_off")]
+async fn cut_off(oracle: State<Oracle>, gate: State<Arc<Gate>>, ctx: TaskContext) -> String {
+    oracle.started(ctx.task_id());
+    gate.pass().await;
+    "finished".to_owned()
+}
+
+#[tokio::test(start_paused = true)]
+async fn runs_whose_delivery_keeps_being_taken_back_end_after_max_takeovers() {
+    let h = Harness::new();
+    let mut config = ferriq::WorkerConfig::default();
+    config.max_takeovers = 3;
+    let w = h.start(
+        h.worker(&[cut_off::NAME])
+            .config(config)
+            .lease(Duration::from_secs(3)),
+    );
+    let handle = cut_off::kiq(&h.client).await.unwrap();
+    for cut in 1..=3 {
+        h.gate.entered.notified().await;
+        // The broker takes the message back mid-run, every run (as RabbitMQ's
+        // consumer_timeout does to a task longer than it): each run is cancelled and its
+        // claim released, counted.
+        assert_eq!(h.broker.expire_in_flight(), 1);
+        eventually("run cut off", LONG, || {
+            w.worker.stats().count(Outcome::DeliveryLost) == cut
+        })
+        .await;
+    }
+    let f = failure(handle.wait(LONG).await.unwrap_err());
+    assert_eq!(f.kind, Some(ErrorKind::RetriesExhausted));
+    assert!(
+        f.message.contains("ended without finishing"),
+        "{}",
+        f.message
+    );
+    assert_eq!(
+        h.oracle.starts(handle.task_id()),
+        3,
+        "not run a fourth time"
+    );
+    assert_eq!(h.memory().write_count(handle.task_id()), 1);
     w.stop().await;
 }
 

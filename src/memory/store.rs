@@ -334,6 +334,18 @@ impl ClaimStore for MemoryStore {
         })
     }
 
+    async fn release_interrupted(&self, id: &TaskId, token: Token) -> Result<bool, StoreError> {
+        let mut state = self.lock();
+        Ok(match state.claims.get_mut(id) {
+            Some(c) if c.phase == Phase::Running && c.token == token.0 => {
+                c.phase = Phase::Released;
+                c.takeovers += 1;
+                true
+            }
+            _ => false,
+        })
+    }
+
     async fn record_failure(&self, id: &TaskId, token: Token) -> Result<FailureRecord, StoreError> {
         let mut state = self.lock();
         Ok(match state.claims.get_mut(id) {

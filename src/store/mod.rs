@@ -160,6 +160,14 @@ pub trait ClaimStore: Send + Sync + 'static {
     ) -> Result<Vec<ClaimLease>, StoreError>;
     /// Gives the claim back so another delivery may run now; `false` when the token was stale.
     async fn release(&self, id: &TaskId, token: Token) -> Result<bool, StoreError>;
+    /// Gives back the claim of a run cut off from outside the task (its broker delivery was
+    /// lost: a dropped connection, RabbitMQ's `consumer_timeout`, an SQS visibility that ran
+    /// out) and counts it with the takeovers, so a task whose runs keep being cut off ends
+    /// after the worker's `max_takeovers` instead of starting again forever. The default only
+    /// releases (a store that cannot count keeps the old, unbounded behaviour).
+    async fn release_interrupted(&self, id: &TaskId, token: Token) -> Result<bool, StoreError> {
+        self.release(id, token).await
+    }
     /// Counts a failed attempt and releases the claim.
     async fn record_failure(&self, id: &TaskId, token: Token) -> Result<FailureRecord, StoreError>;
     /// Whether the store answers, for readiness probes (a worker that cannot claim runs

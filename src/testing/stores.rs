@@ -125,6 +125,10 @@ impl ClaimStore for FaultyStore {
         self.check(StoreOp::Release)?;
         ClaimStore::release(&self.inner, id, token).await
     }
+    async fn release_interrupted(&self, id: &TaskId, token: Token) -> Result<bool, StoreError> {
+        self.check(StoreOp::Release)?;
+        self.inner.release_interrupted(id, token).await
+    }
     async fn record_failure(&self, id: &TaskId, token: Token) -> Result<FailureRecord, StoreError> {
         self.check(StoreOp::RecordFailure)?;
         self.inner.record_failure(id, token).await
@@ -247,6 +251,9 @@ impl<S: ClaimStore> ClaimStore for CountingStore<S> {
     }
     async fn release(&self, id: &TaskId, token: Token) -> Result<bool, StoreError> {
         self.inner.release(id, token).await
+    }
+    async fn release_interrupted(&self, id: &TaskId, token: Token) -> Result<bool, StoreError> {
+        self.inner.release_interrupted(id, token).await
     }
     async fn record_failure(&self, id: &TaskId, token: Token) -> Result<FailureRecord, StoreError> {
         self.inner.record_failure(id, token).await

@@ -72,8 +72,9 @@ pub struct WorkerConfig {
     /// Results kept in memory while the store is unreachable, stored on redelivery
     /// (default 10 000; beyond it the task simply runs again).
     pub max_pending_results: usize,
-    /// Runs of one task whose worker crashed or stalled past its lease before the task is
-    /// failed (`RetriesExhausted`) instead of run again: ends crash loops (default 5).
+    /// Runs of one task that ended without finishing — their worker crashed or stalled past
+    /// its lease, or the broker took the delivery back mid-run — before the task is failed
+    /// (`RetriesExhausted`) instead of run again: ends crash loops (default 5).
     pub max_takeovers: u32,
     /// The broker URL (`FERRIQ_BROKER_URL`: `memory://`, `amqp://…`, `sqs://…`); read by the
     /// backend that connects, never logged whole.

@@ -73,7 +73,8 @@ impl Inner {
             // Earlier runs ended without finishing (their worker crashed or stalled past its
             // lease): a crash loop ends here instead of taking down another worker.
             let error = TaskError::retryable(format!(
-                "{takeovers} earlier runs ended without finishing (their worker crashed or stalled)"
+                "{takeovers} earlier runs ended without finishing (their worker crashed or stalled, \
+                 or lost the message: on RabbitMQ, a run longer than consumer_timeout)"
             ));
             return self
                 .fail_for_good(d, &msg, &hooks, token, error, attempt, 0.0)
@@ -295,8 +296,12 @@ impl Inner {
     async fn stopped(&self, d: &Delivery, id: &TaskId, token: Token, why: StopReason) -> Outcome {
         match why {
             StopReason::DeliveryLost => {
-                // The message is someone else's now: write nothing, free the claim for them.
-                self.release_claim(id, token).await;
+                // The message is someone else's now: write nothing, free the claim for them,
+                // counted with the takeovers so runs that are always cut off (a run longer
+                // than RabbitMQ's consumer_timeout) end instead of looping.
+                if let Err(e) = self.store.release_interrupted(id, token).await {
+                    tracing::warn!(error = %e, "could not release the claim; it expires with its lease");
+                }
                 Outcome::DeliveryLost
             }
             StopReason::ClaimLost => {

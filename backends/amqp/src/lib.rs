@@ -41,7 +41,9 @@
 //! ## Operating notes
 //! - RabbitMQ's `consumer_timeout` (default 30 min, node-wide before 3.12) closes the channel of a
 //!   delivery held longer: a run longer than that loses its delivery (and is cancelled, its
-//!   redelivered copy runs again). Raise it for long tasks.
+//!   redelivered copy runs again — the other runs on that channel lose theirs too). Such
+//!   interrupted runs count toward the worker's `max_takeovers` (5), so a task that always
+//!   outlives the timeout fails instead of looping. Raise `consumer_timeout` for long tasks.
 //! - The lane's `x-delivery-limit` backstop is off by default, because taskiq-aio-pika declares
 //!   the queue without it and RabbitMQ refuses a declare with different arguments. Set
 //!   [`AmqpBrokerBuilder::delivery_limit`] for queues only ferriq declares, or set it for shared

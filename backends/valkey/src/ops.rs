@@ -170,11 +170,21 @@ impl Core {
             .collect())
     }
 
-    pub(crate) async fn release(&self, id: &TaskId, token: Token) -> Result<bool, StoreError> {
+    /// Releases the claim; `interrupted` counts the run with the takeovers.
+    pub(crate) async fn release(
+        &self,
+        id: &TaskId,
+        token: Token,
+        interrupted: bool,
+    ) -> Result<bool, StoreError> {
         let v = scripts::call(&self.pool, &self.scripts.release, || {
             (
                 vec![self.keys.claim(id)],
-                vec![token.0.to_string(), self.claim_ttl()],
+                vec![
+                    token.0.to_string(),
+                    self.claim_ttl(),
+                    if interrupted { "1" } else { "0" }.to_owned(),
+                ],
             )
         })
         .await

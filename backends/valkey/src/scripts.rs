@@ -113,11 +113,13 @@ end
 return out
 "#;
 
-/// KEYS: claim. ARGV: token, claim ttl ms. Returns 1 when released, 0 when the token was stale.
+/// KEYS: claim. ARGV: token, claim ttl ms, interrupted ('1': the run was cut off from outside
+/// and counts as a takeover). Returns 1 when released, 0 when the token was stale.
 const RELEASE: &str = r#"
 local r = load(KEYS[1])
 if r.state ~= 'r' or r.token ~= tonumber(ARGV[1]) then return 0 end
 r.state = 'x'
+if ARGV[3] == '1' then r.takeovers = r.takeovers + 1 end
 save(KEYS[1], r, 'PX', ARGV[2])
 return 1
 "#;

@@ -375,7 +375,11 @@ impl ClaimStore for ValkeyStore {
     }
 
     async fn release(&self, id: &TaskId, token: Token) -> Result<bool, StoreError> {
-        self.inner.core.release(id, token).await
+        self.inner.core.release(id, token, false).await
+    }
+
+    async fn release_interrupted(&self, id: &TaskId, token: Token) -> Result<bool, StoreError> {
+        self.inner.core.release(id, token, true).await
     }
 
     async fn record_failure(&self, id: &TaskId, token: Token) -> Result<FailureRecord, StoreError> {

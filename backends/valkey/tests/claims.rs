@@ -421,6 +421,32 @@ async fn takeovers_are_counted_apart_from_failures() {
 }
 
 #[tokio::test]
+async fn an_interrupted_run_counts_with_the_takeovers_and_a_plain_release_does_not() {
+    let store = common::store().await;
+    let id = TaskId::random();
+    let (token, _) = run(store.claim(&id, "w1", LEASE, None).await.unwrap());
+    assert!(store.release(&id, token).await.unwrap());
+    let (token, _) = run(store.claim(&id, "w2", LEASE, None).await.unwrap());
+    assert!(store.release_interrupted(&id, token).await.unwrap());
+    assert!(
+        !store.release_interrupted(&id, token).await.unwrap(),
+        "a stale token changes nothing"
+    );
+    match store.claim(&id, "w3", LEASE, None).await.unwrap() {
+        ClaimOutcome::Run {
+            failures,
+            starts,
+            takeovers,
+            took_over,
+            ..
+        } => {
+            assert_eq!((failures, starts, takeovers, took_over), (0, 2, 1, false));
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
 async fn a_finished_claim_outlives_its_result_and_keeps_its_token() {
     // complete flips the state in place (keeping the TTL) instead of rewriting the record, so
     // the running claim's TTL must already cover claim_ttl after any completion.
