@@ -65,15 +65,31 @@ pub(super) fn dispatch(
 }
 
 /// Settles one delivery. A panic in the worker's own code (the task's body is caught in
-/// `run`) ends this delivery only, as it did when each had its own task: the message comes
-/// back after its lease, and the rest of the group carries on.
+/// `run`) ends this delivery only, and the rest of the group carries on. The delivery is
+/// taken out of the running table (else the heartbeats would keep its claim and message
+/// forever, with nothing running) and released now: RabbitMQ would otherwise hold an
+/// unsettled message until its channel closes. Its claim, no longer heartbeated, runs out
+/// with its lease, and the next run counts as a takeover.
 async fn settle_one(inner: Arc<Inner>, d: Delivery) {
-    if let Err(panic) = AssertUnwindSafe(inner.process(d)).catch_unwind().await {
+    let handle = d.handle.clone();
+    if let Err(panic) = AssertUnwindSafe(Arc::clone(&inner).process(d))
+        .catch_unwind()
+        .await
+    {
         let what = panic
             .downcast_ref::<&str>()
             .map(|s| (*s).to_owned())
             .or_else(|| panic.downcast_ref::<String>().cloned())
             .unwrap_or_else(|| "(non-string panic payload)".to_owned());
-        tracing::error!(panic = %what, "settling a delivery panicked; its message comes back after its lease");
+        inner.running.remove(handle.key());
+        match inner.broker.release(&handle, inner.config.min_defer).await {
+            Ok(()) => {
+                tracing::error!(panic = %what, "settling a delivery panicked; its message was released")
+            }
+            // Settled before the panic, or already lost: the broker has it either way.
+            Err(e) => {
+                tracing::error!(panic = %what, release = %e, "settling a delivery panicked; its message was not released")
+            }
+        }
     }
 }
