@@ -1,0 +1,194 @@
+//! The load a run drives through a client: warm-up, the bulk, round trips, steady load,
+//! and the report of one run.
+
+use super::*;
+
+pub(super) struct Figures {
+    pub(super) enqueue_per_s: f64,
+    pub(super) e2e_per_s: f64,
+    pub(super) lat_ms: Vec<f64>,
+    /// CPU µs per task this process spent over the bulk run (for `--broker memory`, the
+    /// whole engine: client, broker, worker and store).
+    pub(super) bench_cpu_us: f64,
+    /// Steady load (`--steady SECS`): the rate offered, and every task's enqueue-to-result
+    /// latency, sorted.
+    pub(super) steady: Option<(f64, Vec<f64>)>,
+}
+
+/// `--steady SECS`: after the burst, `SECS` of load at 70 % of the burst's end-to-end rate
+/// (or `--rate R` tasks/s), one enqueue at a time as an app would, each task's latency from
+/// its enqueue to its result.
+pub(super) async fn steady(client: &Client, rate: f64, secs: u64) -> Vec<f64> {
+    let wait = Duration::from_secs(120);
+    let total = (rate * secs as f64) as u64;
+    let period = Duration::from_secs_f64(1.0 / rate);
+    let start = Instant::now();
+    let lat = Arc::new(std::sync::Mutex::new(Vec::with_capacity(total as usize)));
+    let mut waiters = tokio::task::JoinSet::new();
+    for i in 0..total {
+        // Paced by the clock, not by the previous send: a slow send does not lower the rate.
+        let due = start + period * i as u32;
+        tokio::time::sleep_until(due.into()).await;
+        let t = Instant::now();
+        let h = noop::kiq(client, i).await.unwrap();
+        let lat = lat.clone();
+        waiters.spawn(async move {
+            h.wait(wait).await.expect("a result under load");
+            lat.lock().unwrap().push(t.elapsed().as_secs_f64() * 1000.0);
+        });
+        // Reap finished waiters as we go.
+        while waiters.try_join_next().is_some() {}
+    }
+    while waiters.join_next().await.is_some() {}
+    let mut lat = std::mem::take(&mut *lat.lock().unwrap());
+    lat.sort_by(|a, b| a.total_cmp(b));
+    lat
+}
+
+/// Readiness and warm-up (not recorded): one task, then 200.
+pub(super) async fn warm_up(client: &Client) {
+    let wait = Duration::from_secs(120);
+    noop::kiq(client, 0)
+        .await
+        .unwrap()
+        .wait(wait)
+        .await
+        .expect("the worker answers");
+    let warm = client
+        .enqueue_batch((0..200).map(noop::call))
+        .await
+        .unwrap();
+    for h in warm {
+        h.wait(wait).await.unwrap();
+    }
+}
+
+/// N tasks enqueued in batches of 1000, then every result awaited: (enqueue, end to end)
+/// seconds.
+pub(super) async fn bulk(client: &Client, n: u64) -> (Duration, Duration) {
+    let wait = Duration::from_secs(120);
+    let start = Instant::now();
+    let mut handles = Vec::with_capacity(n as usize);
+    let ids: Vec<u64> = (0..n).collect();
+    for chunk in ids.chunks(1000) {
+        handles.extend(
+            client
+                .enqueue_batch(chunk.iter().map(|i| noop::call(*i)))
+                .await
+                .unwrap(),
+        );
+    }
+    let enqueued = start.elapsed();
+    // Await every result, many at once (as taskiq's gather in batches of 1000).
+    let bad = Arc::new(AtomicU64::new(0));
+    futures_util::stream::iter(handles.into_iter().enumerate())
+        .for_each_concurrent(1000, |(i, h)| {
+            let bad = bad.clone();
+            async move {
+                if h.wait(wait).await.ok() != Some(i as u64) {
+                    bad.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        })
+        .await;
+    assert_eq!(bad.load(Ordering::Relaxed), 0, "wrong or missing results");
+    (enqueued, start.elapsed())
+}
+
+/// `lat_n` sequential round trips (enqueue one, await its result), in ms, sorted.
+pub(super) async fn round_trips(client: &Client, lat_n: usize) -> Vec<f64> {
+    let mut lat_ms = Vec::with_capacity(lat_n);
+    for i in 0..lat_n {
+        let t = Instant::now();
+        let v = noop::kiq(client, i as u64)
+            .await
+            .unwrap()
+            .wait(Duration::from_secs(120))
+            .await
+            .unwrap();
+        assert_eq!(v, i as u64);
+        lat_ms.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    lat_ms.sort_by(|a, b| a.total_cmp(b));
+    lat_ms
+}
+
+pub(super) async fn drive(client: &Client, n: u64, lat_n: usize) -> Figures {
+    warm_up(client).await;
+    let cpu_before = cpu_seconds(std::process::id()).unwrap_or(f64::NAN);
+    let (enqueued, e2e) = bulk(client, n).await;
+    let cpu_after = cpu_seconds(std::process::id()).unwrap_or(f64::NAN);
+    let lat_ms = round_trips(client, lat_n).await;
+    let e2e_per_s = n as f64 / e2e.as_secs_f64();
+    let steady_secs: u64 = arg("--steady", "0").parse().unwrap_or(0);
+    let steady = if steady_secs > 0 {
+        let rate = arg("--rate", "0")
+            .parse::<f64>()
+            .ok()
+            .filter(|r| *r > 0.0)
+            .unwrap_or(e2e_per_s * 0.7);
+        Some((rate, steady(client, rate, steady_secs).await))
+    } else {
+        None
+    };
+    Figures {
+        steady,
+        enqueue_per_s: n as f64 / enqueued.as_secs_f64(),
+        e2e_per_s: n as f64 / e2e.as_secs_f64(),
+        lat_ms,
+        bench_cpu_us: (cpu_after - cpu_before) * 1e6 / n as f64,
+    }
+}
+
+pub(super) fn fmt_runs(v: &[f64]) -> String {
+    v.iter()
+        .map(|x| format!("{x:.0}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+pub(super) fn report(figures: &Figures, raw: f64, rss: f64, what: &str, n: u64, lat_n: usize) {
+    let p = |q| percentile(&figures.lat_ms, q);
+    println!(
+        "ferriq bench_e2e: {what}; N={n}, concurrency {CONCURRENCY}, {lat_n} sequential round trips, {} no-op middleware(s)",
+        middlewares()
+    );
+    println!("CPU: {}", ferriq_examples::cpu_model());
+    println!("| measure | value |");
+    println!("|---|---|");
+    println!(
+        "| enqueue (batches of 1000, confirmed) | {:.0} tasks/s |",
+        figures.enqueue_per_s
+    );
+    println!(
+        "| end to end (enqueue → every result) | {:.0} tasks/s |",
+        figures.e2e_per_s
+    );
+    println!("| raw broker publish+consume+ack, same durability | {raw:.0} msgs/s |");
+    println!(
+        "| round trip p50 / p90 / p99 / max | {:.2} / {:.2} / {:.2} / {:.2} ms |",
+        p(50.0),
+        p(90.0),
+        p(99.0),
+        p(100.0)
+    );
+    println!("| worker peak RSS | {rss:.1} MiB |");
+    if let Some((rate, lat)) = &figures.steady {
+        let q = |x| percentile(lat, x);
+        println!(
+            "| steady load {rate:.0} tasks/s, {} tasks: latency p50 / p99 / p99.9 / max | {:.2} / {:.2} / {:.2} / {:.2} ms |",
+            lat.len(),
+            q(50.0),
+            q(99.0),
+            q(99.9),
+            q(100.0)
+        );
+    }
+    println!(
+        "e2e_tasks_per_s={:.0} raw_msgs_per_s={raw:.0} ratio={:.3} p50_ms={:.2} p99_ms={:.2} rss_mib={rss:.1}",
+        figures.e2e_per_s,
+        figures.e2e_per_s / raw,
+        p(50.0),
+        p(99.0)
+    );
+}

@@ -1,0 +1,280 @@
+//! End-to-end benchmark: producer and worker in separate processes (`--broker amqp` and
+//! `--broker sqs`; the memory broker runs both in one), a no-op task with claims and results in
+//! Valkey (memory for `--broker memory`), then the raw broker with the same durability in the
+//! same run.
+//!
+//! ```text
+//! cargo run --release --example bench_e2e -- --broker amqp   [--tasks 10000] [--lat-n 1000]
+//! cargo run --release --example bench_e2e -- --broker sqs    # FERRIQ_SQS_ENDPOINT, else fauxqs
+//! cargo run --release --example bench_e2e -- --broker memory [--middlewares 3]
+//! cargo run --release --example bench_e2e -- --broker amqp --rounds 5   # 3 baselines, medians
+//! cargo run --release --example bench_e2e -- --broker amqp --steady 60   # + 60 s at 70 % load
+//! cargo run --release --example bench_e2e -- --broker amqp --backlog 100000 # worker RSS
+//! cargo run --release --example bench_e2e -- --broker amqp --rounds 5 --worker-threads 1
+//! cargo run --release --example bench_e2e -- --broker amqp --rounds 5 --direct
+//! ```
+//!
+//! `--direct` publishes ferriq's tasks to the lane queue through RabbitMQ's default exchange
+//! (`AmqpBrokerBuilder::publish_to_lanes_directly`) instead of the topic exchange, as the raw
+//! baselines do.
+//! `--worker-threads N` sets the worker process's tokio runtime: 1 is a current-thread
+//! runtime, more a multi-thread one with N threads; by default tokio's (a thread per core).
+//! `--rounds` also prints the CPU µs per task of each process (this one, the worker,
+//! RabbitMQ's `beam.smp`, `redis-server`) over each bulk run, read from /proc.
+//!
+//! Bulk: N tasks enqueued in batches of 1000 (publisher confirms), then every result awaited.
+//! Latency: sequential round trips (enqueue one, await its result). Raw RabbitMQ: N persistent
+//! messages published with confirms in batches of 1000 to a quorum queue while a consumer
+//! (prefetch 64) acks each. Raw SQS: N messages sent in batches of 10 by 8 senders while 4
+//! long pollers receive and batch-delete them. The last line is
+//! `e2e_tasks_per_s=… raw_msgs_per_s=… ratio=… p50_ms=… p99_ms=… rss_mib=…`
+//! (rss = the worker process's peak resident set).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ferriq::broker::Broker;
+use ferriq::memory::{MemoryBroker, MemoryStore};
+use ferriq::{Client, Registry, Shutdown, Worker};
+use ferriq_amqp::AmqpBroker;
+use ferriq_examples::cpu::{column_medians, cpu_seconds, find_process, Meter};
+use ferriq_examples::raw::{
+    raw_lapin, raw_lapin_pipelined, raw_lapin_round_trips, raw_memory, raw_sqs,
+};
+use ferriq_examples::{amqp_url, arg, flag, peak_rss_mib, percentile, redis_url};
+use ferriq_sqs::SqsBroker;
+use ferriq_valkey::ValkeyStore;
+use futures_util::StreamExt;
+
+mod load;
+mod modes;
+mod rounds;
+
+use load::{bulk, drive, fmt_runs, report, round_trips, warm_up, Figures};
+use modes::{compare_middlewares, memory_round, rss_run};
+use rounds::{amqp_rounds, AmqpWorld};
+
+#[ferriq::task(name = "bench.noop")]
+async fn noop(n: u64) -> u64 {
+    n
+}
+
+const CONCURRENCY: usize = 64;
+
+async fn amqp(exchange: &str, queue: &str) -> AmqpBroker {
+    AmqpBroker::builder(amqp_url())
+        .exchange(exchange)
+        .queues([queue])
+        .prefetch(CONCURRENCY as u16)
+        .publish_to_lanes_directly(flag("--direct"))
+        .connect()
+        .await
+        .expect("RabbitMQ")
+}
+
+async fn sqs(endpoint: &str, queue: &str) -> SqsBroker {
+    ferriq_sqs::SqsBrokerBuilder::new(queue)
+        .endpoint_url(endpoint)
+        .region("us-east-1")
+        .credentials("test", "test")
+        .connect()
+        .await
+        .expect("SQS")
+}
+
+async fn valkey(prefix: &str) -> ValkeyStore {
+    ValkeyStore::builder(redis_url())
+        .prefix(prefix)
+        .result_ttl(Some(Duration::from_secs(600)))
+        .claim_ttl(Duration::from_secs(600))
+        .connect()
+        .await
+        .expect("Redis")
+}
+
+/// A middleware whose every hook does nothing (`--middlewares N` registers N of them on the
+/// client and the worker): the cost of the hook points themselves.
+struct NoOp;
+
+#[ferriq::async_trait]
+impl ferriq::middleware::Middleware for NoOp {
+    async fn before_send(
+        &self,
+        _: &mut ferriq::wire::TaskMessage,
+    ) -> Result<(), ferriq::middleware::MiddlewareError> {
+        Ok(())
+    }
+    async fn after_send(&self, _: &ferriq::wire::TaskMessage, _: bool) {}
+    async fn before_run(
+        &self,
+        _: &ferriq::middleware::Run<'_>,
+        _: &mut ferriq::task::AppState,
+    ) -> Result<(), ferriq::middleware::MiddlewareError> {
+        Ok(())
+    }
+    async fn after_result(&self, _: &ferriq::middleware::Run<'_>, _: &ferriq::wire::TaskResult) {}
+}
+
+fn middlewares() -> usize {
+    arg("--middlewares", "0").parse().expect("--middlewares N")
+}
+
+fn with_middlewares(client: Client, n: usize) -> Client {
+    (0..n).fold(client, |c, _| c.with_middleware(Arc::new(NoOp)))
+}
+
+fn worker(broker: Arc<dyn Broker>, store: Arc<impl ferriq::store::Store>) -> Worker {
+    worker_with(broker, store, middlewares())
+}
+
+fn worker_with(
+    broker: Arc<dyn Broker>,
+    store: Arc<impl ferriq::store::Store>,
+    middlewares: usize,
+) -> Worker {
+    let builder = (0..middlewares).fold(Worker::builder(), |b, _| b.middleware(Arc::new(NoOp)));
+    builder
+        .broker(broker)
+        .store(store)
+        .registry(
+            Registry::from_inventory()
+                .unwrap()
+                .only(&[noop::NAME])
+                .unwrap(),
+        )
+        .concurrency(CONCURRENCY)
+        .build()
+        .unwrap()
+}
+
+/// The worker process of `--broker amqp|sqs`: runs until its stdin closes.
+async fn worker_process(kind: String, exchange: String, queue: String, prefix: String) {
+    let broker: Arc<dyn Broker> = match kind.as_str() {
+        "sqs" => Arc::new(sqs(&arg("--endpoint", ""), &queue).await),
+        _ => Arc::new(amqp(&exchange, &queue).await),
+    };
+    let w = worker(broker, Arc::new(valkey(&prefix).await));
+    let shutdown = Shutdown::new();
+    let running = tokio::spawn({
+        let (w, s) = (w.clone(), shutdown.clone());
+        async move { w.run(s).await }
+    });
+    println!("ready");
+    let mut line = String::new();
+    let _ = tokio::task::spawn_blocking(move || std::io::stdin().read_line(&mut line)).await;
+    shutdown.drain();
+    let _ = running.await;
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // `--worker-threads N`: the worker process's runtime threads (1: a current-thread
+    // runtime); tokio's default (one per core) otherwise.
+    let threads: usize = arg("--worker-threads", "0").parse()?;
+    let runtime = if arg("--role", "producer") == "worker" && threads == 1 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?
+    } else if arg("--role", "producer") == "worker" && threads > 1 {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads)
+            .enable_all()
+            .build()?
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()?
+    };
+    runtime.block_on(run())
+}
+
+async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    if arg("--role", "producer") == "worker" {
+        worker_process(
+            arg("--broker", "amqp"),
+            arg("--exchange", ""),
+            arg("--queue", ""),
+            arg("--prefix", ""),
+        )
+        .await;
+        return Ok(());
+    }
+    let broker_kind = arg("--broker", "amqp");
+    let n: u64 = arg("--tasks", &arg("--n", "10000")).parse()?;
+    let lat_n: usize = arg("--lat-n", "1000").parse()?;
+    let tag = &uuid::Uuid::new_v4().simple().to_string()[..8];
+
+    let (figures, raw, rss, what) = match broker_kind.as_str() {
+        "amqp" if arg("--backlog", "0") != "0" => {
+            return rss_run(tag, arg("--backlog", "0").parse()?).await;
+        }
+        "amqp" if arg("--rounds", "0") != "0" => {
+            return amqp_rounds(tag, n, lat_n, arg("--rounds", "0").parse()?).await;
+        }
+        "memory" if arg("--rounds", "0") != "0" => {
+            return compare_middlewares(n, lat_n, arg("--rounds", "0").parse()?).await;
+        }
+        "memory" => {
+            let figures = memory_round(n, lat_n, middlewares()).await?;
+            let cpu_before = cpu_seconds(std::process::id()).unwrap_or(f64::NAN);
+            let raw = raw_memory(n, CONCURRENCY).await;
+            let raw_cpu = cpu_seconds(std::process::id()).unwrap_or(f64::NAN) - cpu_before;
+            println!(
+                "CPU per task in this process: ferriq {:.2} µs (client, broker, worker, store), raw memory broker {:.2} µs (publish, receive, ack)",
+                figures.bench_cpu_us,
+                raw_cpu * 1e6 / n as f64
+            );
+            (
+                figures,
+                raw,
+                peak_rss_mib(std::process::id()),
+                "memory broker + memory store, one process",
+            )
+        }
+        "amqp" => {
+            let mut world = AmqpWorld::start(tag).await?;
+            let figures = drive(&world.client, n, lat_n).await;
+            let rss = peak_rss_mib(world.pid);
+            world.stop_worker().await;
+            let raw = raw_lapin(&format!("fqbench.{tag}.raw"), n, CONCURRENCY as u16).await;
+            let raw_rtt = raw_lapin_round_trips(&format!("fqbench.{tag}.rtt"), lat_n).await;
+            println!(
+                "raw RabbitMQ round trip (publish, confirm, deliver, ack; no store) p50 / p99: {:.2} / {:.2} ms",
+                percentile(&raw_rtt, 50.0),
+                percentile(&raw_rtt, 99.0)
+            );
+            world.remove().await;
+            (figures, raw, rss, "RabbitMQ quorum queue (confirms, persistent) + Redis claims/results, worker in its own process")
+        }
+        "sqs" => {
+            let endpoint = ferriq_examples::sqs::endpoint();
+            let admin = ferriq_examples::sqs::client(&endpoint);
+            let (queue, prefix) = (format!("fqbench-{tag}"), format!("fqbench{tag}"));
+            let (url, dlq) = ferriq_examples::sqs::create_queue_pair(&admin, &queue).await;
+            let store = Arc::new(valkey(&prefix).await);
+            let client = Client::new(Arc::new(sqs(&endpoint, &queue).await), store.clone());
+            let mut child = tokio::process::Command::new(std::env::current_exe()?)
+                .args(["--role", "worker", "--broker", "sqs", "--queue", &queue])
+                .args(["--prefix", &prefix, "--endpoint", &endpoint])
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .kill_on_drop(true)
+                .spawn()?;
+            let pid = child.id().unwrap_or(0);
+            let figures = drive(&client, n, lat_n).await;
+            let rss = peak_rss_mib(pid);
+            drop(child.stdin.take());
+            let _ = tokio::time::timeout(Duration::from_secs(30), child.wait()).await;
+            let (raw_url, raw_dlq) =
+                ferriq_examples::sqs::create_queue_pair(&admin, &format!("{queue}-raw")).await;
+            let raw = raw_sqs(&admin, &raw_url, n).await;
+            let _ = store.purge_prefix().await;
+            ferriq_examples::sqs::delete_queues(&admin, &[url, dlq, raw_url, raw_dlq]).await;
+            (figures, raw, rss, "SQS (fauxqs emulator unless FERRIQ_SQS_ENDPOINT) + Redis claims/results, worker in its own process")
+        }
+        other => return Err(format!("--broker must be amqp, sqs or memory, not {other}").into()),
+    };
+
+    report(&figures, raw, rss, what, n, lat_n);
+    Ok(())
+}

@@ -1,0 +1,106 @@
+//! The other modes: worker memory under a backlog, and the memory engine with middlewares.
+
+use super::*;
+
+/// `--broker amqp --backlog N`: the worker process's resident set idle (connected, two
+/// seconds after it is ready, nothing queued), then its peak while N tasks are enqueued as
+/// fast as the producer can and drained.
+pub(super) async fn rss_run(tag: &str, backlog: u64) -> Result<(), Box<dyn std::error::Error>> {
+    use tokio::io::AsyncBufReadExt;
+    let mut world = AmqpWorld::start(tag).await?;
+    let (client, pid) = (world.client.clone(), world.pid);
+    let stdout = world.child.stdout.take().ok_or("no worker stdout")?;
+    let mut ready = String::new();
+    tokio::io::BufReader::new(stdout)
+        .read_line(&mut ready)
+        .await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let idle = ferriq_examples::rss_mib(pid);
+    let started = Instant::now();
+    let mut handles = Vec::with_capacity(backlog as usize);
+    for chunk in (0..backlog).collect::<Vec<_>>().chunks(1000) {
+        handles.extend(
+            client
+                .enqueue_batch(chunk.iter().map(|&i| noop::call(i)))
+                .await?,
+        );
+    }
+    let enqueued = started.elapsed();
+    for h in &handles {
+        h.wait(Duration::from_secs(600)).await?;
+    }
+    let drained = started.elapsed();
+    let peak = peak_rss_mib(pid);
+    world.stop_worker().await;
+    world.remove().await;
+    println!("ferriq bench_e2e --backlog {backlog}: RabbitMQ + Redis, worker in its own process, concurrency {CONCURRENCY}");
+    println!("CPU: {}", ferriq_examples::cpu_model());
+    println!(
+        "| worker RSS idle | {idle:.1} MiB |\n| worker peak RSS, {backlog} tasks enqueued in {:.1} s and drained in {:.1} s | {peak:.1} MiB |",
+        enqueued.as_secs_f64(),
+        drained.as_secs_f64()
+    );
+    println!("idle_rss_mib={idle:.1} backlog_peak_rss_mib={peak:.1}");
+    Ok(())
+}
+
+/// One run on a fresh memory broker and store with `middlewares` no-op middlewares.
+pub(super) async fn memory_round(
+    n: u64,
+    lat_n: usize,
+    middlewares: usize,
+) -> Result<Figures, Box<dyn std::error::Error>> {
+    let broker = Arc::new(MemoryBroker::new());
+    let store = Arc::new(MemoryStore::new());
+    let w = worker_with(broker.clone(), store.clone(), middlewares);
+    let shutdown = Shutdown::new();
+    let running = tokio::spawn({
+        let (w, s) = (w.clone(), shutdown.clone());
+        async move { w.run(s).await }
+    });
+    let client = with_middlewares(Client::new(broker, store), middlewares);
+    let figures = drive(&client, n, lat_n).await;
+    shutdown.drain();
+    running.await?;
+    Ok(figures)
+}
+
+/// `--rounds R`: R rounds in this process, each a run without middleware then one with
+/// `--middlewares N` (default 3), on fresh engines; medians and their ratio. One process and
+/// interleaved rounds keep the machine's drift out of the comparison.
+pub(super) async fn compare_middlewares(
+    n: u64,
+    lat_n: usize,
+    rounds: usize,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let with = arg("--middlewares", "3").parse::<usize>()?;
+    let (mut none, mut some) = (Vec::new(), Vec::new());
+    for round in 0..rounds {
+        // Alternate which goes first, so neither always runs on a warmer process.
+        let order = if round % 2 == 0 { [0, with] } else { [with, 0] };
+        for m in order {
+            let f = memory_round(n, lat_n, m).await?;
+            if m == 0 {
+                none.push(f.e2e_per_s);
+            } else {
+                some.push(f.e2e_per_s);
+            }
+        }
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(|a, b| a.total_cmp(b));
+        v[v.len() / 2]
+    };
+    let (a, b) = (median(&mut none), median(&mut some));
+    println!("ferriq bench_e2e --rounds {rounds}: memory broker + memory store, N={n} per run, concurrency {CONCURRENCY}");
+    println!("CPU: {}", ferriq_examples::cpu_model());
+    println!("| middleware | end to end, median of {rounds} | runs |");
+    println!("|---|---|---|");
+    println!("| none | {a:.0} tasks/s | {} |", fmt_runs(&none));
+    println!("| {with} no-op | {b:.0} tasks/s | {} |", fmt_runs(&some));
+    println!(
+        "none_tasks_per_s={a:.0} with_{with}_tasks_per_s={b:.0} cost_pct={:.1}",
+        (1.0 - b / a) * 100.0
+    );
+    Ok(())
+}
