@@ -65,6 +65,17 @@ fn failure(err: WaitError) -> ferriq::wire::TaskFailure {
     }
 }
 
+/// The failure a task gets once `max_takeovers` of its runs ended without finishing.
+fn assert_ended_as_a_crash_loop(err: WaitError) {
+    let f = failure(err);
+    assert_eq!(f.kind, Some(ErrorKind::RetriesExhausted));
+    assert!(
+        f.message.contains("ended without finishing"),
+        "{}",
+        f.message
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_task_cancelling_its_own_token_still_finishes() {
     let h = Harness::new();
@@ -138,13 +149,7 @@ async fn a_crash_loop_ends_after_max_takeovers_without_running_again() {
         .enqueue(echo::call("x".into()).with_task_id(id.clone()))
         .await
         .unwrap();
-    let f = failure(handle.wait(LONG).await.unwrap_err());
-    assert_eq!(f.kind, Some(ErrorKind::RetriesExhausted));
-    assert!(
-        f.message.contains("ended without finishing"),
-        "{}",
-        f.message
-    );
+    assert_ended_as_a_crash_loop(handle.wait(LONG).await.unwrap_err());
     assert_eq!(h.oracle.starts(&id), 0, "not run a fourth time");
     eventually("parked", LONG, || h.broker.dead_letters().len() == 1).await;
     w.stop().await;
@@ -179,13 +184,7 @@ async fn runs_whose_delivery_keeps_being_taken_back_end_after_max_takeovers() {
         })
         .await;
     }
-    let f = failure(handle.wait(LONG).await.unwrap_err());
-    assert_eq!(f.kind, Some(ErrorKind::RetriesExhausted));
-    assert!(
-        f.message.contains("ended without finishing"),
-        "{}",
-        f.message
-    );
+    assert_ended_as_a_crash_loop(handle.wait(LONG).await.unwrap_err());
     assert_eq!(
         h.oracle.starts(handle.task_id()),
         3,

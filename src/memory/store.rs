@@ -129,6 +129,21 @@ impl MemoryStore {
         Self::build(Some(retention))
     }
 
+    /// Releases a running claim held under `token`; `interrupted` counts it as a takeover.
+    fn release_claim(&self, id: &TaskId, token: Token, interrupted: bool) -> bool {
+        let mut state = self.lock();
+        match state.claims.get_mut(id) {
+            Some(c) if c.phase == Phase::Running && c.token == token.0 => {
+                c.phase = Phase::Released;
+                if interrupted {
+                    c.takeovers += 1;
+                }
+                true
+            }
+            _ => false,
+        }
+    }
+
     fn build(retention: Option<Duration>) -> Self {
         MemoryStore {
             inner: Arc::new(Inner {
@@ -324,26 +339,11 @@ impl ClaimStore for MemoryStore {
     }
 
     async fn release(&self, id: &TaskId, token: Token) -> Result<bool, StoreError> {
-        let mut state = self.lock();
-        Ok(match state.claims.get_mut(id) {
-            Some(c) if c.phase == Phase::Running && c.token == token.0 => {
-                c.phase = Phase::Released;
-                true
-            }
-            _ => false,
-        })
+        Ok(self.release_claim(id, token, false))
     }
 
     async fn release_interrupted(&self, id: &TaskId, token: Token) -> Result<bool, StoreError> {
-        let mut state = self.lock();
-        Ok(match state.claims.get_mut(id) {
-            Some(c) if c.phase == Phase::Running && c.token == token.0 => {
-                c.phase = Phase::Released;
-                c.takeovers += 1;
-                true
-            }
-            _ => false,
-        })
+        Ok(self.release_claim(id, token, true))
     }
 
     async fn record_failure(&self, id: &TaskId, token: Token) -> Result<FailureRecord, StoreError> {
