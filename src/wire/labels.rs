@@ -89,7 +89,7 @@ impl LabelValue {
     }
 
     /// The taskiq type code of the value.
-    fn type_code(&self) -> i64 {
+    pub(super) fn type_code(&self) -> i64 {
         match self {
             LabelValue::Str(_) => code::STR,
             LabelValue::Int(_) => code::INT,
@@ -101,7 +101,7 @@ impl LabelValue {
     }
 
     /// The value and its type code, written the taskiq way.
-    fn to_typed(&self) -> (Value, i64) {
+    pub(super) fn to_typed(&self) -> (Value, i64) {
         match self {
             LabelValue::Str(s) => (Value::String(s.clone()), code::STR),
             LabelValue::Int(i) => (Value::String(i.to_string()), code::INT),
@@ -455,11 +455,6 @@ impl Labels {
         Labels(out)
     }
 
-    /// Writes `labels` and `labels_types` the taskiq way.
-    pub(crate) fn to_wire(&self) -> (TypedLabels<'_>, LabelTypes<'_>) {
-        (TypedLabels(self), LabelTypes(self))
-    }
-
     /// The labels as plain JSON values, as taskiq copies them into a result.
     pub fn to_json_map(&self) -> Map<String, Value> {
         self.0
@@ -485,53 +480,5 @@ impl<K: Into<String>, V: Into<LabelValue>> FromIterator<(K, V)> for Labels {
                 .map(|(k, v)| (k.into(), v.into()))
                 .collect(),
         )
-    }
-}
-
-/// The labels' values written the taskiq way (every value a string but `Any`), serialized
-/// straight from the labels: no map of copies is built for each message sent.
-pub(crate) struct TypedLabels<'a>(&'a Labels);
-
-/// The `labels_types` object matching [`TypedLabels`].
-pub(crate) struct LabelTypes<'a>(&'a Labels);
-
-impl serde::Serialize for TypedLabels<'_> {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        use serde::ser::SerializeMap;
-        let mut map = serializer.serialize_map(Some(self.0 .0.len()))?;
-        for (name, value) in &self.0 .0 {
-            match value {
-                LabelValue::Str(s) => map.serialize_entry(name, s)?,
-                LabelValue::Int(i) => map.serialize_entry(name, &AsString(i))?,
-                LabelValue::Bool(b) => {
-                    map.serialize_entry(name, if *b { "True" } else { "False" })?
-                }
-                LabelValue::Any(v) => map.serialize_entry(name, v)?,
-                LabelValue::Float(_) | LabelValue::Bytes(_) => {
-                    map.serialize_entry(name, &value.to_typed().0)?
-                }
-            }
-        }
-        map.end()
-    }
-}
-
-impl serde::Serialize for LabelTypes<'_> {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        use serde::ser::SerializeMap;
-        let mut map = serializer.serialize_map(Some(self.0 .0.len()))?;
-        for (name, value) in &self.0 .0 {
-            map.serialize_entry(name, &value.type_code())?;
-        }
-        map.end()
-    }
-}
-
-/// Serializes a value through its `Display`, as a JSON string, without an intermediate `String`.
-struct AsString<T>(T);
-
-impl<T: std::fmt::Display> serde::Serialize for AsString<T> {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(&self.0)
     }
 }

@@ -1,7 +1,7 @@
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-use super::labels::{LabelTypes, TypedLabels};
+use super::typed_labels::{LabelTypes, TypedLabels};
 use super::{Labels, TaskId, WireError};
 
 /// The wire version this build writes and the newest it runs (label `ferriq_wire`).
@@ -103,12 +103,11 @@ impl TaskMessage {
 
     /// Writes the message as compact taskiq JSON, labels typed the taskiq way.
     pub fn to_json(&self) -> Result<Vec<u8>, WireError> {
-        let (labels, labels_types) = self.labels.to_wire();
         serde_json::to_vec(&WireOut {
             task_id: self.task_id.as_str(),
             task_name: &self.task_name,
-            labels,
-            labels_types,
+            labels: TypedLabels(&self.labels),
+            labels_types: LabelTypes(&self.labels),
             args: &self.args,
             kwargs: &self.kwargs,
         })

@@ -10,6 +10,7 @@ pub(crate) mod labels;
 mod message;
 mod result;
 mod task_id;
+mod typed_labels;
 
 pub use args::{ArgumentBinder, ArgumentError};
 pub use error::WireError;
