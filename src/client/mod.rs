@@ -3,7 +3,7 @@
 use std::fmt;
 use std::marker::PhantomData;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use crate::clock::Clock;
 use crate::connect::{
@@ -11,17 +11,18 @@ use crate::connect::{
     ConnectOptions, Settings,
 };
 
-use serde::de::DeserializeOwned;
 use serde_json::{Map, Value};
 use thiserror::Error;
 
 use crate::broker::{Broker, BrokerError, OutgoingMessage};
-use crate::store::{ClaimState, ResultStatus, Store, StoreError};
-use crate::task::TaskOptions;
-use crate::wire::{
-    names, ErrorKind, LabelValue, Labels, TaskFailure, TaskId, TaskMessage, TaskResult, WireError,
-    MAX_DELAY,
-};
+use crate::store::{Store, StoreError};
+use crate::wire::{names, ErrorKind, TaskFailure, TaskId, TaskMessage, TaskResult, WireError};
+
+mod call;
+mod handle;
+
+pub use call::Call;
+pub use handle::{TaskHandle, TaskStatus};
 
 /// Default time a task may wait to start, counted from when it is due (enqueue time plus its
 /// delay), before it expires (`deadline_at` label).
@@ -89,171 +90,6 @@ pub enum WaitError {
     /// The result store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
-}
-
-/// A task call ready to enqueue: name, arguments and labels, with its output type.
-/// `#[task]` generates `task::call(args…)` returning one.
-///
-/// ```
-/// use std::time::Duration;
-/// #[ferriq::task(name = "docs.call.add")]
-/// async fn add(a: i64, b: i64) -> i64 { a + b }
-///
-/// let call = add::call(1, 2).with_delay(Duration::from_secs(5)).with_label("tenant", "acme");
-/// let msg = call.into_message().unwrap();
-/// assert_eq!(msg.task_name, "docs.call.add");
-/// assert_eq!(msg.args, [serde_json::json!(1), serde_json::json!(2)]);
-/// // Due in 5 s: workers that receive it earlier hand it back until then.
-/// let due_in = msg.labels.due_at().unwrap() - ferriq::clock::Clock::system().now_unix();
-/// assert!(due_in > 4.9 && due_in < 5.1);
-/// ```
-pub struct Call<T> {
-    name: &'static str,
-    args: Result<Vec<Value>, WireError>,
-    kwargs: Map<String, Value>,
-    labels: Labels,
-    task_id: Option<TaskId>,
-    deadline: Option<Duration>,
-    due: Option<Due>,
-    _output: PhantomData<fn() -> T>,
-}
-
-/// When a call is due.
-#[derive(Debug, Clone, Copy)]
-enum Due {
-    After(Duration),
-    At(f64),
-}
-
-impl<T> Call<T> {
-    /// A call of task `name` with positional arguments; its options become labels that any
-    /// taskiq worker honours (`timeout`, `max_retries`, `retry_on_error`, `queue_name`).
-    pub fn new(
-        name: &'static str,
-        options: TaskOptions,
-        args: impl IntoIterator<Item = Result<Value, WireError>>,
-    ) -> Self {
-        let mut labels = Labels::new();
-        if let Some(t) = options.get_timeout() {
-            labels.insert(names::TIMEOUT, t.as_secs_f64());
-        }
-        if let Some(q) = options.get_queue() {
-            labels.insert(names::QUEUE_NAME, q);
-        }
-        Call {
-            name,
-            args: args.into_iter().collect(),
-            kwargs: Map::new(),
-            labels,
-            task_id: None,
-            deadline: Some(DEFAULT_DEADLINE),
-            due: None,
-            _output: PhantomData,
-        }
-    }
-
-    /// Sets the task id (an idempotency key chosen by the caller); default: random.
-    pub fn with_task_id(mut self, id: TaskId) -> Self {
-        self.task_id = Some(id);
-        self
-    }
-
-    /// Sets a label.
-    pub fn with_label(mut self, name: impl Into<String>, value: impl Into<LabelValue>) -> Self {
-        self.labels.insert(name, value);
-        self
-    }
-
-    /// Delays the first run by `delay` from enqueueing (up to [`MAX_DELAY`]; longer delays
-    /// are clamped). The message carries its due time (`due_at`), so a delay survives
-    /// redeliveries and works the same on every broker.
-    pub fn with_delay(mut self, delay: Duration) -> Self {
-        self.due = Some(Due::After(delay.min(MAX_DELAY)));
-        self
-    }
-
-    /// The first run is not before `at` (a time in the past runs at once).
-    pub fn with_due_at(mut self, at: SystemTime) -> Self {
-        let unix = at
-            .duration_since(UNIX_EPOCH)
-            .map_or(0.0, |d| d.as_secs_f64());
-        self.due = Some(Due::At(unix));
-        self
-    }
-
-    /// Overrides the run's timeout.
-    pub fn with_timeout(self, timeout: Duration) -> Self {
-        self.with_label(names::TIMEOUT, timeout.as_secs_f64())
-    }
-
-    /// Overrides total attempts.
-    pub fn with_max_attempts(self, attempts: u32) -> Self {
-        self.with_label(names::MAX_RETRIES, attempts.max(1))
-    }
-
-    /// Routes to another queue (lane).
-    pub fn with_queue(self, queue: impl Into<String>) -> Self {
-        self.with_label(names::QUEUE_NAME, queue.into())
-    }
-
-    /// Sets the priority.
-    pub fn with_priority(self, priority: u8) -> Self {
-        self.with_label(names::PRIORITY, i64::from(priority))
-    }
-
-    /// The task must start within `within` of when it is due (enqueue time plus its delay)
-    /// or it expires with `DeadlineExceeded`; `None` for no deadline. Default: 24 h.
-    pub fn with_deadline(mut self, within: Option<Duration>) -> Self {
-        self.deadline = within;
-        self
-    }
-
-    /// The message this call sends, timed by the system clock.
-    pub fn into_message(self) -> Result<TaskMessage, WireError> {
-        self.into_message_at(&Clock::system())
-    }
-
-    /// The message this call sends, its due time and deadline read from `clock`.
-    pub fn into_message_at(self, clock: &Clock) -> Result<TaskMessage, WireError> {
-        let mut labels = self.labels;
-        let now = clock.now_unix();
-        let due = match self.due {
-            None => None,
-            Some(Due::After(delay)) => Some(now + delay.as_secs_f64()),
-            Some(Due::At(at)) => Some(at.min(now + MAX_DELAY.as_secs_f64())),
-        };
-        if let Some(due) = due.filter(|due| *due > now) {
-            // Milliseconds are plenty, and keep the label short.
-            labels.insert(names::DUE_AT, (due * 1000.0).ceil() / 1000.0);
-            // taskiq's own label, for its tools and middlewares; workers go by `due_at`.
-            labels.insert(names::DELAY, ((due - now) * 1000.0).round() / 1000.0);
-        }
-        if let Some(within) = self.deadline {
-            let from = due.unwrap_or(now).max(now);
-            // Whole seconds keep the label readable by Python as an int.
-            labels.insert(
-                names::DEADLINE_AT,
-                (from + within.as_secs_f64()).ceil().min(i64::MAX as f64) as i64,
-            );
-        }
-        Ok(TaskMessage {
-            task_id: self.task_id.unwrap_or_else(TaskId::random),
-            task_name: self.name.to_owned(),
-            labels,
-            args: self.args?,
-            kwargs: self.kwargs,
-        })
-    }
-}
-
-impl<T> fmt::Debug for Call<T> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Call")
-            .field("name", &self.name)
-            .field("task_id", &self.task_id)
-            .field("labels", &self.labels)
-            .finish_non_exhaustive()
-    }
 }
 
 /// Enqueues tasks and hands out [`TaskHandle`]s. Cheap to clone.
@@ -488,123 +324,5 @@ impl Client {
 impl fmt::Debug for Client {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Client").finish_non_exhaustive()
-    }
-}
-
-/// Where a task stands, as its store sees it.
-#[derive(Debug, Clone, PartialEq)]
-#[non_exhaustive]
-pub enum TaskStatus {
-    /// No result yet, and no run holds it: queued, or waiting to be retried.
-    Pending,
-    /// A run holds it now.
-    Started {
-        /// The worker running it.
-        worker: String,
-        /// When the run started (unix ms), when the store knows.
-        started_at_ms: Option<u64>,
-    },
-    /// Finished successfully.
-    Succeeded,
-    /// Finished with an error.
-    Failed(TaskFailure),
-}
-
-/// A handle on one enqueued task, typed by its output.
-pub struct TaskHandle<T> {
-    task_id: TaskId,
-    store: Arc<dyn Store>,
-    /// Where the task was sent, when this handle sent it: asked for consumers on a timeout.
-    sent_to: Option<(Arc<dyn Broker>, Option<String>)>,
-    _output: PhantomData<fn() -> T>,
-}
-
-impl<T> Clone for TaskHandle<T> {
-    fn clone(&self) -> Self {
-        TaskHandle {
-            task_id: self.task_id.clone(),
-            store: Arc::clone(&self.store),
-            sent_to: self.sent_to.clone(),
-            _output: PhantomData,
-        }
-    }
-}
-
-impl<T> fmt::Debug for TaskHandle<T> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "TaskHandle({})", self.task_id)
-    }
-}
-
-impl<T: DeserializeOwned> TaskHandle<T> {
-    /// The task's id.
-    pub fn task_id(&self) -> &TaskId {
-        &self.task_id
-    }
-
-    /// Waits up to `timeout` for the result (woken by the completion, not by polling). On a
-    /// timeout of a task this handle sent, the broker is asked whether anyone consumes its
-    /// queue ([`WaitError::NoConsumers`] when nobody does).
-    pub async fn wait(&self, timeout: Duration) -> Result<T, WaitError> {
-        match self.store.wait(&self.task_id, timeout).await? {
-            ResultStatus::Ready(result) => self.decode(result),
-            _ => Err(self.timed_out(timeout).await),
-        }
-    }
-
-    async fn timed_out(&self, waited: Duration) -> WaitError {
-        let Some((broker, queue)) = &self.sent_to else {
-            return WaitError::TimedOut(waited);
-        };
-        let asked = tokio::time::timeout(
-            Duration::from_secs(2),
-            broker.consumer_count(queue.as_deref()),
-        );
-        match asked.await {
-            Ok(Some((queue, 0))) => WaitError::NoConsumers { queue, waited },
-            _ => WaitError::TimedOut(waited),
-        }
-    }
-
-    /// The status now, without waiting: finished, started (with the worker and start time)
-    /// or pending.
-    pub async fn status(&self) -> Result<TaskStatus, StoreError> {
-        if let ResultStatus::Ready(r) = self.store.get(&self.task_id).await? {
-            return Ok(match r.failure_details() {
-                Some(f) => TaskStatus::Failed(f),
-                None => TaskStatus::Succeeded,
-            });
-        }
-        Ok(match self.store.claim_info(&self.task_id).await? {
-            Some(c) if c.state == ClaimState::Running => TaskStatus::Started {
-                worker: c.holder,
-                started_at_ms: c.started_at_ms,
-            },
-            _ => TaskStatus::Pending,
-        })
-    }
-
-    /// The progress the running task last reported
-    /// ([`TaskContext::set_progress`](crate::TaskContext::set_progress)), if any.
-    pub async fn progress(&self) -> Result<Option<Value>, StoreError> {
-        Ok(self.store.progress(&self.task_id).await?.map(|p| p.meta))
-    }
-
-    /// The stored result now, if any.
-    pub async fn try_result(&self) -> Result<Option<T>, WaitError> {
-        match self.store.get(&self.task_id).await? {
-            ResultStatus::Ready(r) => self.decode(r).map(Some),
-            _ => Ok(None),
-        }
-    }
-
-    fn decode(&self, result: TaskResult) -> Result<T, WaitError> {
-        if let Some(failure) = result.failure_details() {
-            return Err(WaitError::Failed(failure));
-        }
-        serde_json::from_value(result.return_value).map_err(|e| WaitError::Decode {
-            task_id: self.task_id.clone(),
-            reason: e.to_string(),
-        })
     }
 }

@@ -1,0 +1,177 @@
+//! A task call: name, arguments and labels, ready to enqueue.
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde_json::{Map, Value};
+
+use super::DEFAULT_DEADLINE;
+use crate::clock::Clock;
+use crate::task::TaskOptions;
+use crate::wire::{names, LabelValue, Labels, TaskId, TaskMessage, WireError, MAX_DELAY};
+
+/// A task call ready to enqueue: name, arguments and labels, with its output type.
+/// `#[task]` generates `task::call(args…)` returning one.
+///
+/// ```
+/// use std::time::Duration;
+/// #[ferriq::task(name = "docs.call.add")]
+/// async fn add(a: i64, b: i64) -> i64 { a + b }
+///
+/// let call = add::call(1, 2).with_delay(Duration::from_secs(5)).with_label("tenant", "acme");
+/// let msg = call.into_message().unwrap();
+/// assert_eq!(msg.task_name, "docs.call.add");
+/// assert_eq!(msg.args, [serde_json::json!(1), serde_json::json!(2)]);
+/// // Due in 5 s: workers that receive it earlier hand it back until then.
+/// let due_in = msg.labels.due_at().unwrap() - ferriq::clock::Clock::system().now_unix();
+/// assert!(due_in > 4.9 && due_in < 5.1);
+/// ```
+pub struct Call<T> {
+    name: &'static str,
+    args: Result<Vec<Value>, WireError>,
+    kwargs: Map<String, Value>,
+    labels: Labels,
+    task_id: Option<TaskId>,
+    deadline: Option<Duration>,
+    due: Option<Due>,
+    _output: PhantomData<fn() -> T>,
+}
+
+/// When a call is due.
+#[derive(Debug, Clone, Copy)]
+enum Due {
+    After(Duration),
+    At(f64),
+}
+
+impl<T> Call<T> {
+    /// A call of task `name` with positional arguments; its options become labels that any
+    /// taskiq worker honours (`timeout`, `max_retries`, `retry_on_error`, `queue_name`).
+    pub fn new(
+        name: &'static str,
+        options: TaskOptions,
+        args: impl IntoIterator<Item = Result<Value, WireError>>,
+    ) -> Self {
+        let mut labels = Labels::new();
+        if let Some(t) = options.get_timeout() {
+            labels.insert(names::TIMEOUT, t.as_secs_f64());
+        }
+        if let Some(q) = options.get_queue() {
+            labels.insert(names::QUEUE_NAME, q);
+        }
+        Call {
+            name,
+            args: args.into_iter().collect(),
+            kwargs: Map::new(),
+            labels,
+            task_id: None,
+            deadline: Some(DEFAULT_DEADLINE),
+            due: None,
+            _output: PhantomData,
+        }
+    }
+
+    /// Sets the task id (an idempotency key chosen by the caller); default: random.
+    pub fn with_task_id(mut self, id: TaskId) -> Self {
+        self.task_id = Some(id);
+        self
+    }
+
+    /// Sets a label.
+    pub fn with_label(mut self, name: impl Into<String>, value: impl Into<LabelValue>) -> Self {
+        self.labels.insert(name, value);
+        self
+    }
+
+    /// Delays the first run by `delay` from enqueueing (up to [`MAX_DELAY`]; longer delays
+    /// are clamped). The message carries its due time (`due_at`), so a delay survives
+    /// redeliveries and works the same on every broker.
+    pub fn with_delay(mut self, delay: Duration) -> Self {
+        self.due = Some(Due::After(delay.min(MAX_DELAY)));
+        self
+    }
+
+    /// The first run is not before `at` (a time in the past runs at once).
+    pub fn with_due_at(mut self, at: SystemTime) -> Self {
+        let unix = at
+            .duration_since(UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        self.due = Some(Due::At(unix));
+        self
+    }
+
+    /// Overrides the run's timeout.
+    pub fn with_timeout(self, timeout: Duration) -> Self {
+        self.with_label(names::TIMEOUT, timeout.as_secs_f64())
+    }
+
+    /// Overrides total attempts.
+    pub fn with_max_attempts(self, attempts: u32) -> Self {
+        self.with_label(names::MAX_RETRIES, attempts.max(1))
+    }
+
+    /// Routes to another queue (lane).
+    pub fn with_queue(self, queue: impl Into<String>) -> Self {
+        self.with_label(names::QUEUE_NAME, queue.into())
+    }
+
+    /// Sets the priority.
+    pub fn with_priority(self, priority: u8) -> Self {
+        self.with_label(names::PRIORITY, i64::from(priority))
+    }
+
+    /// The task must start within `within` of when it is due (enqueue time plus its delay)
+    /// or it expires with `DeadlineExceeded`; `None` for no deadline. Default: 24 h.
+    pub fn with_deadline(mut self, within: Option<Duration>) -> Self {
+        self.deadline = within;
+        self
+    }
+
+    /// The message this call sends, timed by the system clock.
+    pub fn into_message(self) -> Result<TaskMessage, WireError> {
+        self.into_message_at(&Clock::system())
+    }
+
+    /// The message this call sends, its due time and deadline read from `clock`.
+    pub fn into_message_at(self, clock: &Clock) -> Result<TaskMessage, WireError> {
+        let mut labels = self.labels;
+        let now = clock.now_unix();
+        let due = match self.due {
+            None => None,
+            Some(Due::After(delay)) => Some(now + delay.as_secs_f64()),
+            Some(Due::At(at)) => Some(at.min(now + MAX_DELAY.as_secs_f64())),
+        };
+        if let Some(due) = due.filter(|due| *due > now) {
+            // Milliseconds are plenty, and keep the label short.
+            labels.insert(names::DUE_AT, (due * 1000.0).ceil() / 1000.0);
+            // taskiq's own label, for its tools and middlewares; workers go by `due_at`.
+            labels.insert(names::DELAY, ((due - now) * 1000.0).round() / 1000.0);
+        }
+        if let Some(within) = self.deadline {
+            let from = due.unwrap_or(now).max(now);
+            // Whole seconds keep the label readable by Python as an int.
+            labels.insert(
+                names::DEADLINE_AT,
+                (from + within.as_secs_f64()).ceil().min(i64::MAX as f64) as i64,
+            );
+        }
+        Ok(TaskMessage {
+            task_id: self.task_id.unwrap_or_else(TaskId::random),
+            task_name: self.name.to_owned(),
+            labels,
+            args: self.args?,
+            kwargs: self.kwargs,
+        })
+    }
+}
+
+impl<T> fmt::Debug for Call<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Call")
+            .field("name", &self.name)
+            .field("task_id", &self.task_id)
+            .field("labels", &self.labels)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,132 @@
+//! A handle on an enqueued task: its status, and waiting for its result.
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+use super::WaitError;
+use crate::broker::Broker;
+use crate::store::{ClaimState, ResultStatus, Store, StoreError};
+use crate::wire::{TaskFailure, TaskId, TaskResult};
+
+/// Where a task stands, as its store sees it.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum TaskStatus {
+    /// No result yet, and no run holds it: queued, or waiting to be retried.
+    Pending,
+    /// A run holds it now.
+    Started {
+        /// The worker running it.
+        worker: String,
+        /// When the run started (unix ms), when the store knows.
+        started_at_ms: Option<u64>,
+    },
+    /// Finished successfully.
+    Succeeded,
+    /// Finished with an error.
+    Failed(TaskFailure),
+}
+
+/// A handle on one enqueued task, typed by its output.
+pub struct TaskHandle<T> {
+    pub(super) task_id: TaskId,
+    pub(super) store: Arc<dyn Store>,
+    /// Where the task was sent, when this handle sent it: asked for consumers on a timeout.
+    pub(super) sent_to: Option<(Arc<dyn Broker>, Option<String>)>,
+    pub(super) _output: PhantomData<fn() -> T>,
+}
+
+impl<T> Clone for TaskHandle<T> {
+    fn clone(&self) -> Self {
+        TaskHandle {
+            task_id: self.task_id.clone(),
+            store: Arc::clone(&self.store),
+            sent_to: self.sent_to.clone(),
+            _output: PhantomData,
+        }
+    }
+}
+
+impl<T> fmt::Debug for TaskHandle<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "TaskHandle({})", self.task_id)
+    }
+}
+
+impl<T: DeserializeOwned> TaskHandle<T> {
+    /// The task's id.
+    pub fn task_id(&self) -> &TaskId {
+        &self.task_id
+    }
+
+    /// Waits up to `timeout` for the result (woken by the completion, not by polling). On a
+    /// timeout of a task this handle sent, the broker is asked whether anyone consumes its
+    /// queue ([`WaitError::NoConsumers`] when nobody does).
+    pub async fn wait(&self, timeout: Duration) -> Result<T, WaitError> {
+        match self.store.wait(&self.task_id, timeout).await? {
+            ResultStatus::Ready(result) => self.decode(result),
+            _ => Err(self.timed_out(timeout).await),
+        }
+    }
+
+    async fn timed_out(&self, waited: Duration) -> WaitError {
+        let Some((broker, queue)) = &self.sent_to else {
+            return WaitError::TimedOut(waited);
+        };
+        let asked = tokio::time::timeout(
+            Duration::from_secs(2),
+            broker.consumer_count(queue.as_deref()),
+        );
+        match asked.await {
+            Ok(Some((queue, 0))) => WaitError::NoConsumers { queue, waited },
+            _ => WaitError::TimedOut(waited),
+        }
+    }
+
+    /// The status now, without waiting: finished, started (with the worker and start time)
+    /// or pending.
+    pub async fn status(&self) -> Result<TaskStatus, StoreError> {
+        if let ResultStatus::Ready(r) = self.store.get(&self.task_id).await? {
+            return Ok(match r.failure_details() {
+                Some(f) => TaskStatus::Failed(f),
+                None => TaskStatus::Succeeded,
+            });
+        }
+        Ok(match self.store.claim_info(&self.task_id).await? {
+            Some(c) if c.state == ClaimState::Running => TaskStatus::Started {
+                worker: c.holder,
+                started_at_ms: c.started_at_ms,
+            },
+            _ => TaskStatus::Pending,
+        })
+    }
+
+    /// The progress the running task last reported
+    /// ([`TaskContext::set_progress`](crate::TaskContext::set_progress)), if any.
+    pub async fn progress(&self) -> Result<Option<Value>, StoreError> {
+        Ok(self.store.progress(&self.task_id).await?.map(|p| p.meta))
+    }
+
+    /// The stored result now, if any.
+    pub async fn try_result(&self) -> Result<Option<T>, WaitError> {
+        match self.store.get(&self.task_id).await? {
+            ResultStatus::Ready(r) => self.decode(r).map(Some),
+            _ => Ok(None),
+        }
+    }
+
+    fn decode(&self, result: TaskResult) -> Result<T, WaitError> {
+        if let Some(failure) = result.failure_details() {
+            return Err(WaitError::Failed(failure));
+        }
+        serde_json::from_value(result.return_value).map_err(|e| WaitError::Decode {
+            task_id: self.task_id.clone(),
+            reason: e.to_string(),
+        })
+    }
+}
