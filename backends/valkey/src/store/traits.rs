@@ -1,0 +1,233 @@
+//! The store traits on Valkey: claims through the claim batcher and scripts, results
+//! written and awaited (announcements on the reply channel, re-reads as the safety net).
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use ferriq::broker::Health;
+use ferriq::store::{
+    ClaimLease, ClaimOutcome, ClaimStore, CompleteOutcome, FailureRecord, ResultStatus,
+    ResultStore, StoreError, Token,
+};
+use ferriq::wire::{TaskId, TaskResult};
+use fred::prelude::ClientLike;
+use tokio::time::Instant;
+
+use crate::ops::{ClaimCall, CompleteCall};
+
+use super::ValkeyStore;
+
+#[async_trait]
+impl ClaimStore for ValkeyStore {
+    async fn claim(
+        &self,
+        id: &TaskId,
+        worker: &str,
+        lease: Duration,
+        deadline_at: Option<f64>,
+    ) -> Result<ClaimOutcome, StoreError> {
+        let call = ClaimCall {
+            id: id.clone(),
+            worker: worker.to_owned(),
+            lease,
+            deadline_at,
+        };
+        match &self.inner.claims {
+            Some(batcher) => batcher.call(call).await,
+            None => single(self.inner.core.claim_many(vec![call]).await),
+        }
+    }
+
+    async fn heartbeat(
+        &self,
+        claims: &[(TaskId, Token)],
+        lease: Duration,
+    ) -> Result<Vec<ClaimLease>, StoreError> {
+        if claims.is_empty() {
+            return Ok(Vec::new());
+        }
+        let core = &self.inner.core;
+        if !self.inner.clustered {
+            return core.heartbeat(claims, lease).await;
+        }
+        // In a cluster a script's keys must share a slot: one call per slot, all at once (a
+        // worker's claims spread over every slot). Any failed slot fails the call, as off
+        // cluster: the worker then treats the store as unreachable for this beat.
+        let mut by_slot: std::collections::BTreeMap<u16, Vec<usize>> = Default::default();
+        for (i, (id, _)) in claims.iter().enumerate() {
+            let slot = fred::util::redis_keyslot(core.keys.claim(id).as_bytes());
+            by_slot.entry(slot).or_default().push(i);
+        }
+        let calls = by_slot.values().map(|indexes| async move {
+            let group: Vec<_> = indexes.iter().map(|i| claims[*i].clone()).collect();
+            core.heartbeat(&group, lease)
+                .await
+                .map(|kept| (indexes, kept))
+        });
+        let mut kept = vec![ClaimLease::Lost; claims.len()];
+        for answer in futures_util::future::join_all(calls).await {
+            let (indexes, group_kept) = answer?;
+            for (i, k) in indexes.iter().zip(group_kept) {
+                kept[*i] = k;
+            }
+        }
+        Ok(kept)
+    }
+
+    async fn release(&self, id: &TaskId, token: Token) -> Result<bool, StoreError> {
+        self.inner.core.release(id, token, false).await
+    }
+
+    async fn release_interrupted(&self, id: &TaskId, token: Token) -> Result<bool, StoreError> {
+        self.inner.core.release(id, token, true).await
+    }
+
+    async fn record_failure(&self, id: &TaskId, token: Token) -> Result<FailureRecord, StoreError> {
+        self.inner.core.record_failure(id, token).await
+    }
+
+    async fn health(&self) -> Health {
+        let client = self.inner.core.pool.next();
+        let limit = self.inner.core.settings.command_timeout;
+        match tokio::time::timeout(limit, client.ping::<fred::types::Value>(None)).await {
+            Ok(Ok(_)) => Health::Healthy,
+            Ok(Err(e)) => Health::Unhealthy(format!("Valkey/Redis: {}", e.details())),
+            Err(_) => {
+                Health::Unhealthy(format!("Valkey/Redis did not answer PING within {limit:?}"))
+            }
+        }
+    }
+}
+
+/// The one answer of a one-call batch.
+fn single<T>(answers: Result<Vec<Result<T, StoreError>>, StoreError>) -> Result<T, StoreError> {
+    answers?
+        .pop()
+        .unwrap_or_else(|| Err(StoreError::Unavailable("valkey answered no result".into())))
+}
+
+#[async_trait]
+impl ResultStore for ValkeyStore {
+    async fn complete(
+        &self,
+        id: &TaskId,
+        token: Token,
+        result: Option<&TaskResult>,
+        reply_to: Option<&str>,
+    ) -> Result<CompleteOutcome, StoreError> {
+        let result =
+            result
+                .map(serde_json::to_string)
+                .transpose()
+                .map_err(|e| StoreError::Corrupt {
+                    task_id: id.to_string(),
+                    reason: format!("result cannot be written as JSON: {e}"),
+                })?;
+        let channel = reply_to
+            .map(str::to_owned)
+            .unwrap_or_else(|| self.inner.core.keys.done_channel(id));
+        let call = CompleteCall {
+            id: id.clone(),
+            token,
+            result,
+            channel,
+        };
+        match &self.inner.completes {
+            Some(batcher) => batcher.call(call).await,
+            None => single(self.inner.core.complete_many(vec![call]).await),
+        }
+    }
+
+    async fn get(&self, id: &TaskId) -> Result<ResultStatus, StoreError> {
+        match self
+            .inner
+            .core
+            .read(self.inner.core.keys.result(id))
+            .await?
+        {
+            None => Ok(ResultStatus::Pending),
+            Some(raw) => serde_json::from_str(&raw)
+                .map(ResultStatus::Ready)
+                .map_err(|e| StoreError::Corrupt {
+                    task_id: id.to_string(),
+                    reason: format!(
+                        "not a taskiq JSON result ({e}); a Python writer must use JSONSerializer"
+                    ),
+                }),
+        }
+    }
+
+    async fn wait(&self, id: &TaskId, timeout: Duration) -> Result<ResultStatus, StoreError> {
+        let guard = self.inner.waiters.register(id.as_str());
+        let now = Instant::now();
+        let deadline = now
+            .checked_add(timeout)
+            .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 86_400));
+        // Completions announced on this process's reply channel wake the waiter at once. A
+        // task enqueued without a reply_to (by a Python producer) is announced on its own
+        // channel: a wait still unanswered after the first re-read subscribes there too, so
+        // only waits longer than that pay a subscription. A task another ferriq process
+        // enqueued is announced on that process's channel: re-reads find it (the safety net).
+        let mut recheck = Duration::from_millis(100).min(self.inner.core.settings.recheck_interval);
+        // A task this process enqueued carries its reply channel: a worker announces it there,
+        // never on the task's channel (a Python worker announces nowhere), so no subscription.
+        let mut on_task_channel = self.inner.waiters.is_announced_here(id.as_str());
+        loop {
+            // Listen before reading, so a completion in between is not missed.
+            let notified = guard.notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            // The completion announced here carried the stored result: no read needed.
+            if let Some(json) = guard.announced_result() {
+                if let Ok(result) = serde_json::from_str(&json) {
+                    return Ok(ResultStatus::Ready(result));
+                }
+            }
+            match self.get(id).await {
+                Ok(ResultStatus::Ready(r)) => return Ok(ResultStatus::Ready(r)),
+                Ok(_) => {}
+                // A blip of the store is not the end of a long wait: keep trying.
+                Err(StoreError::Unavailable(e)) if Instant::now() < deadline => {
+                    tracing::debug!(error = %e, "result read failed while waiting; retrying");
+                }
+                Err(e) => return Err(e),
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(ResultStatus::Pending);
+            }
+            tokio::select! {
+                _ = &mut notified => {}
+                _ = tokio::time::sleep_until(deadline.min(now + recheck)) => {
+                    recheck = (recheck * 2).min(self.inner.core.settings.recheck_interval);
+                    // Not for a wait about to end anyway: no subscription churn for short polls.
+                    if !on_task_channel && Instant::now() + recheck < deadline {
+                        on_task_channel = true;
+                        let channel = self.inner.core.keys.done_channel(id);
+                        // Bounded by the next re-read (which is before the deadline): a stalled
+                        // subscriber connection must not hold the wait, and the loop reads right
+                        // after, so a completion meanwhile is not missed.
+                        let _ = tokio::time::timeout(recheck, guard.listen_on_task_channel(channel)).await;
+                    }
+                }
+            }
+        }
+    }
+
+    async fn revoke(&self, id: &TaskId, result: &TaskResult) -> Result<bool, StoreError> {
+        let revoked = self.inner.core.revoke(id, result).await?;
+        if revoked {
+            self.inner.waiters.wake(id.as_str());
+        }
+        Ok(revoked)
+    }
+
+    fn reply_channel(&self) -> Option<String> {
+        Some(self.inner.reply_channel.clone())
+    }
+
+    fn reply_channel_for(&self, id: &TaskId) -> Option<String> {
+        self.inner.waiters.announced_here(id.as_str());
+        Some(self.inner.reply_channel.clone())
+    }
+}
