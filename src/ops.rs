@@ -28,8 +28,8 @@ use thiserror::Error;
 use crate::broker::{BrokerError, QueueDepth};
 use crate::client::{Client, TaskStatus};
 use crate::dead_letters::{DeadFilter, DeadLetterQueue, DeadMessage};
-use crate::store::{ClaimInfo, RedriveReset, ResultStatus, StoreError, WorkerInfo};
-use crate::wire::{names, TaskId, TaskMessage, TaskResult};
+use crate::store::{ClaimInfo, ClaimState, RedriveReset, ResultStatus, StoreError, WorkerInfo};
+use crate::wire::{names, ErrorKind, TaskId, TaskMessage, TaskResult};
 
 /// What went wrong in an operation.
 #[derive(Debug, Error)]
@@ -109,6 +109,9 @@ pub struct PurgeReport {
     pub purged: u64,
     /// Left parked.
     pub kept: u64,
+    /// Purged tasks that had no result yet (parked by the broker itself, or of a wire version
+    /// this build does not read) and got a `Cancelled` one, so their callers stop waiting.
+    pub answered: u64,
 }
 
 /// Operations on one broker and store, from [`Client::ops`].
@@ -304,7 +307,33 @@ impl Ops {
         outcome.map(|()| report)
     }
 
-    /// Removes every dead letter of `lane` matching `filter` for good.
+    /// Gives a purged task without a result a `Cancelled` one (as a revoke does: a late copy
+    /// is then acked unrun), unless a copy of it runs now; whether it wrote one.
+    async fn answer_purged(&self, m: &DeadMessage) -> Result<bool, OpsError> {
+        let Some(id) = &m.task_id else {
+            return Ok(false);
+        };
+        let store = self.client.store();
+        let running = store
+            .claim_info(id)
+            .await?
+            .is_some_and(|c| c.state == ClaimState::Running);
+        if running {
+            return Ok(false);
+        }
+        let result = TaskResult::failure(
+            ErrorKind::Cancelled,
+            "removed from the dead-letter queue by a purge before it had a result",
+            false,
+            m.attempts,
+            0.0,
+            Default::default(),
+        );
+        Ok(store.revoke(id, &result).await?)
+    }
+
+    /// Removes every dead letter of `lane` matching `filter` for good. A task that had no
+    /// result yet gets a `Cancelled` one ([`PurgeReport::answered`]).
     pub async fn purge(
         &self,
         lane: &str,
@@ -329,6 +358,11 @@ impl Ops {
                     }
                     seen += 1;
                     if filter.matches(&m, now_ms) {
+                        // Answered first: a purge that stops between the two leaves the
+                        // letter parked with its answer written, never a caller waiting forever.
+                        if self.answer_purged(&m).await? {
+                            report.answered += 1;
+                        }
                         dlq.drop_dead(&m).await?;
                         report.purged += 1;
                         progress(Progress {

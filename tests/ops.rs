@@ -7,7 +7,11 @@ mod ops_suite;
 use std::sync::Arc;
 use std::time::Duration;
 
+use ferriq::broker::{Broker, DeadLetter, DeadLetterReason};
+use ferriq::dead_letters::DeadFilter;
 use ferriq::testing::TestEnv;
+use ferriq::wire::ErrorKind;
+use ferriq::WaitError;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dead_letters_are_listed_redriven_and_purged() {
@@ -67,4 +71,49 @@ async fn a_stale_worker_from_before_a_redrive_cannot_write_over_the_new_result()
         },
     )
     .await;
+}
+
+#[ferriq::task(name = "ops.parked")]
+async fn parked() -> u32 {
+    1
+}
+
+#[tokio::test]
+async fn purging_a_dead_letter_that_has_no_result_answers_its_caller() {
+    let env = TestEnv::new();
+    // Parked by the broker itself (its redrive limit), as SQS does under a crash storm: no
+    // worker wrote a result, and the caller waits.
+    let handle = parked::kiq(&env.client).await.unwrap();
+    let delivery = env
+        .broker
+        .receive(1, Duration::from_secs(1))
+        .await
+        .unwrap()
+        .pop()
+        .expect("the message is there");
+    let why = DeadLetter::new(
+        DeadLetterReason::RedriveLimit,
+        "moved by the broker",
+        None,
+        0,
+    );
+    env.broker.dead_letter(&delivery, &why).await.unwrap();
+    assert!(matches!(
+        handle.wait(Duration::from_millis(50)).await,
+        Err(WaitError::TimedOut(_) | WaitError::NoConsumers { .. })
+    ));
+    let report = env
+        .client
+        .ops()
+        .purge(&delivery.queue, &DeadFilter::all(), |_| {})
+        .await
+        .unwrap();
+    assert_eq!((report.purged, report.answered), (1, 1));
+    match handle.wait(Duration::from_secs(5)).await {
+        Err(WaitError::Failed(f)) => {
+            assert_eq!(f.kind, Some(ErrorKind::Cancelled));
+            assert!(f.message.contains("purge"), "{}", f.message);
+        }
+        other => panic!("the caller was not answered: {other:?}"),
+    }
 }

@@ -303,7 +303,12 @@ async fn purge(
     let lane = lane(client, selection.filter.queue.as_ref())?;
     let Some(total) = count_and_confirm(client, cli, "Purge", &lane, &filter, selection).await?
     else {
-        return nothing(out, &lane, selection, json!({"purged": 0, "kept": 0}));
+        return nothing(
+            out,
+            &lane,
+            selection,
+            json!({"purged": 0, "kept": 0, "answered": 0}),
+        );
     };
     let mut progress = Progress::new("purged", (total > 0).then_some(total));
     let report = client
@@ -313,9 +318,17 @@ async fn purge(
     progress.finish();
     let report = report?;
     if out.json {
-        out.json(&json!({"purged": report.purged, "kept": report.kept}));
+        out.json(
+            &json!({"purged": report.purged, "kept": report.kept, "answered": report.answered}),
+        );
     } else {
         println!("purged {} dead letter(s) from {lane}", report.purged);
+        if report.answered > 0 {
+            println!(
+                "{} of them had no result yet: their callers got a Cancelled one",
+                report.answered
+            );
+        }
     }
     unseen_note(client, &lane, report.kept).await;
     if selection.id.is_some() && report.purged == 0 {

@@ -245,6 +245,7 @@ async fn dead_letters_are_listed_shown_redriven_and_purged_from_the_command_line
         .json(&["--yes", "dlq", "purge", "--task", fatal::NAME])
         .await;
     assert_eq!(purged["purged"], 3);
+    assert_eq!(purged["answered"], 0, "each had its error result already");
     assert_eq!(setup.dead_count().await, 0);
 
     // `task revoke`: asks first; a finished task has nothing to revoke.

@@ -176,6 +176,10 @@ pub async fn dead_letters_are_listed_redriven_and_purged(
         .await
         .unwrap();
     assert_eq!((report.purged, report.kept), (10, 20));
+    assert_eq!(
+        report.answered, 0,
+        "each had its UnknownTask result already"
+    );
     let left = ops.dead_letters(lane, 0, 100).await.unwrap();
     assert_eq!(left.len(), 20);
     assert!(left
