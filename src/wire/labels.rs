@@ -102,20 +102,17 @@ impl LabelValue {
 
     /// The value and its type code, written the taskiq way.
     pub(super) fn to_typed(&self) -> (Value, i64) {
-        match self {
-            LabelValue::Str(s) => (Value::String(s.clone()), code::STR),
-            LabelValue::Int(i) => (Value::String(i.to_string()), code::INT),
-            LabelValue::Float(f) => (Value::String(format_float(*f)), code::FLOAT),
-            LabelValue::Bool(b) => (
-                Value::String(if *b { "True" } else { "False" }.to_owned()),
-                code::BOOL,
-            ),
-            LabelValue::Bytes(b) => (
-                Value::String(base64::engine::general_purpose::STANDARD.encode(b)),
-                code::BYTES,
-            ),
-            LabelValue::Any(v) => (v.clone(), code::ANY),
-        }
+        let value = match self {
+            LabelValue::Str(s) => Value::String(s.clone()),
+            LabelValue::Int(i) => Value::String(i.to_string()),
+            LabelValue::Float(f) => Value::String(format_float(*f)),
+            LabelValue::Bool(b) => Value::String(python_bool(*b).to_owned()),
+            LabelValue::Bytes(b) => {
+                Value::String(base64::engine::general_purpose::STANDARD.encode(b))
+            }
+            LabelValue::Any(v) => v.clone(),
+        };
+        (value, self.type_code())
     }
 
     /// The value as plain JSON (numbers as numbers), for result labels and readers that do not
@@ -197,6 +194,15 @@ fn parse_bool(s: &str) -> Option<bool> {
 
 /// Rust's float formatting is the shortest string that parses back to the same value, which is
 /// what Python's `float()` reads too.
+/// A boolean as Python's `str(bool)` writes it, as taskiq's typed labels carry it.
+pub(super) fn python_bool(b: bool) -> &'static str {
+    if b {
+        "True"
+    } else {
+        "False"
+    }
+}
+
 fn format_float(f: f64) -> String {
     if f.is_nan() {
         "nan".into()

@@ -1,6 +1,7 @@
 //! Labels written the taskiq way (`labels` with string values and the matching
 //! `labels_types`), serialized straight from the message's labels.
 
+use super::labels::python_bool;
 use super::{LabelValue, Labels};
 
 /// The labels' values written the taskiq way (every value a string but `Any`), serialized
@@ -18,9 +19,7 @@ impl serde::Serialize for TypedLabels<'_> {
             match value {
                 LabelValue::Str(s) => map.serialize_entry(name, s)?,
                 LabelValue::Int(i) => map.serialize_entry(name, &AsString(i))?,
-                LabelValue::Bool(b) => {
-                    map.serialize_entry(name, if *b { "True" } else { "False" })?
-                }
+                LabelValue::Bool(b) => map.serialize_entry(name, python_bool(*b))?,
                 LabelValue::Any(v) => map.serialize_entry(name, v)?,
                 LabelValue::Float(_) | LabelValue::Bytes(_) => {
                     map.serialize_entry(name, &value.to_typed().0)?
