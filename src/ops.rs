@@ -25,7 +25,7 @@
 use serde_json::Value;
 use thiserror::Error;
 
-use crate::broker::{BrokerError, QueueDepth};
+use crate::broker::{BrokerError, DeadLetterReason, QueueDepth};
 use crate::client::{Client, TaskStatus};
 use crate::dead_letters::{DeadFilter, DeadLetterQueue, DeadMessage};
 use crate::store::{ClaimInfo, ClaimState, RedriveReset, ResultStatus, StoreError, WorkerInfo};
@@ -109,8 +109,9 @@ pub struct PurgeReport {
     pub purged: u64,
     /// Left parked.
     pub kept: u64,
-    /// Purged tasks that had no result yet (parked by the broker itself, or of a wire version
-    /// this build does not read) and got a `Cancelled` one, so their callers stop waiting.
+    /// Purged tasks parked without a result (by the broker's own redrive limit, or of a wire
+    /// version the worker did not read) that got a `Cancelled` one, so their callers stop
+    /// waiting.
     pub answered: u64,
 }
 
@@ -307,10 +308,23 @@ impl Ops {
         outcome.map(|()| report)
     }
 
-    /// Gives a purged task without a result a `Cancelled` one (as a revoke does: a late copy
-    /// is then acked unrun), unless a copy of it runs now; whether it wrote one.
+    /// Gives a purged task that was parked without a result a `Cancelled` one (as a revoke
+    /// does: a late copy is then acked unrun), unless a copy of it runs now; whether it wrote
+    /// one. Only for the reasons a worker parks without writing a result — the broker's own
+    /// redrive limit, a newer wire version: for every other reason a result was written when it
+    /// was parked, and a task that has none now was reset by a redrive whose copy is on its way.
     async fn answer_purged(&self, m: &DeadMessage) -> Result<bool, OpsError> {
-        let Some(id) = &m.task_id else {
+        let parked_without_result = m
+            .reason
+            .as_deref()
+            .and_then(DeadLetterReason::parse)
+            .is_some_and(|r| {
+                matches!(
+                    r,
+                    DeadLetterReason::RedriveLimit | DeadLetterReason::UnsupportedWireVersion
+                )
+            });
+        let (true, Some(id)) = (parked_without_result, &m.task_id) else {
             return Ok(false);
         };
         let store = self.client.store();
@@ -332,8 +346,8 @@ impl Ops {
         Ok(store.revoke(id, &result).await?)
     }
 
-    /// Removes every dead letter of `lane` matching `filter` for good. A task that had no
-    /// result yet gets a `Cancelled` one ([`PurgeReport::answered`]).
+    /// Removes every dead letter of `lane` matching `filter` for good. A task parked without a
+    /// result gets a `Cancelled` one ([`PurgeReport::answered`]).
     pub async fn purge(
         &self,
         lane: &str,

@@ -98,6 +98,18 @@ async fn purging_a_dead_letter_that_has_no_result_answers_its_caller() {
         0,
     );
     env.broker.dead_letter(&delivery, &why).await.unwrap();
+    // A letter parked with its result whose result is gone now: a redrive reset it and stopped
+    // before removing the letter; its copy is on its way, and a purge must not cancel it.
+    let reset = parked::kiq(&env.client).await.unwrap();
+    let delivery = env
+        .broker
+        .receive(1, Duration::from_secs(1))
+        .await
+        .unwrap()
+        .pop()
+        .expect("the second message is there");
+    let why = DeadLetter::new(DeadLetterReason::RetriesExhausted, "failed", None, 3);
+    env.broker.dead_letter(&delivery, &why).await.unwrap();
     assert!(matches!(
         handle.wait(Duration::from_millis(50)).await,
         Err(WaitError::TimedOut(_) | WaitError::NoConsumers { .. })
@@ -108,7 +120,11 @@ async fn purging_a_dead_letter_that_has_no_result_answers_its_caller() {
         .purge(&delivery.queue, &DeadFilter::all(), |_| {})
         .await
         .unwrap();
-    assert_eq!((report.purged, report.answered), (1, 1));
+    assert_eq!((report.purged, report.answered), (2, 1));
+    assert!(matches!(
+        reset.status().await.unwrap(),
+        ferriq::TaskStatus::Pending
+    ));
     match handle.wait(Duration::from_secs(5)).await {
         Err(WaitError::Failed(f)) => {
             assert_eq!(f.kind, Some(ErrorKind::Cancelled));
