@@ -7,10 +7,11 @@ use ferriq::broker::{
     Broker, BrokerError, ConsumerSettings, DeadLetter, Delivery, DeliveryHandle, Health,
     LeaseStatus, OutgoingMessage, QueueDepth,
 };
-use lapin::options::BasicAckOptions;
 use lapin::types::{AMQPValue, FieldTable};
-use lapin::{Acker, Channel};
+use lapin::Acker;
 use tokio::time::Instant;
+
+use crate::acks::AckBook;
 
 use crate::consume::{Incoming, Lanes};
 use crate::publish::{long, persistent, Publication};
@@ -54,10 +55,10 @@ impl Drop for Owner {
 struct Held {
     generation: u64,
     acker: Acker,
-    /// Its consumer channel and tag: an ack is written to the channel directly (lapin's
-    /// `Acker` goes through its internal RPC task and a spawned future first: two thread
-    /// hand-offs more per message).
-    channel: Arc<Channel>,
+    /// Its consumer channel's book and its tag: an ack is written to the channel directly
+    /// (lapin's `Acker` goes through its internal RPC task and a spawned future first: two
+    /// thread hand-offs more per message), with the acks asked for at the same time.
+    acks: Arc<AckBook>,
     delivery_tag: u64,
     /// Claimed by the first settle (an ack through `channel`, which the `Acker` does not know
     /// of, or a nack through the `Acker`): one gate for both, so they never both go out.
@@ -208,15 +209,20 @@ impl AmqpBroker {
     ) -> Result<(), BrokerError> {
         if let Err(e) = self.publish_all(std::slice::from_ref(&copy)).await {
             let (broker, acker, generation) = (self.clone(), held.acker.clone(), held.generation);
-            let settled = Arc::clone(&held.settled);
+            let (settled, acks, tag) = (
+                Arc::clone(&held.settled),
+                Arc::clone(&held.acks),
+                held.delivery_tag,
+            );
             let wait = retry_in.min(Duration::from_secs(5));
             tokio::spawn(async move {
                 tokio::time::sleep(wait).await;
                 if generation == broker.shared.current_generation()
                     && acker.usable()
                     && !settled.swap(true, Ordering::SeqCst)
+                    && crate::session::requeue(&acker).await
                 {
-                    crate::session::requeue(&acker).await;
+                    acks.settled_elsewhere(tag);
                 }
             });
             return Err(e);
@@ -228,22 +234,15 @@ impl AmqpBroker {
         // Already settled, or its channel is gone: the broker redelivers it.
         if held.generation != self.shared.current_generation()
             || !held.acker.usable()
+            || !held.acks.channel().status().connected()
             || held.settled.swap(true, Ordering::SeqCst)
         {
             return Err(BrokerError::DeliveryLost);
         }
-        let ack = held
-            .channel
-            .basic_ack(held.delivery_tag, BasicAckOptions::default());
-        match tokio::time::timeout(crate::session::SETTLE_TIMEOUT, ack).await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(_)) if !held.channel.status().connected() => Err(BrokerError::DeliveryLost),
-            Ok(Err(e)) => Err(BrokerError::Unavailable(e.to_string())),
-            Err(_) => Err(BrokerError::Unavailable(format!(
-                "no answer within {:?}",
-                crate::session::SETTLE_TIMEOUT
-            ))),
-        }
+        // Queued on the connection once this returns (with the acks asked for alongside); an
+        // ack lost with the connection after that is a redelivery, answered as a duplicate.
+        held.acks.ack(held.delivery_tag).await;
+        Ok(())
     }
 
     fn to_delivery(&self, incoming: Incoming) -> Delivery {
@@ -251,7 +250,7 @@ impl AmqpBroker {
             generation,
             queue,
             delivery,
-            channel,
+            acks,
         } = incoming;
         let headers = delivery.properties.headers().clone().unwrap_or_default();
         let earlier = header_int(&headers, "x-delivery-count")
@@ -268,7 +267,7 @@ impl AmqpBroker {
         let held = Held {
             generation,
             acker: delivery.acker.clone(),
-            channel,
+            acks,
             delivery_tag: delivery.delivery_tag,
             settled: Arc::new(AtomicBool::new(false)),
             queue: queue.clone(),
@@ -350,7 +349,11 @@ impl Broker for AmqpBroker {
                 return Err(BrokerError::DeliveryLost);
             }
             return match crate::session::settle(&held.acker, Some(true)).await {
-                Ok(true) => Ok(()),
+                Ok(true) => {
+                    // The nack is queued: later `multiple` acks may pass this tag.
+                    held.acks.settled_elsewhere(held.delivery_tag);
+                    Ok(())
+                }
                 Ok(false) => Err(BrokerError::DeliveryLost),
                 Err(e) => Err(BrokerError::Unavailable(e)),
             };

@@ -8,9 +8,10 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use futures_util::Stream;
-use lapin::{Channel, Consumer};
+use lapin::Consumer;
 use tokio_util::sync::CancellationToken;
 
+use crate::acks::AckBook;
 use crate::session::Shared;
 
 /// A delivery as a lane's consumer gave it, tagged with its session.
@@ -18,15 +19,16 @@ pub(crate) struct Incoming {
     pub(crate) generation: u64,
     pub(crate) queue: String,
     pub(crate) delivery: lapin::message::Delivery,
-    /// The consumer channel it came on (acks go straight to it).
-    pub(crate) channel: Arc<Channel>,
+    /// The book of the consumer channel it came on (acks go straight to that channel).
+    pub(crate) acks: Arc<AckBook>,
 }
 
 /// One lane's consumer on one session, handed from the session that started it to `receive`.
 pub(crate) struct LaneConsumer {
     pub(crate) generation: u64,
     pub(crate) queue: String,
-    pub(crate) channel: Arc<Channel>,
+    /// Its channel's acks; every delivery is noted there as the consumer yields it.
+    pub(crate) acks: Arc<AckBook>,
     pub(crate) consumer: Consumer,
     /// The session's token: a consumer that fails ends its session (the supervisor reconnects).
     pub(crate) dead: CancellationToken,
@@ -76,11 +78,14 @@ impl Lanes {
             match Pin::new(&mut lane.consumer).poll_next(cx) {
                 Poll::Ready(Some(Ok(delivery))) => {
                     self.next = i + 1;
+                    // Before anyone can ack: a `multiple` ack must never cover a delivery the
+                    // book does not know is unsettled (even one `receive` then drops).
+                    lane.acks.delivered(delivery.delivery_tag);
                     return Poll::Ready(Incoming {
                         generation: lane.generation,
                         queue: lane.queue.clone(),
                         delivery,
-                        channel: Arc::clone(&lane.channel),
+                        acks: Arc::clone(&lane.acks),
                     });
                 }
                 Poll::Ready(end) => {

@@ -19,7 +19,10 @@
 //! - **Deliveries** are taken from lapin's consumers by the worker's `receive` itself, with no
 //!   forwarding task or channel in between.
 //! - **Acks** are written on the delivery's own consumer channel (not through lapin's `Acker`,
-//!   whose RPC task costs two more thread hand-offs per message).
+//!   whose RPC task costs two more thread hand-offs per message), and the acks asked for
+//!   together are written together: the oldest unsettled deliveries of a channel that are all
+//!   being acked go out as one `multiple` ack (RabbitMQ spends a Raft command per ack frame).
+//!   A delivery still running or being released is never covered.
 //! - **Two connections**: one publishes, one (opened by the first `receive`) consumes and acks,
 //!   as RabbitMQ advises: under a memory or disk alarm it stops reading from publishing
 //!   connections, and a worker's acks must still get through to drain the backlog.
@@ -50,6 +53,7 @@
 //!   queues with a policy (`rabbitmqctl set_policy … '{"delivery-limit":50}'`), which does not
 //!   conflict. ferriq's own attempt limit lives in the claim store either way.
 
+mod acks;
 mod broker;
 mod config;
 mod consume;

@@ -295,7 +295,7 @@ impl Shared {
                         .push(LaneConsumer {
                             generation: session.generation,
                             queue: queue.clone(),
-                            channel: Arc::new(channel),
+                            acks: Arc::new(crate::acks::AckBook::new(Arc::new(channel))),
                             consumer,
                             dead: session.dead.clone(),
                         });
@@ -438,9 +438,9 @@ pub(crate) async fn settle(
     }
 }
 
-/// Puts a delivery back in its queue at once.
-pub(crate) async fn requeue(acker: &lapin::Acker) {
-    let _ = settle(acker, Some(true)).await;
+/// Puts a delivery back in its queue at once; whether its nack was handed to the connection.
+pub(crate) async fn requeue(acker: &lapin::Acker) -> bool {
+    matches!(settle(acker, Some(true)).await, Ok(true))
 }
 
 /// Marks the session dead on the first connection error the connection reports.
