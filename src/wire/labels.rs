@@ -4,6 +4,7 @@ use std::time::Duration;
 use base64::Engine as _;
 use serde_json::{Map, Value};
 
+use super::float::format_float;
 use super::TaskId;
 
 /// taskiq's `LabelType` codes, as written in `labels_types`.
@@ -192,30 +193,12 @@ fn parse_bool(s: &str) -> Option<bool> {
     }
 }
 
-/// Rust's float formatting is the shortest string that parses back to the same value, which is
-/// what Python's `float()` reads too.
 /// A boolean as Python's `str(bool)` writes it, as taskiq's typed labels carry it.
 pub(super) fn python_bool(b: bool) -> &'static str {
     if b {
         "True"
     } else {
         "False"
-    }
-}
-
-fn format_float(f: f64) -> String {
-    if f.is_nan() {
-        "nan".into()
-    } else if f.is_infinite() {
-        if f > 0.0 { "inf" } else { "-inf" }.into()
-    } else {
-        let s = f.to_string();
-        // Python's str(float) always has a dot; keep floats recognisable as floats.
-        if s.contains(['.', 'e', 'E']) {
-            s
-        } else {
-            format!("{s}.0")
-        }
     }
 }
 
@@ -448,14 +431,28 @@ impl Labels {
         Some((id, u32::try_from(index).ok()?))
     }
 
-    /// Reads `labels` and `labels_types` as taskiq writes them.
-    pub(crate) fn from_wire(
-        labels: Map<String, Value>,
-        types: Option<&Map<String, Value>>,
-    ) -> Self {
+    /// Reads `labels` and `labels_types` as taskiq writes them (a name written twice keeps
+    /// its last value and its last type, as a JSON object read into a map does).
+    pub(crate) fn from_wire(labels: Vec<(String, Value)>, types: &[(String, Value)]) -> Self {
+        // Messages carry a handful of labels: a scan beats building a map, but a body with
+        // thousands must not cost a scan per label.
+        let indexed = (types.len() > 16).then(|| {
+            let mut index = BTreeMap::new();
+            for (k, v) in types {
+                index.insert(k.as_str(), v);
+            }
+            index
+        });
+        let code_of = |name: &str| {
+            let raw = match &indexed {
+                Some(index) => index.get(name).copied(),
+                None => types.iter().rev().find(|(k, _)| k == name).map(|(_, v)| v),
+            };
+            raw.and_then(type_code)
+        };
         let mut out = BTreeMap::new();
         for (name, raw) in labels {
-            let code = types.and_then(|t| t.get(&name)).and_then(type_code);
+            let code = code_of(&name);
             out.insert(name, LabelValue::from_typed(raw, code));
         }
         Labels(out)

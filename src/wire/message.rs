@@ -57,45 +57,39 @@ impl TaskMessage {
     /// missing or null, labels may be typed strings or raw JSON values, and missing `labels`,
     /// `args` or `kwargs` read as empty.
     pub fn from_json(body: &[u8]) -> Result<Self, WireError> {
-        let value: Value =
-            serde_json::from_slice(body).map_err(|e| WireError::NotJson(e.to_string()))?;
-        let Value::Object(mut obj) = value else {
-            return Err(WireError::NotJson(
-                "the top-level value is not an object".into(),
-            ));
+        let raw = super::parse::read(body)
+            .map_err(|e| WireError::NotJson(e.to_string()))?
+            .ok_or_else(|| WireError::NotJson("the top-level value is not an object".into()))?;
+        let task_id = raw
+            .task_id
+            .required()
+            .map_err(|got| invalid("task_id", "must be a string", got))?;
+        let task_id = TaskId::parse(task_id)?;
+        let name_error = |got| invalid("task_name", "must be a non-empty string", got);
+        let task_name = match raw.task_name.required().map_err(name_error)? {
+            s if s.is_empty() => return Err(name_error(Some("a string"))),
+            s => s,
         };
-        let task_id = match obj.remove("task_id") {
-            Some(Value::String(s)) => TaskId::parse(s)?,
-            other => return Err(invalid("task_id", "must be a string", other)),
-        };
-        let task_name = match obj.remove("task_name") {
-            Some(Value::String(s)) if !s.is_empty() => s,
-            other => return Err(invalid("task_name", "must be a non-empty string", other)),
-        };
-        let labels = match obj.remove("labels") {
-            None | Some(Value::Null) => Map::new(),
-            Some(Value::Object(m)) => m,
-            other => return Err(invalid("labels", "must be an object", other)),
-        };
-        let types = match obj.remove("labels_types") {
-            None | Some(Value::Null) => None,
-            Some(Value::Object(m)) => Some(m),
-            other => return Err(invalid("labels_types", "must be an object or null", other)),
-        };
-        let args = match obj.remove("args") {
-            None | Some(Value::Null) => Vec::new(),
-            Some(Value::Array(a)) => a,
-            other => return Err(invalid("args", "must be an array", other)),
-        };
-        let kwargs = match obj.remove("kwargs") {
-            None | Some(Value::Null) => Map::new(),
-            Some(Value::Object(m)) => m,
-            other => return Err(invalid("kwargs", "must be an object", other)),
-        };
+        let labels = raw
+            .labels
+            .or_empty(Vec::new)
+            .map_err(|got| invalid("labels", "must be an object", got))?;
+        let types = raw
+            .labels_types
+            .or_empty(Vec::new)
+            .map_err(|got| invalid("labels_types", "must be an object or null", got))?;
+        let args = raw
+            .args
+            .or_empty(Vec::new)
+            .map_err(|got| invalid("args", "must be an array", got))?;
+        let kwargs = raw
+            .kwargs
+            .or_empty(Map::new)
+            .map_err(|got| invalid("kwargs", "must be an object", got))?;
         Ok(TaskMessage {
             task_id,
             task_name,
-            labels: Labels::from_wire(labels, types.as_ref()),
+            labels: Labels::from_wire(labels, &types),
             args,
             kwargs,
         })
@@ -134,24 +128,13 @@ impl TaskMessage {
     }
 }
 
-fn invalid(field: &'static str, what: &str, got: Option<Value>) -> WireError {
+fn invalid(field: &'static str, what: &str, got: Option<&'static str>) -> WireError {
     let got = match got {
         None => "it is missing".to_owned(),
-        Some(v) => format!("got {}", json_kind(&v)),
+        Some(kind) => format!("got {kind}"),
     };
     WireError::InvalidField {
         field,
         reason: format!("{what}; {got}"),
-    }
-}
-
-fn json_kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
     }
 }

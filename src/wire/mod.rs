@@ -6,8 +6,10 @@
 
 mod args;
 mod error;
+mod float;
 pub(crate) mod labels;
 mod message;
+mod parse;
 mod result;
 mod task_id;
 mod typed_labels;

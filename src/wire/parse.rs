@@ -1,0 +1,458 @@
+//! Reading a message body in one pass: the top-level fields straight into their places, with no
+//! `serde_json::Value` tree built first and taken apart after (that tree was most of a worker's
+//! cost of reading a message: an allocation per key, a map per object). Arguments and label
+//! values stay `Value`s: they are the task's data.
+
+use std::fmt;
+
+use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde_json::{Map, Value};
+
+/// One top-level field as read: what a valid message needs, or what it was instead.
+pub(super) enum Field<T> {
+    Missing,
+    Null,
+    Read(T),
+    /// Present with another JSON type (named as the error message says it: "a number"…).
+    Wrong(&'static str),
+}
+
+impl<T> Field<T> {
+    /// Missing and null read as `empty`; `Err` names the wrong type.
+    pub(super) fn or_empty(self, empty: impl FnOnce() -> T) -> Result<T, Option<&'static str>> {
+        match self {
+            Field::Missing | Field::Null => Ok(empty()),
+            Field::Read(v) => Ok(v),
+            Field::Wrong(kind) => Err(Some(kind)),
+        }
+    }
+
+    /// Missing is `Err(None)`, null `Err(Some("null"))`.
+    pub(super) fn required(self) -> Result<T, Option<&'static str>> {
+        match self {
+            Field::Missing => Err(None),
+            Field::Null => Err(Some("null")),
+            Field::Read(v) => Ok(v),
+            Field::Wrong(kind) => Err(Some(kind)),
+        }
+    }
+}
+
+/// Label names and values in the order written.
+pub(super) type Pairs = Vec<(String, Value)>;
+
+/// The top-level fields of a message body.
+pub(super) struct RawMessage {
+    pub(super) task_id: Field<String>,
+    pub(super) task_name: Field<String>,
+    pub(super) labels: Field<Pairs>,
+    pub(super) labels_types: Field<Pairs>,
+    pub(super) args: Field<Vec<Value>>,
+    pub(super) kwargs: Field<Map<String, Value>>,
+}
+
+/// Parses `body`. `Ok(None)`: valid JSON whose top-level value is not an object.
+pub(super) fn read(body: &[u8]) -> Result<Option<RawMessage>, serde_json::Error> {
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let raw = (&mut de).deserialize_any(TopLevel)?;
+    de.end()?;
+    Ok(raw)
+}
+
+struct TopLevel;
+
+impl<'de> Visitor<'de> for TopLevel {
+    type Value = Option<RawMessage>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a task message object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        let mut raw = RawMessage {
+            task_id: Field::Missing,
+            task_name: Field::Missing,
+            labels: Field::Missing,
+            labels_types: Field::Missing,
+            args: Field::Missing,
+            kwargs: Field::Missing,
+        };
+        // A repeated key keeps its last value, as a JSON object read into a map does.
+        while let Some(key) = map.next_key::<Key>()? {
+            match key {
+                Key::TaskId => raw.task_id = map.next_value_seed(Of(Kind::Str))?.into_str(),
+                Key::TaskName => raw.task_name = map.next_value_seed(Of(Kind::Str))?.into_str(),
+                Key::Labels => raw.labels = map.next_value_seed(Of(Kind::Pairs))?.into_pairs(),
+                Key::LabelsTypes => {
+                    raw.labels_types = map.next_value_seed(Of(Kind::Pairs))?.into_pairs()
+                }
+                Key::Args => raw.args = map.next_value_seed(Of(Kind::Array))?.into_array(),
+                Key::Kwargs => raw.kwargs = map.next_value_seed(Of(Kind::Object))?.into_object(),
+                Key::Other => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(Some(raw))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(None)
+    }
+
+    fn visit_str<E: de::Error>(self, _: &str) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+}
+
+/// A top-level key, matched without allocating it.
+enum Key {
+    TaskId,
+    TaskName,
+    Labels,
+    LabelsTypes,
+    Args,
+    Kwargs,
+    Other,
+}
+
+impl<'de> de::Deserialize<'de> for Key {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct KeyVisitor;
+        impl Visitor<'_> for KeyVisitor {
+            type Value = Key;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a field name")
+            }
+            fn visit_str<E: de::Error>(self, key: &str) -> Result<Key, E> {
+                Ok(match key {
+                    "task_id" => Key::TaskId,
+                    "task_name" => Key::TaskName,
+                    "labels" => Key::Labels,
+                    "labels_types" => Key::LabelsTypes,
+                    "args" => Key::Args,
+                    "kwargs" => Key::Kwargs,
+                    _ => Key::Other,
+                })
+            }
+        }
+        d.deserialize_str(KeyVisitor)
+    }
+}
+
+/// The JSON type a field must have.
+#[derive(Clone, Copy)]
+enum Kind {
+    Str,
+    Pairs,
+    Array,
+    Object,
+}
+
+/// A field's value read as its expected type, or the name of the type it has instead.
+enum Read {
+    Str(String),
+    Pairs(Pairs),
+    Array(Vec<Value>),
+    Object(Map<String, Value>),
+    Null,
+    Wrong(&'static str),
+}
+
+impl Read {
+    fn into_str(self) -> Field<String> {
+        match self {
+            Read::Str(s) => Field::Read(s),
+            other => other.mismatch(),
+        }
+    }
+    fn into_pairs(self) -> Field<Pairs> {
+        match self {
+            Read::Pairs(p) => Field::Read(p),
+            other => other.mismatch(),
+        }
+    }
+    fn into_array(self) -> Field<Vec<Value>> {
+        match self {
+            Read::Array(a) => Field::Read(a),
+            other => other.mismatch(),
+        }
+    }
+    fn into_object(self) -> Field<Map<String, Value>> {
+        match self {
+            Read::Object(o) => Field::Read(o),
+            other => other.mismatch(),
+        }
+    }
+    fn mismatch<T>(self) -> Field<T> {
+        match self {
+            Read::Null => Field::Null,
+            Read::Wrong(kind) => Field::Wrong(kind),
+            Read::Str(_) => Field::Wrong("a string"),
+            Read::Pairs(_) | Read::Object(_) => Field::Wrong("an object"),
+            Read::Array(_) => Field::Wrong("an array"),
+        }
+    }
+}
+
+/// Reads one field's value as `Kind`; any other value is consumed and named.
+struct Of(Kind);
+
+impl<'de> DeserializeSeed<'de> for Of {
+    type Value = Read;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Read, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Of {
+    type Value = Read;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_str<E: de::Error>(self, s: &str) -> Result<Read, E> {
+        Ok(match self.0 {
+            Kind::Str => Read::Str(s.to_owned()),
+            _ => Read::Wrong("a string"),
+        })
+    }
+    fn visit_string<E: de::Error>(self, s: String) -> Result<Read, E> {
+        Ok(match self.0 {
+            Kind::Str => Read::Str(s),
+            _ => Read::Wrong("a string"),
+        })
+    }
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Read, E> {
+        Ok(Read::Wrong("a boolean"))
+    }
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Read, E> {
+        Ok(Read::Wrong("a number"))
+    }
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Read, E> {
+        Ok(Read::Wrong("a number"))
+    }
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Read, E> {
+        Ok(Read::Wrong("a number"))
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<Read, E> {
+        Ok(Read::Null)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Read, A::Error> {
+        if let Kind::Array = self.0 {
+            let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(64));
+            while let Some(v) = seq.next_element::<Value>()? {
+                items.push(v);
+            }
+            return Ok(Read::Array(items));
+        }
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(Read::Wrong("an array"))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Read, A::Error> {
+        match self.0 {
+            Kind::Pairs => {
+                let mut pairs = Vec::with_capacity(map.size_hint().unwrap_or(0).min(64));
+                while let Some(entry) = map.next_entry::<String, Value>()? {
+                    pairs.push(entry);
+                }
+                Ok(Read::Pairs(pairs))
+            }
+            Kind::Object => {
+                let mut object = Map::new();
+                while let Some((k, v)) = map.next_entry::<String, Value>()? {
+                    object.insert(k, v);
+                }
+                Ok(Read::Object(object))
+            }
+            Kind::Str | Kind::Array => {
+                while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+                Ok(Read::Wrong("an object"))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+    use serde_json::{json, Map, Value};
+
+    use crate::wire::{Labels, TaskId, TaskMessage, WireError};
+
+    /// The reader this module replaced: the whole body as a `Value` tree, taken apart after.
+    /// The one-pass reader must agree with it on every input, errors included.
+    fn through_a_tree(body: &[u8]) -> Result<TaskMessage, WireError> {
+        let value: Value =
+            serde_json::from_slice(body).map_err(|e| WireError::NotJson(e.to_string()))?;
+        let Value::Object(mut obj) = value else {
+            return Err(WireError::NotJson(
+                "the top-level value is not an object".into(),
+            ));
+        };
+        let kind = |v: &Value| match v {
+            Value::Null => "null",
+            Value::Bool(_) => "a boolean",
+            Value::Number(_) => "a number",
+            Value::String(_) => "a string",
+            Value::Array(_) => "an array",
+            Value::Object(_) => "an object",
+        };
+        let invalid = |field: &'static str, what: &str, got: Option<Value>| {
+            let got = match got {
+                None => "it is missing".to_owned(),
+                Some(v) => format!("got {}", kind(&v)),
+            };
+            WireError::InvalidField {
+                field,
+                reason: format!("{what}; {got}"),
+            }
+        };
+        let task_id = match obj.remove("task_id") {
+            Some(Value::String(s)) => TaskId::parse(s)?,
+            other => return Err(invalid("task_id", "must be a string", other)),
+        };
+        let task_name = match obj.remove("task_name") {
+            Some(Value::String(s)) if !s.is_empty() => s,
+            other => return Err(invalid("task_name", "must be a non-empty string", other)),
+        };
+        let labels = match obj.remove("labels") {
+            None | Some(Value::Null) => Map::new(),
+            Some(Value::Object(m)) => m,
+            other => return Err(invalid("labels", "must be an object", other)),
+        };
+        let types = match obj.remove("labels_types") {
+            None | Some(Value::Null) => Map::new(),
+            Some(Value::Object(m)) => m,
+            other => return Err(invalid("labels_types", "must be an object or null", other)),
+        };
+        let args = match obj.remove("args") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::Array(a)) => a,
+            other => return Err(invalid("args", "must be an array", other)),
+        };
+        let kwargs = match obj.remove("kwargs") {
+            None | Some(Value::Null) => Map::new(),
+            Some(Value::Object(m)) => m,
+            other => return Err(invalid("kwargs", "must be an object", other)),
+        };
+        let types: Vec<(String, Value)> = types.into_iter().collect();
+        Ok(TaskMessage {
+            task_id,
+            task_name,
+            labels: Labels::from_wire(labels.into_iter().collect(), &types),
+            args,
+            kwargs,
+        })
+    }
+
+    fn agree(body: &[u8]) -> Result<(), TestCaseError> {
+        let one_pass = TaskMessage::from_json(body).map_err(|e| e.to_string());
+        let tree = through_a_tree(body).map_err(|e| e.to_string());
+        match (&one_pass, &tree) {
+            // serde_json words syntax errors by where it stopped; both readers stop there.
+            (Err(a), Err(b)) if a.starts_with("not a JSON") && b.starts_with("not a JSON") => {}
+            _ => prop_assert_eq!(one_pass, tree, "body {}", String::from_utf8_lossy(body)),
+        }
+        Ok(())
+    }
+
+    fn leaf() -> impl Strategy<Value = Value> {
+        prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            (-1e6f64..1e6).prop_map(Value::from),
+            "[a-z0-9_ ]{0,12}".prop_map(Value::from),
+            Just(json!("0123456789abcdef0123456789abcdef")),
+            Just(json!("t")),
+            Just(json!("")),
+            (1i64..7).prop_map(|c| json!(c.to_string())),
+        ]
+    }
+
+    fn value() -> impl Strategy<Value = Value> {
+        leaf().prop_recursive(3, 24, 4, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+                prop::collection::vec(("[a-e]{1,2}", inner), 0..4)
+                    .prop_map(|kv| Value::Object(kv.into_iter().collect())),
+            ]
+        })
+    }
+
+    /// An object's text with fields from the message's own names and others, some of them
+    /// repeated (which a `Map` cannot hold, so the text is written by hand).
+    fn body() -> impl Strategy<Value = Vec<u8>> {
+        let name = prop_oneof![
+            Just("task_id"),
+            Just("task_name"),
+            Just("labels"),
+            Just("labels_types"),
+            Just("args"),
+            Just("kwargs"),
+            Just("other"),
+        ];
+        prop::collection::vec((name, value()), 0..9).prop_map(|fields| {
+            let inner: Vec<String> = fields
+                .iter()
+                .map(|(k, v)| format!("{}:{}", json!(k), v))
+                .collect();
+            format!("{{{}}}", inner.join(",")).into_bytes()
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+        #[test]
+        fn the_one_pass_reader_agrees_with_the_tree(body in body()) {
+            agree(&body)?;
+        }
+
+        #[test]
+        fn valid_messages_with_typed_labels_read_the_same(
+            labels in prop::collection::vec(("[a-d]{1,2}", leaf()), 0..6),
+            types in prop::collection::vec(("[a-d]{1,2}", leaf()), 0..6),
+            args in prop::collection::vec(value(), 0..3),
+        ) {
+            let text = format!(
+                r#"{{"task_id":"0123456789abcdef0123456789abcdef","task_name":"t","labels":{{{}}},"labels_types":{{{}}},"args":{},"kwargs":{{"k":1}}}}"#,
+                labels.iter().map(|(k, v)| format!("{}:{}", json!(k), v)).collect::<Vec<_>>().join(","),
+                types.iter().map(|(k, v)| format!("{}:{}", json!(k), v)).collect::<Vec<_>>().join(","),
+                Value::Array(args),
+            );
+            agree(text.as_bytes())?;
+        }
+    }
+
+    #[test]
+    fn what_is_not_an_object_is_refused_as_such() {
+        for body in [&b"[1,2]"[..], b"\"x\"", b"3", b"null", b"true"] {
+            let err = TaskMessage::from_json(body).unwrap_err().to_string();
+            assert!(err.contains("not an object"), "{err}");
+        }
+        let err = TaskMessage::from_json(b"{} trailing")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("not a JSON"), "{err}");
+    }
+}
