@@ -1,4 +1,4 @@
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -53,7 +53,7 @@ pub(super) struct Shared {
 
 #[derive(Default)]
 pub(super) struct State {
-    queues: HashMap<String, Queue>,
+    queues: crate::FastMap<String, Queue>,
     next_id: u64,
     next_receipt: u64,
     pub(super) dead: Vec<DeadLettered>,
@@ -64,7 +64,7 @@ pub(super) struct State {
 struct Queue {
     /// Waiting messages by (visible at, id).
     pending: BTreeMap<(Instant, u64), Stored>,
-    in_flight: HashMap<u64, InFlight>,
+    in_flight: crate::FastMap<u64, InFlight>,
 }
 
 #[derive(Clone)]

@@ -1,6 +1,5 @@
 //! Building a worker: its broker, store, registry, state, middleware and settings.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -257,7 +256,7 @@ impl WorkerBuilder {
                 state: Arc::new(self.state),
                 config: self.config,
                 running: RunningTable::default(),
-                pending: Mutex::new(HashMap::new()),
+                pending: Mutex::default(),
                 rng: Mutex::new(rng),
                 counters,
                 scheduler,

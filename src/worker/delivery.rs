@@ -334,9 +334,7 @@ impl Inner {
         self.lock_pending().retain(|_, p| p.kept_at.elapsed() < ttl);
     }
 
-    fn lock_pending(
-        &self,
-    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<TaskId, PendingResult>> {
+    fn lock_pending(&self) -> std::sync::MutexGuard<'_, crate::FastMap<TaskId, PendingResult>> {
         self.pending.lock().unwrap_or_else(|p| p.into_inner())
     }
 }

@@ -1,7 +1,6 @@
 //! What a worker counts: delivery outcomes and run durations, in total and per task (the task
 //! label is bounded by the registry: names it does not serve count as `_other`).
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::running::Outcome;
@@ -106,7 +105,7 @@ fn index(outcome: Outcome) -> usize {
 /// Counters of delivery outcomes and runs, shared by a worker and its handles.
 pub(crate) struct Counters {
     total: TaskCounters,
-    tasks: HashMap<&'static str, TaskCounters>,
+    tasks: crate::FastMap<&'static str, TaskCounters>,
 }
 
 impl Counters {

@@ -21,7 +21,6 @@ pub use probes::ProbeServer;
 pub use running::Outcome;
 pub use shutdown::Shutdown;
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -46,7 +45,7 @@ pub(crate) struct Inner {
     running: RunningTable,
     /// Results computed while the store was unreachable, keyed by task id, stored on the
     /// message's redelivery.
-    pending: Mutex<HashMap<crate::wire::TaskId, PendingResult>>,
+    pending: Mutex<crate::FastMap<crate::wire::TaskId, PendingResult>>,
     rng: Mutex<SmallRng>,
     counters: Counters,
     scheduler: Option<crate::schedule::Scheduler>,

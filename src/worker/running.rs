@@ -1,4 +1,3 @@
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use tokio::time::Instant;
@@ -53,7 +52,7 @@ pub(crate) struct RunningTable {
 
 #[derive(Default)]
 struct Table {
-    runs: HashMap<u64, Running>,
+    runs: crate::FastMap<u64, Running>,
     /// Set by `stop_all`: a run that starts afterwards is stopped at once.
     closed: Option<StopReason>,
 }

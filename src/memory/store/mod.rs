@@ -1,4 +1,4 @@
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -50,16 +50,16 @@ pub(super) struct Inner {
 
 #[derive(Default)]
 pub(super) struct State {
-    pub(super) claims: HashMap<TaskId, Claim>,
-    pub(super) results: HashMap<TaskId, TaskResult>,
-    writes: HashMap<TaskId, u32>,
-    waiters: HashMap<TaskId, Arc<Notify>>,
+    pub(super) claims: crate::FastMap<TaskId, Claim>,
+    pub(super) results: crate::FastMap<TaskId, TaskResult>,
+    writes: crate::FastMap<TaskId, u32>,
+    waiters: crate::FastMap<TaskId, Arc<Notify>>,
     /// Finished tasks (and settled workflows) in the order they are forgotten (only with a
     /// retention).
     finished: VecDeque<(Instant, TaskId)>,
-    pub(super) groups: HashMap<TaskId, super::workflow::MemGroup>,
-    pub(super) chains: HashMap<TaskId, crate::store::ChainRecord>,
-    pub(super) progress: HashMap<TaskId, crate::store::TaskProgress>,
+    pub(super) groups: crate::FastMap<TaskId, super::workflow::MemGroup>,
+    pub(super) chains: crate::FastMap<TaskId, crate::store::ChainRecord>,
+    pub(super) progress: crate::FastMap<TaskId, crate::store::TaskProgress>,
     pub(super) schedules: super::schedules::MemSchedules,
     pub(super) ops: super::ops::MemOps,
 }
