@@ -15,6 +15,9 @@ use tokio::task::JoinHandle;
 #[derive(Default)]
 pub(crate) struct Waiters {
     entries: Mutex<HashMap<String, Entry>>,
+    /// Announcements that came before anyone waited, taken by the first waiter (locked only
+    /// while `entries` is: an announcement and a registration never miss each other).
+    early: Mutex<Early>,
     /// The connection task channels are subscribed on (absent in unit tests).
     subscriber: Option<SubscriberClient>,
     /// Task channels to leave, handed to the dispatcher: a guard may drop outside a runtime.
@@ -25,11 +28,70 @@ pub(crate) struct Waiters {
 
 /// The most recent ids (by a 64-bit hash), forgetting the oldest beyond a bound: memory stays
 /// bounded however many tasks a client enqueues, and a forgotten id only costs its waits the
-/// task-channel subscription they made before.
+/// task-channel subscription and the first read they made before. Each remembers whether a
+/// wait for it has begun.
 #[derive(Default)]
 struct RecentIds {
-    set: std::collections::HashSet<u64>,
+    set: std::collections::HashMap<u64, bool>,
     order: std::collections::VecDeque<u64>,
+}
+
+/// Completions announced while nobody waited for them: a client that enqueues a batch and
+/// then waits for each finds most of them here instead of reading each back. Bounded in count
+/// and in bytes, the oldest forgotten first (its waiter then reads the result back).
+#[derive(Default)]
+struct Early {
+    /// Task id → the result JSON when the announcement carried it.
+    announced: HashMap<String, Option<Arc<str>>>,
+    order: std::collections::VecDeque<String>,
+    bytes: usize,
+}
+
+impl Early {
+    const CAPACITY: usize = 1 << 16;
+    const MAX_BYTES: usize = 16 << 20;
+
+    fn keep(&mut self, id: &str, result: Option<&str>) {
+        let size = result.map_or(0, str::len) + id.len();
+        if size > Self::MAX_BYTES {
+            return;
+        }
+        let result = result.map(Arc::from);
+        match self.announced.get_mut(id) {
+            Some(kept) => {
+                // A later announcement of the same task (a duplicate's `already`) must not
+                // drop the result an earlier one carried.
+                if result.is_some() {
+                    self.bytes -= kept.as_ref().map_or(0, |r| r.len());
+                    self.bytes += size - id.len();
+                    *kept = result;
+                }
+                return;
+            }
+            None => {
+                self.announced.insert(id.to_owned(), result);
+                self.order.push_back(id.to_owned());
+                self.bytes += size;
+            }
+        }
+        while self.order.len() > Self::CAPACITY || self.bytes > Self::MAX_BYTES {
+            let Some(old) = self.order.pop_front() else {
+                break;
+            };
+            if let Some(r) = self.announced.remove(&old) {
+                self.bytes -= old.len() + r.map_or(0, |r| r.len());
+            }
+        }
+    }
+
+    /// The announcement of `id`, taken out.
+    fn take(&mut self, id: &str) -> Option<Option<Arc<str>>> {
+        let taken = self.announced.remove(id)?;
+        self.bytes -= id.len() + taken.as_ref().map_or(0, |r| r.len());
+        // Its place in `order` stays until it comes to the front: removing it from the middle
+        // would cost a scan, and a stale name there is skipped then.
+        Some(taken)
+    }
 }
 
 impl RecentIds {
@@ -43,7 +105,7 @@ impl RecentIds {
 
     fn insert(&mut self, id: &str) {
         let h = Self::hash(id);
-        if !self.set.insert(h) {
+        if self.set.insert(h, false).is_some() {
             return;
         }
         self.order.push_back(h);
@@ -55,7 +117,14 @@ impl RecentIds {
     }
 
     fn contains(&self, id: &str) -> bool {
-        self.set.contains(&Self::hash(id))
+        self.set.contains_key(&Self::hash(id))
+    }
+
+    /// Whether `id` is remembered and no wait for it began before; marks it waited for.
+    fn first_wait(&mut self, id: &str) -> bool {
+        self.set
+            .get_mut(&Self::hash(id))
+            .is_some_and(|waited| !std::mem::replace(waited, true))
     }
 }
 
@@ -70,6 +139,8 @@ struct Entry {
     /// The result as its completion announced it (the JSON the worker stored), when the
     /// announcement carried it: waiters take it from here instead of reading it back.
     result: Option<Arc<str>>,
+    /// Whether a completion was announced (with or without its result).
+    announced: bool,
 }
 
 /// One waiter's registration; unregisters on drop.
@@ -104,6 +175,15 @@ impl WaiterGuard {
             .lock()
             .get(&self.id)
             .and_then(|e| e.result.clone())
+    }
+
+    /// Whether a completion of the task was announced to this process, with or without its
+    /// result.
+    pub(crate) fn was_announced(&self) -> bool {
+        self.waiters
+            .lock()
+            .get(&self.id)
+            .is_some_and(|e| e.announced)
     }
 
     /// Subscribes to the task's own completion channel (where tasks enqueued without a
@@ -156,6 +236,7 @@ impl Waiters {
         let (leave, leaves) = mpsc::unbounded_channel();
         let waiters = Waiters {
             entries: Mutex::default(),
+            early: Mutex::default(),
             subscriber: Some(subscriber),
             leave: Some(leave),
             announced_here: Mutex::default(),
@@ -180,6 +261,21 @@ impl Waiters {
             .contains(id)
     }
 
+    /// Whether this is the first wait for task `id`, which went out with this process's reply
+    /// channel: its completion then reaches this process (kept in `early` if it came first),
+    /// and the wait need not read the result before it sleeps. Later waits read first (the
+    /// first one took the announcement).
+    pub(crate) fn first_wait_here(&self, id: &str) -> bool {
+        self.announced_here
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .first_wait(id)
+    }
+
+    fn lock_early(&self) -> MutexGuard<'_, Early> {
+        self.early.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Whether a waiter of `id` listens on the task's channel (again).
     fn listens(&self, id: &str) -> bool {
         self.lock()
@@ -193,11 +289,15 @@ impl Waiters {
 
     pub(crate) fn register(self: &Arc<Self>, id: &str) -> WaiterGuard {
         let mut entries = self.lock();
-        let entry = entries.entry(id.to_owned()).or_insert_with(|| Entry {
-            notify: Arc::new(Notify::new()),
-            count: 0,
-            task_channel: None,
-            result: None,
+        let entry = entries.entry(id.to_owned()).or_insert_with(|| {
+            let early = self.lock_early().take(id);
+            Entry {
+                notify: Arc::new(Notify::new()),
+                count: 0,
+                task_channel: None,
+                announced: early.is_some(),
+                result: early.flatten(),
+            }
         });
         entry.count += 1;
         WaiterGuard {
@@ -214,11 +314,18 @@ impl Waiters {
     /// Wakes the waiters of `id`, leaving them the stored result JSON when the announcement
     /// carried it.
     fn wake_with(&self, id: &str, result: Option<&str>) {
-        if let Some(e) = self.lock().get_mut(id) {
-            if let Some(json) = result {
-                e.result = Some(Arc::from(json));
+        let mut entries = self.lock();
+        match entries.get_mut(id) {
+            Some(e) => {
+                if let Some(json) = result {
+                    e.result = Some(Arc::from(json));
+                }
+                e.announced = true;
+                e.notify.notify_waiters();
             }
-            e.notify.notify_waiters();
+            // Before anyone waits (under the same lock as a registration, so either it finds
+            // this or this finds it).
+            None => self.lock_early().keep(id, result),
         }
     }
 
@@ -334,6 +441,61 @@ mod tests {
         let recent = waiters.announced_here.lock().unwrap();
         assert_eq!(recent.order.len(), RecentIds::CAPACITY);
         assert_eq!(recent.set.len(), RecentIds::CAPACITY);
+    }
+
+    #[test]
+    fn an_announcement_before_the_wait_is_kept_for_it_within_bounds() {
+        let waiters = Arc::new(Waiters::default());
+        waiters.wake_with("a1", Some("{\"r\":1}"));
+        waiters.wake_with("b2", None);
+        // A later id-only announcement (a duplicate's) keeps the result the first carried.
+        waiters.wake_with("a1", None);
+        let a = waiters.register("a1");
+        assert_eq!(a.announced_result().as_deref(), Some("{\"r\":1}"));
+        assert!(a.was_announced());
+        let b = waiters.register("b2");
+        assert!(b.was_announced() && b.announced_result().is_none());
+        let c = waiters.register("c3");
+        assert!(!c.was_announced());
+        // Taken by the first waiter: a second registration finds nothing kept.
+        drop(a);
+        assert!(!waiters.register("a1").was_announced());
+        {
+            let early = waiters.lock_early();
+            assert_eq!((early.announced.len(), early.bytes), (0, 0));
+        }
+
+        // Bounded in count and bytes, the oldest forgotten first.
+        let big = "x".repeat(Early::MAX_BYTES / 4);
+        for i in 0..5 {
+            waiters.wake_with(&format!("big-{i}"), Some(&big));
+        }
+        for i in 0..=Early::CAPACITY {
+            waiters.wake_with(&format!("t-{i}"), None);
+        }
+        let early = waiters.lock_early();
+        assert!(early.bytes <= Early::MAX_BYTES);
+        assert!(early.announced.len() <= Early::CAPACITY);
+        assert!(
+            !early.announced.contains_key("big-4"),
+            "the oldest went first"
+        );
+        assert!(!early.announced.contains_key("t-0"));
+        assert!(early
+            .announced
+            .contains_key(&format!("t-{}", Early::CAPACITY)));
+    }
+
+    #[test]
+    fn only_the_first_wait_for_a_task_enqueued_here_skips_its_read() {
+        let waiters = Waiters::default();
+        waiters.announced_here("mine");
+        assert!(waiters.first_wait_here("mine"));
+        assert!(
+            !waiters.first_wait_here("mine"),
+            "the first took the announcement"
+        );
+        assert!(!waiters.first_wait_here("elsewhere"));
     }
 
     #[test]

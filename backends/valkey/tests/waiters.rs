@@ -379,6 +379,49 @@ async fn a_waiter_takes_the_result_its_announcement_carries() {
 }
 
 #[tokio::test]
+async fn a_completion_announced_before_anyone_waits_is_kept_for_the_wait() {
+    // A client that enqueues a batch and then waits for each task finds most completions
+    // announced already: they are kept for the first wait, which reads nothing back. Nothing
+    // is stored here, so only the kept announcement can answer.
+    let Parked {
+        store,
+        id: marker,
+        waiter,
+        raw,
+        channel,
+    } = Parked::wait(Duration::from_secs(3600)).await;
+    let id = TaskId::random();
+    let reply = store.reply_channel_for(&id).expect("a reply channel");
+    let line = format!("{id}\t{}", serde_json::to_string(&ok(json!(9))).unwrap());
+    let _: i64 = fred::prelude::PubsubInterface::publish(&raw, &reply, line)
+        .await
+        .unwrap();
+    // The subscriber reads its messages in the order published: once the marker's waiter is
+    // answered, the announcement before it was read too.
+    let line = format!(
+        "{marker}\t{}",
+        serde_json::to_string(&ok(json!(1))).unwrap()
+    );
+    let _: i64 = fred::prelude::PubsubInterface::publish(&raw, &channel, line)
+        .await
+        .unwrap();
+    let r = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the marker's announcement answers its wait")
+        .unwrap();
+    assert_eq!(r, ResultStatus::Ready(ok(json!(1))));
+    let r = tokio::time::timeout(
+        Duration::from_secs(5),
+        store.wait(&id, Duration::from_secs(30)),
+    )
+    .await
+    .expect("the kept announcement answers the wait")
+    .unwrap();
+    assert_eq!(r, ResultStatus::Ready(ok(json!(9))));
+    fred::prelude::ClientLike::quit(&raw).await.unwrap();
+}
+
+#[tokio::test]
 async fn a_result_too_large_to_announce_is_read_back_whole() {
     // Over 8 KiB the announcement names the task only; the waiter reads the stored result.
     let store = notification_only_store().await;

@@ -172,6 +172,11 @@ impl ResultStore for ValkeyStore {
         // A task this process enqueued carries its reply channel: a worker announces it there,
         // never on the task's channel (a Python worker announces nowhere), so no subscription.
         let mut on_task_channel = self.inner.waiters.is_announced_here(id.as_str());
+        // The first wait for such a task sleeps without reading first: its completion is
+        // announced to this process, and one that came before the wait was kept for it. (A
+        // Python worker announces nowhere: its result is found by the re-read.)
+        // A short wait (a poll) reads at once: it may end before any re-read.
+        let mut read_first = !self.inner.waiters.first_wait_here(id.as_str()) || timeout <= recheck;
         loop {
             // Listen before reading, so a completion in between is not missed.
             let notified = guard.notify.notified();
@@ -183,7 +188,13 @@ impl ResultStore for ValkeyStore {
                     return Ok(ResultStatus::Ready(result));
                 }
             }
-            match self.get(id).await {
+            let read = read_first || guard.was_announced();
+            read_first = true;
+            match if read {
+                self.get(id).await
+            } else {
+                Ok(ResultStatus::Pending)
+            } {
                 Ok(ResultStatus::Ready(r)) => return Ok(ResultStatus::Ready(r)),
                 Ok(_) => {}
                 // A blip of the store is not the end of a long wait: keep trying.
