@@ -1,4 +1,3 @@
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -63,7 +62,7 @@ pub(super) struct State {
 #[derive(Default)]
 struct Queue {
     /// Waiting messages by (visible at, id).
-    pending: BTreeMap<(Instant, u64), Stored>,
+    pending: super::waiting::Waiting<Stored>,
     in_flight: crate::FastMap<u64, InFlight>,
 }
 
@@ -292,7 +291,7 @@ impl MemoryBroker {
             .collect();
         for id in &expired {
             if let Some(f) = q.in_flight.remove(id) {
-                q.pending.insert((f.visible_at, f.stored.id), f.stored);
+                q.pending.insert(f.visible_at, f.stored.id, f.stored);
             }
         }
         state.stats.expired += expired.len() as u64;
@@ -317,13 +316,9 @@ impl MemoryBroker {
                 continue;
             };
             while out.len() < max {
-                let Some(entry) = q.pending.first_entry() else {
+                let Some(mut stored) = q.pending.pop_visible(now) else {
                     break;
                 };
-                if entry.key().0 > now {
-                    break;
-                }
-                let mut stored = entry.remove();
                 if self
                     .shared
                     .max_receives
@@ -375,9 +370,7 @@ impl MemoryBroker {
             }
             let candidates = q
                 .pending
-                .keys()
-                .next()
-                .map(|k| k.0)
+                .first_visible()
                 .into_iter()
                 .chain(q.in_flight.values().map(|f| f.visible_at));
             for t in candidates {
@@ -409,7 +402,7 @@ impl Broker for MemoryBroker {
                 .entry(queue)
                 .or_default()
                 .pending
-                .insert((visible_at, id), stored);
+                .insert(visible_at, id, stored);
             state.stats.published += 1;
         }
         drop(state);
@@ -453,7 +446,7 @@ impl Broker for MemoryBroker {
         let f = self.take_current(&mut state, h)?;
         let visible_at = Instant::now() + after;
         if let Some(q) = state.queues.get_mut(&h.queue) {
-            q.pending.insert((visible_at, f.stored.id), f.stored);
+            q.pending.insert(visible_at, f.stored.id, f.stored);
         }
         state.stats.released += 1;
         drop(state);
@@ -510,8 +503,8 @@ impl Broker for MemoryBroker {
         let state = self.lock();
         let mut depth = QueueDepth::default();
         for q in self.queues.iter().filter_map(|name| state.queues.get(name)) {
-            for (visible_at, _) in q.pending.keys() {
-                if *visible_at <= now {
+            for visible_at in q.pending.visible_times() {
+                if visible_at <= now {
                     depth.ready += 1;
                 } else {
                     depth.delayed += 1;

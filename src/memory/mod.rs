@@ -10,6 +10,7 @@ mod dead;
 mod ops;
 mod schedules;
 mod store;
+mod waiting;
 mod workflow;
 
 pub use broker::{DeadLettered, MemoryBroker, MemoryBrokerStats};
