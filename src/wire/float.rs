@@ -1,7 +1,5 @@
 //! Float labels as text, the way taskiq carries them.
 
-use std::fmt::Write as _;
-
 /// A float as a label's text: the shortest string that parses back to the same value (what
 /// Python's `float()` reads too), always with a dot so it reads as a float.
 ///
@@ -41,22 +39,21 @@ fn from_millis(f: f64) -> Option<String> {
         return None;
     }
     let millis = millis as i64;
-    let (whole, mut frac) = (millis.unsigned_abs() / 1000, millis.unsigned_abs() % 1000);
-    let mut s = String::with_capacity(20);
+    let (whole, frac) = (millis.unsigned_abs() / 1000, millis.unsigned_abs() % 1000);
+    let mut digits = itoa::Buffer::new();
+    let mut s = String::with_capacity(24);
     if millis < 0 {
         s.push('-');
     }
-    let _ = write!(s, "{whole}.");
-    if frac == 0 {
-        s.push('0');
-    } else {
-        let mut digits = 3;
-        while frac % 10 == 0 {
-            frac /= 10;
-            digits -= 1;
-        }
-        let _ = write!(s, "{frac:0digits$}");
-    }
+    s.push_str(digits.format(whole));
+    s.push('.');
+    // Three digits with their leading zeros, trailing zeros dropped (at least one digit).
+    let frac = [frac / 100, frac / 10 % 10, frac % 10].map(|d| b'0' + d as u8);
+    let keep = frac
+        .iter()
+        .rposition(|&d| d != b'0')
+        .map_or(1, |last| last + 1);
+    s.extend(frac[..keep].iter().map(|&d| char::from(d)));
     Some(s)
 }
 
