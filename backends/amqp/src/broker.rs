@@ -65,8 +65,16 @@ struct Held {
     settled: Arc<AtomicBool>,
     queue: String,
     body: Vec<u8>,
-    headers: FieldTable,
+    /// Its properties, kept whole (taken from the delivery, not copied): a copy carries its
+    /// headers.
+    properties: lapin::BasicProperties,
     receive_count: u32,
+}
+
+impl Held {
+    fn headers(&self) -> Option<&FieldTable> {
+        self.properties.headers().as_ref()
+    }
 }
 
 pub(crate) fn header_int(headers: &FieldTable, name: &str) -> Option<i64> {
@@ -175,7 +183,7 @@ impl AmqpBroker {
     /// The headers of a copy: the original's, without RabbitMQ's bookkeeping, plus ours.
     fn copy_headers(held: &Held) -> FieldTable {
         let mut headers = FieldTable::default();
-        for (k, v) in held.headers.inner() {
+        for (k, v) in held.headers().into_iter().flat_map(|h| h.inner()) {
             if !matches!(
                 k.as_str(),
                 "x-death"
@@ -252,31 +260,39 @@ impl AmqpBroker {
             delivery,
             acks,
         } = incoming;
-        let headers = delivery.properties.headers().clone().unwrap_or_default();
-        let earlier = header_int(&headers, "x-delivery-count")
+        let lapin::message::Delivery {
+            delivery_tag,
+            data,
+            properties,
+            acker,
+            ..
+        } = delivery;
+        let no_headers = FieldTable::default();
+        let headers = properties.headers().as_ref().unwrap_or(&no_headers);
+        let earlier = header_int(headers, "x-delivery-count")
             .unwrap_or(0)
             .clamp(0, i64::from(u32::MAX))
             .saturating_add(
-                header_int(&headers, RECEIVES_HEADER)
+                header_int(headers, RECEIVES_HEADER)
                     .unwrap_or(0)
                     .clamp(0, i64::from(u32::MAX)),
             );
         let receive_count = earlier.saturating_add(1).min(i64::from(u32::MAX)) as u32;
-        let task_id = header_str(&headers, "task_id");
-        let not_before = header_int(&headers, NOT_BEFORE_HEADER).map(|ms| ms as f64 / 1000.0);
+        let task_id = header_str(headers, "task_id");
+        let not_before = header_int(headers, NOT_BEFORE_HEADER).map(|ms| ms as f64 / 1000.0);
         let held = Held {
             generation,
-            acker: delivery.acker.clone(),
+            acker,
             acks,
-            delivery_tag: delivery.delivery_tag,
+            delivery_tag,
             settled: Arc::new(AtomicBool::new(false)),
             queue: queue.clone(),
-            body: delivery.data.clone(),
-            headers,
+            body: data.clone(),
+            properties,
             receive_count,
         };
         Delivery::new(
-            delivery.data,
+            data,
             task_id,
             receive_count,
             queue,
