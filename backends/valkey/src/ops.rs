@@ -68,6 +68,21 @@ impl Core {
         self.pool.get(key).await.map_err(store_error)
     }
 
+    /// Reads many keys in one `MGET` (one slot's keys only in a cluster: the store batches
+    /// reads only on a single server).
+    pub(crate) async fn read_many(
+        &self,
+        keys: Vec<String>,
+    ) -> Result<Vec<Result<Option<String>, StoreError>>, StoreError> {
+        use fred::prelude::KeysInterface;
+        let values: Vec<Option<String>> = if let [key] = keys.as_slice() {
+            vec![self.pool.get(key.as_str()).await.map_err(store_error)?]
+        } else {
+            self.pool.mget(keys).await.map_err(store_error)?
+        };
+        Ok(values.into_iter().map(Ok).collect())
+    }
+
     /// Claims every call in one script run; one call's error does not fail the others.
     pub(crate) async fn claim_many(
         &self,

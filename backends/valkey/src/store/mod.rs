@@ -35,6 +35,8 @@ struct Inner {
     /// in a cluster, where one script may only touch one slot).
     claims: Option<Batcher<ClaimCall, ClaimOutcome>>,
     completes: Option<Batcher<CompleteCall, CompleteOutcome>>,
+    /// Concurrent result reads (waits re-reading under a backlog), one `MGET` per round trip.
+    reads: Option<Batcher<String, Option<String>>>,
     background: Vec<JoinHandle<()>>,
 }
 
@@ -146,8 +148,8 @@ impl ValkeyStore {
             keys,
             settings,
         });
-        let (claims, completes) = if clustered {
-            (None, None)
+        let (claims, completes, reads) = if clustered {
+            (None, None, None)
         } else {
             let c = Arc::clone(&core);
             let (claims, claim_task) = Batcher::spawn(MAX_BATCH, parallel, move |calls| {
@@ -159,9 +161,15 @@ impl ValkeyStore {
                 let c = Arc::clone(&c);
                 async move { c.complete_many(calls).await }
             });
+            let c = Arc::clone(&core);
+            let (reads, read_task) = Batcher::spawn(MAX_BATCH, parallel, move |keys| {
+                let c = Arc::clone(&c);
+                async move { c.read_many(keys).await }
+            });
             background.push(claim_task);
             background.push(complete_task);
-            (Some(claims), Some(completes))
+            background.push(read_task);
+            (Some(claims), Some(completes), Some(reads))
         };
         Ok(ValkeyStore {
             inner: Arc::new(Inner {
@@ -172,6 +180,7 @@ impl ValkeyStore {
                 clustered,
                 claims,
                 completes,
+                reads,
                 background,
             }),
         })

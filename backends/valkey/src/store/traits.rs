@@ -139,12 +139,12 @@ impl ResultStore for ValkeyStore {
     }
 
     async fn get(&self, id: &TaskId) -> Result<ResultStatus, StoreError> {
-        match self
-            .inner
-            .core
-            .read(self.inner.core.keys.result(id))
-            .await?
-        {
+        let key = self.inner.core.keys.result(id);
+        let stored = match &self.inner.reads {
+            Some(reads) => reads.call(key).await?,
+            None => self.inner.core.read(key).await?,
+        };
+        match stored {
             None => Ok(ResultStatus::Pending),
             Some(raw) => serde_json::from_str(&raw)
                 .map(ResultStatus::Ready)
