@@ -68,19 +68,31 @@ impl Core {
         self.pool.get(key).await.map_err(store_error)
     }
 
-    /// Reads many keys in one `MGET` (one slot's keys only in a cluster: the store batches
-    /// reads only on a single server).
+    /// Reads many keys in one `MGET` (the store batches reads only on a single server). Each
+    /// reply is converted on its own: one value that is not text (a result a Python writer
+    /// pickled) is that read's error, not its batch's; it is read again alone, so it fails
+    /// exactly as a lone read does.
     pub(crate) async fn read_many(
         &self,
         keys: Vec<String>,
     ) -> Result<Vec<Result<Option<String>, StoreError>>, StoreError> {
         use fred::prelude::KeysInterface;
-        let values: Vec<Option<String>> = if let [key] = keys.as_slice() {
-            vec![self.pool.get(key.as_str()).await.map_err(store_error)?]
-        } else {
-            self.pool.mget(keys).await.map_err(store_error)?
-        };
-        Ok(values.into_iter().map(Ok).collect())
+        if let [key] = keys.as_slice() {
+            return Ok(vec![self.read(key.clone()).await]);
+        }
+        let values: Vec<fred::types::Value> =
+            self.pool.mget(keys.clone()).await.map_err(store_error)?;
+        let mut out = Vec::with_capacity(values.len());
+        for (key, value) in keys.into_iter().zip(values) {
+            out.push(match value {
+                fred::types::Value::Null => Ok(None),
+                value => match value.into_string() {
+                    Some(text) => Ok(Some(text)),
+                    None => self.read(key).await,
+                },
+            });
+        }
+        Ok(out)
     }
 
     /// Claims every call in one script run; one call's error does not fail the others.

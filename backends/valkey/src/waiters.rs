@@ -36,60 +36,81 @@ struct RecentIds {
     order: std::collections::VecDeque<u64>,
 }
 
-/// Completions announced while nobody waited for them: a client that enqueues a batch and
-/// then waits for each finds most of them here instead of reading each back. Bounded in count
-/// and in bytes, the oldest forgotten first (its waiter then reads the result back).
+/// Completions announced while nobody waited for them, of tasks this process enqueued and
+/// has not waited for yet: a client that enqueues a batch and then waits for each finds most
+/// of them here instead of reading each back. Bounded in count, bytes and age, the oldest
+/// forgotten first (its waiter then finds the result by its first re-read).
 #[derive(Default)]
 struct Early {
-    /// Task id → the result JSON when the announcement carried it.
-    announced: HashMap<String, Option<Arc<str>>>,
-    order: std::collections::VecDeque<String>,
+    /// Task id → when it was kept (its place in `order`) and the result JSON when the
+    /// announcement carried it.
+    announced: HashMap<String, (u64, Option<Arc<str>>)>,
+    /// Kept ids, oldest first, with when and in which place they were kept. A taken id's
+    /// place stays until it reaches the front (removing it from the middle would cost a
+    /// scan): the place number tells a stale entry from a live one kept again since.
+    order: std::collections::VecDeque<(u64, std::time::Instant, String)>,
+    next_place: u64,
     bytes: usize,
 }
 
 impl Early {
     const CAPACITY: usize = 1 << 16;
-    const MAX_BYTES: usize = 16 << 20;
+    const MAX_BYTES: usize = 8 << 20;
+    /// A wait that comes later than this reads the result back.
+    const MAX_AGE: std::time::Duration = std::time::Duration::from_secs(60);
 
     fn keep(&mut self, id: &str, result: Option<&str>) {
-        let size = result.map_or(0, str::len) + id.len();
-        if size > Self::MAX_BYTES {
-            return;
-        }
         let result = result.map(Arc::from);
+        let added = result.as_ref().map_or(0, |r: &Arc<str>| r.len());
         match self.announced.get_mut(id) {
-            Some(kept) => {
+            Some((_, kept)) => {
                 // A later announcement of the same task (a duplicate's `already`) must not
                 // drop the result an earlier one carried.
                 if result.is_some() {
                     self.bytes -= kept.as_ref().map_or(0, |r| r.len());
-                    self.bytes += size - id.len();
+                    self.bytes += added;
                     *kept = result;
                 }
-                return;
             }
             None => {
-                self.announced.insert(id.to_owned(), result);
-                self.order.push_back(id.to_owned());
-                self.bytes += size;
+                let place = self.next_place;
+                self.next_place += 1;
+                self.announced.insert(id.to_owned(), (place, result));
+                self.order
+                    .push_back((place, std::time::Instant::now(), id.to_owned()));
+                self.bytes += id.len() + added;
             }
         }
-        while self.order.len() > Self::CAPACITY || self.bytes > Self::MAX_BYTES {
-            let Some(old) = self.order.pop_front() else {
-                break;
+        self.evict();
+    }
+
+    /// Forgets the oldest until the bounds hold again.
+    fn evict(&mut self) {
+        loop {
+            let Some((_, kept_at, _)) = self.order.front() else {
+                return;
             };
-            if let Some(r) = self.announced.remove(&old) {
-                self.bytes -= old.len() + r.map_or(0, |r| r.len());
+            let over = self.order.len() > Self::CAPACITY
+                || self.bytes > Self::MAX_BYTES
+                || kept_at.elapsed() > Self::MAX_AGE;
+            if !over {
+                return;
+            }
+            let Some((place, _, old)) = self.order.pop_front() else {
+                return;
+            };
+            if self.announced.get(&old).is_some_and(|(p, _)| *p == place) {
+                if let Some((_, r)) = self.announced.remove(&old) {
+                    self.bytes -= old.len() + r.map_or(0, |r| r.len());
+                }
             }
         }
     }
 
     /// The announcement of `id`, taken out.
     fn take(&mut self, id: &str) -> Option<Option<Arc<str>>> {
-        let taken = self.announced.remove(id)?;
+        let (_, taken) = self.announced.remove(id)?;
         self.bytes -= id.len() + taken.as_ref().map_or(0, |r| r.len());
-        // Its place in `order` stays until it comes to the front: removing it from the middle
-        // would cost a scan, and a stale name there is skipped then.
         Some(taken)
     }
 }
@@ -272,6 +293,17 @@ impl Waiters {
             .first_wait(id)
     }
 
+    /// Whether task `id` went out with this process's reply channel and no wait for it has
+    /// begun.
+    fn awaits_first_wait(&self, id: &str) -> bool {
+        self.announced_here
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .set
+            .get(&RecentIds::hash(id))
+            .is_some_and(|waited| !waited)
+    }
+
     fn lock_early(&self) -> MutexGuard<'_, Early> {
         self.early.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -324,8 +356,9 @@ impl Waiters {
                 e.notify.notify_waiters();
             }
             // Before anyone waits (under the same lock as a registration, so either it finds
-            // this or this finds it).
-            None => self.lock_early().keep(id, result),
+            // this or this finds it), for a task whose first wait is still to come.
+            None if self.awaits_first_wait(id) => self.lock_early().keep(id, result),
+            None => {}
         }
     }
 
@@ -446,15 +479,23 @@ mod tests {
     #[test]
     fn an_announcement_before_the_wait_is_kept_for_it_within_bounds() {
         let waiters = Arc::new(Waiters::default());
-        waiters.wake_with("a1", Some("{\"r\":1}"));
-        waiters.wake_with("b2", None);
+        let keep = |id: &str, result: Option<&str>| {
+            waiters.announced_here(id);
+            waiters.wake_with(id, result);
+        };
+        keep("a1", Some("{\"r\":1}"));
+        keep("b2", None);
         // A later id-only announcement (a duplicate's) keeps the result the first carried.
         waiters.wake_with("a1", None);
+        // Not enqueued here: nobody here will wait for it.
+        waiters.wake_with("elsewhere", None);
+        assert!(!waiters.lock_early().announced.contains_key("elsewhere"));
         let a = waiters.register("a1");
         assert_eq!(a.announced_result().as_deref(), Some("{\"r\":1}"));
         assert!(a.was_announced());
         let b = waiters.register("b2");
         assert!(b.was_announced() && b.announced_result().is_none());
+        waiters.announced_here("c3");
         let c = waiters.register("c3");
         assert!(!c.was_announced());
         // Taken by the first waiter: a second registration finds nothing kept.
@@ -464,26 +505,55 @@ mod tests {
             let early = waiters.lock_early();
             assert_eq!((early.announced.len(), early.bytes), (0, 0));
         }
+        // A task whose first wait began (and ended) is not kept for anyone.
+        waiters.announced_here("d4");
+        assert!(waiters.first_wait_here("d4"));
+        waiters.wake_with("d4", Some("{}"));
+        assert!(!waiters.lock_early().announced.contains_key("d4"));
+    }
 
-        // Bounded in count and bytes, the oldest forgotten first.
+    #[test]
+    fn kept_announcements_stay_within_count_bytes_and_their_places() {
+        let mut early = Early::default();
+        // An id-only entry that later gets its result is bounded too.
+        early.keep("grows", None);
         let big = "x".repeat(Early::MAX_BYTES / 4);
-        for i in 0..5 {
-            waiters.wake_with(&format!("big-{i}"), Some(&big));
+        for i in 0..3 {
+            early.keep(&format!("big-{i}"), Some(&big));
         }
-        for i in 0..=Early::CAPACITY {
-            waiters.wake_with(&format!("t-{i}"), None);
-        }
-        let early = waiters.lock_early();
-        assert!(early.bytes <= Early::MAX_BYTES);
-        assert!(early.announced.len() <= Early::CAPACITY);
+        early.keep("grows", Some(&big));
+        assert!(early.bytes <= Early::MAX_BYTES, "{}", early.bytes);
         assert!(
-            !early.announced.contains_key("big-4"),
+            !early.announced.contains_key("grows"),
             "the oldest went first"
         );
-        assert!(!early.announced.contains_key("t-0"));
+        // Taken, then kept again: its stale place reaching the front leaves the new entry.
+        early.keep("again", Some("1"));
+        assert!(early.take("again").is_some());
+        early.keep("again", Some("2"));
+        for i in 0..Early::CAPACITY - 1 {
+            early.keep(&format!("t-{i}"), None);
+        }
+        assert_eq!(
+            early.announced.get("again").and_then(|(_, r)| r.as_deref()),
+            Some("2"),
+            "a stale place evicted the entry kept since"
+        );
+        for i in 0..=Early::CAPACITY {
+            early.keep(&format!("u-{i}"), None);
+        }
+        assert!(early.announced.len() <= Early::CAPACITY);
+        assert!(early.order.len() <= Early::CAPACITY);
+        assert!(!early.announced.contains_key("again"));
         assert!(early
             .announced
-            .contains_key(&format!("t-{}", Early::CAPACITY)));
+            .contains_key(&format!("u-{}", Early::CAPACITY)));
+        let live: usize = early
+            .announced
+            .iter()
+            .map(|(k, (_, r))| k.len() + r.as_ref().map_or(0, |r| r.len()))
+            .sum();
+        assert_eq!(live, early.bytes, "the byte count matches what is kept");
     }
 
     #[test]
