@@ -25,8 +25,9 @@ pub(super) fn format_float(f: f64) -> String {
 }
 
 /// `f` written from its milliseconds, when it is exactly the double nearest a decimal with at
-/// most three decimals and at most 15 significant digits. Two such decimals never share a
-/// double (10^15 < 2^53), so no shorter string parses back to `f`: this decimal, trailing
+/// most three decimals and at most 15 significant digits. Decimals of at most 15 significant
+/// digits survive a round trip through a double (DBL_DIG is 15), so two of them never share one
+/// and no shorter string parses back to `f`: this decimal, trailing
 /// zeros dropped, is the shortest one.
 fn from_millis(f: f64) -> Option<String> {
     // Zero is left to the general path (it keeps the sign of -0.0).

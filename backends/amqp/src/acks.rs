@@ -72,10 +72,12 @@ impl AckBook {
         self.lock().unsettled.remove(&tag);
     }
 
-    /// Acks `tag` (a delivery of this channel, asked once). The frame is queued on the
-    /// connection before this returns or, when this call is the first of a burst, after the
-    /// other tasks ready to run have asked theirs (one scheduler pass), so they go out
-    /// together. A caller dropped while it waits still writes the burst.
+    /// Acks `tag` (a delivery of this channel, asked once). The first call of a burst yields
+    /// once, so the other tasks ready to run ask theirs, then queues every asked frame on the
+    /// connection before it returns; the others return at once, their frames queued by that
+    /// first call (dropped while it yields, it still queues them). A frame the closed channel
+    /// refuses is not retried: the broker redelivers its message, and the claims answer the
+    /// copy as a duplicate.
     pub(crate) async fn ack(&self, tag: u64) {
         let first = {
             let mut state = self.lock();

@@ -60,8 +60,9 @@ struct Held {
     /// thread hand-offs more per message), with the acks asked for at the same time.
     acks: Arc<AckBook>,
     delivery_tag: u64,
-    /// Claimed by the first settle (an ack through `channel`, which the `Acker` does not know
-    /// of, or a nack through the `Acker`): one gate for both, so they never both go out.
+    /// Claimed by the first settle (an ack through the channel's book, which the `Acker` does
+    /// not know of, or a nack through the `Acker`): one gate for both, so they never both go
+    /// out.
     settled: Arc<AtomicBool>,
     queue: String,
     body: Vec<u8>,
@@ -247,8 +248,8 @@ impl AmqpBroker {
         {
             return Err(BrokerError::DeliveryLost);
         }
-        // Queued on the connection once this returns (with the acks asked for alongside); an
-        // ack lost with the connection after that is a redelivery, answered as a duplicate.
+        // Queued on the connection with the acks asked for alongside, within one scheduler
+        // pass; an ack lost with the connection is a redelivery, answered as a duplicate.
         held.acks.ack(held.delivery_tag).await;
         Ok(())
     }

@@ -408,9 +408,10 @@ impl Shared {
     }
 }
 
-/// Longest wait for an ack or nack to be handed to the connection. lapin resolves it once the
-/// frame is queued; a connection that dies at that moment may never resolve it, and a worker
-/// must not wait forever on a settlement (the broker redelivers what was not acked).
+/// Longest wait for a nack (or an operator's ack through an `Acker`) to be handed to the
+/// connection. lapin resolves it once the frame is queued; a connection that dies at that
+/// moment may never resolve it, and a worker must not wait forever on a settlement (the broker
+/// redelivers what was not acked). Workers' acks go through the channel's `AckBook`.
 pub(crate) const SETTLE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Acks (`None`) or nacks with `requeue` a delivery, bounded in time. `Ok(false)`: the acker
