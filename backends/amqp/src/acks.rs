@@ -2,7 +2,7 @@
 //!
 //! RabbitMQ turns every `basic.ack` on a quorum queue into a Raft command: one ack frame per
 //! message cost the broker about a fifth of its CPU per message more than acking every fourth
-//! delivery with `multiple` (BENCHMARKS.md, "Acks"). A worker's completions come in bursts (the
+//! delivery with `multiple` (BENCHMARKS.md, "This release"). A worker's completions come in bursts (the
 //! store answers a batch of result writes at once), so the acks asked for in one scheduler pass
 //! are written together: the longest run of the channel's oldest unsettled deliveries that are
 //! all being acked goes out as one `multiple` ack, the rest one by one.

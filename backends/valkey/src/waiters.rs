@@ -56,7 +56,7 @@ struct Early {
 impl Early {
     const CAPACITY: usize = 1 << 16;
     const MAX_BYTES: usize = 8 << 20;
-    /// A wait that comes later than this reads the result back.
+    /// A wait that comes later than this finds the result by its first re-read.
     const MAX_AGE: std::time::Duration = std::time::Duration::from_secs(60);
 
     fn keep(&mut self, id: &str, result: Option<&str>) {
