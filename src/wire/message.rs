@@ -1,6 +1,7 @@
 use serde::Serialize;
 use serde_json::{Map, Value};
 
+use super::parse::invalid;
 use super::typed_labels::{LabelTypes, TypedLabels};
 use super::{Labels, TaskId, WireError};
 
@@ -60,32 +61,18 @@ impl TaskMessage {
         let raw = super::parse::read(body)
             .map_err(|e| WireError::NotJson(e.to_string()))?
             .ok_or_else(|| WireError::NotJson("the top-level value is not an object".into()))?;
-        let task_id = raw
-            .task_id
-            .required()
-            .map_err(|got| invalid("task_id", "must be a string", got))?;
-        let task_id = TaskId::parse(task_id)?;
-        let name_error = |got| invalid("task_name", "must be a non-empty string", got);
-        let task_name = match raw.task_name.required().map_err(name_error)? {
-            s if s.is_empty() => return Err(name_error(Some("a string"))),
-            s => s,
-        };
-        let labels = raw
-            .labels
-            .or_empty(Vec::new)
-            .map_err(|got| invalid("labels", "must be an object", got))?;
+        let task_id = TaskId::parse(raw.task_id.required("task_id", "must be a string")?)?;
+        let name_rule = "must be a non-empty string";
+        let task_name = raw.task_name.required("task_name", name_rule)?;
+        if task_name.is_empty() {
+            return Err(invalid("task_name", name_rule, Some("a string")));
+        }
+        let labels = raw.labels.or_empty("labels", "must be an object")?;
         let types = raw
             .labels_types
-            .or_empty(Vec::new)
-            .map_err(|got| invalid("labels_types", "must be an object or null", got))?;
-        let args = raw
-            .args
-            .or_empty(Vec::new)
-            .map_err(|got| invalid("args", "must be an array", got))?;
-        let kwargs = raw
-            .kwargs
-            .or_empty(Map::new)
-            .map_err(|got| invalid("kwargs", "must be an object", got))?;
+            .or_empty("labels_types", "must be an object or null")?;
+        let args = raw.args.or_empty("args", "must be an array")?;
+        let kwargs = raw.kwargs.or_empty("kwargs", "must be an object")?;
         Ok(TaskMessage {
             task_id,
             task_name,
@@ -125,16 +112,5 @@ impl TaskMessage {
             return None;
         };
         obj.get("task_name")?.as_str().map(str::to_owned)
-    }
-}
-
-fn invalid(field: &'static str, what: &str, got: Option<&'static str>) -> WireError {
-    let got = match got {
-        None => "it is missing".to_owned(),
-        Some(kind) => format!("got {kind}"),
-    };
-    WireError::InvalidField {
-        field,
-        reason: format!("{what}; {got}"),
     }
 }

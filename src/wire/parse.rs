@@ -13,6 +13,8 @@ use std::fmt;
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
 
+use super::WireError;
+
 /// One top-level field as read: what a valid message needs, or what it was instead.
 pub(super) enum Field<T> {
     Missing,
@@ -23,23 +25,40 @@ pub(super) enum Field<T> {
 }
 
 impl<T> Field<T> {
-    /// Missing and null read as `empty`; `Err` names the wrong type.
-    pub(super) fn or_empty(self, empty: impl FnOnce() -> T) -> Result<T, Option<&'static str>> {
+    /// The value of a field that may be left out: missing and null read as empty. `what` is
+    /// the rule the error states ("must be an object").
+    pub(super) fn or_empty(self, field: &'static str, what: &str) -> Result<T, WireError>
+    where
+        T: Default,
+    {
         match self {
-            Field::Missing | Field::Null => Ok(empty()),
+            Field::Missing | Field::Null => Ok(T::default()),
             Field::Read(v) => Ok(v),
-            Field::Wrong(kind) => Err(Some(kind)),
+            Field::Wrong(kind) => Err(invalid(field, what, Some(kind))),
         }
     }
 
-    /// Missing is `Err(None)`, null `Err(Some("null"))`.
-    pub(super) fn required(self) -> Result<T, Option<&'static str>> {
+    /// The value of a field every message has.
+    pub(super) fn required(self, field: &'static str, what: &str) -> Result<T, WireError> {
         match self {
-            Field::Missing => Err(None),
-            Field::Null => Err(Some("null")),
+            Field::Missing => Err(invalid(field, what, None)),
+            Field::Null => Err(invalid(field, what, Some("null"))),
             Field::Read(v) => Ok(v),
-            Field::Wrong(kind) => Err(Some(kind)),
+            Field::Wrong(kind) => Err(invalid(field, what, Some(kind))),
         }
+    }
+}
+
+/// A field that breaks its rule, saying what it held instead (`got`: its JSON type, `None`
+/// when it is missing).
+pub(super) fn invalid(field: &'static str, what: &str, got: Option<&'static str>) -> WireError {
+    let got = match got {
+        None => "it is missing".to_owned(),
+        Some(kind) => format!("got {kind}"),
+    };
+    WireError::InvalidField {
+        field,
+        reason: format!("{what}; {got}"),
     }
 }
 
