@@ -141,6 +141,11 @@ impl RecentIds {
         self.set.contains_key(&Self::hash(id))
     }
 
+    /// Whether `id` is remembered and no wait for it has begun.
+    fn awaits_first_wait(&self, id: &str) -> bool {
+        self.set.get(&Self::hash(id)).is_some_and(|waited| !waited)
+    }
+
     /// Whether `id` is remembered and no wait for it began before; marks it waited for.
     fn first_wait(&mut self, id: &str) -> bool {
         self.set
@@ -299,9 +304,7 @@ impl Waiters {
         self.announced_here
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .set
-            .get(&RecentIds::hash(id))
-            .is_some_and(|waited| !waited)
+            .awaits_first_wait(id)
     }
 
     fn lock_early(&self) -> MutexGuard<'_, Early> {

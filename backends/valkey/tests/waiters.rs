@@ -355,6 +355,53 @@ async fn concurrent_completes_are_announced_together_each_task_once() {
     fred::prelude::ClientLike::quit(&subscriber).await.unwrap();
 }
 
+/// Publishes a completion on `channel` the way the complete script does: the task id, a tab,
+/// the stored result's JSON (nothing is stored here).
+async fn announce(
+    raw: &fred::prelude::Client,
+    channel: &str,
+    id: &TaskId,
+    value: serde_json::Value,
+) {
+    let line = format!("{id}\t{}", serde_json::to_string(&ok(value)).unwrap());
+    let _: i64 = fred::prelude::PubsubInterface::publish(raw, channel, line)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_first_wait_that_reads_nothing_first_still_finds_an_unannounced_result() {
+    // The first wait for a task this client enqueued sleeps without reading; a Python worker
+    // announces nothing, so the first re-read must find what it stored, well before the
+    // deadline.
+    let store = common::store_at(&common::url(), &common::prefix(), |b| {
+        b.recheck_interval(Duration::from_millis(100))
+    })
+    .await;
+    let id = TaskId::random();
+    store.reply_channel_for(&id).expect("a reply channel");
+    let raw = common::raw_client(&common::url()).await;
+    let _: () = fred::prelude::KeysInterface::set(
+        &raw,
+        store.result_key(&id),
+        serde_json::to_string(&ok(json!(5))).unwrap(),
+        None,
+        None,
+        false,
+    )
+    .await
+    .unwrap();
+    let r = tokio::time::timeout(
+        Duration::from_secs(5),
+        store.wait(&id, Duration::from_secs(30)),
+    )
+    .await
+    .expect("the first re-read finds it")
+    .unwrap();
+    assert_eq!(r, ResultStatus::Ready(ok(json!(5))));
+    fred::prelude::ClientLike::quit(&raw).await.unwrap();
+}
+
 #[tokio::test]
 async fn a_waiter_takes_the_result_its_announcement_carries() {
     // The announcement of a stored result carries it: the waiter answers without reading it
@@ -366,10 +413,7 @@ async fn a_waiter_takes_the_result_its_announcement_carries() {
         channel,
         ..
     } = Parked::wait(Duration::from_secs(60)).await;
-    let line = format!("{id}\t{}", serde_json::to_string(&ok(json!(7))).unwrap());
-    let _: i64 = fred::prelude::PubsubInterface::publish(&raw, &channel, line)
-        .await
-        .unwrap();
+    announce(&raw, &channel, &id, json!(7)).await;
     let r = tokio::time::timeout(Duration::from_secs(5), waiter)
         .await
         .expect("the announcement answers the wait")
@@ -392,19 +436,10 @@ async fn a_completion_announced_before_anyone_waits_is_kept_for_the_wait() {
     } = Parked::wait(Duration::from_secs(3600)).await;
     let id = TaskId::random();
     let reply = store.reply_channel_for(&id).expect("a reply channel");
-    let line = format!("{id}\t{}", serde_json::to_string(&ok(json!(9))).unwrap());
-    let _: i64 = fred::prelude::PubsubInterface::publish(&raw, &reply, line)
-        .await
-        .unwrap();
+    announce(&raw, &reply, &id, json!(9)).await;
     // The subscriber reads its messages in the order published: once the marker's waiter is
     // answered, the announcement before it was read too.
-    let line = format!(
-        "{marker}\t{}",
-        serde_json::to_string(&ok(json!(1))).unwrap()
-    );
-    let _: i64 = fred::prelude::PubsubInterface::publish(&raw, &channel, line)
-        .await
-        .unwrap();
+    announce(&raw, &channel, &marker, json!(1)).await;
     let r = tokio::time::timeout(Duration::from_secs(5), waiter)
         .await
         .expect("the marker's announcement answers its wait")
