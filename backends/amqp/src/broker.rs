@@ -12,7 +12,6 @@ use lapin::Acker;
 use tokio::time::Instant;
 
 use crate::acks::AckBook;
-
 use crate::consume::{Incoming, Lanes};
 use crate::publish::{long, persistent, Publication};
 use crate::session::{Session, Shared};

@@ -190,11 +190,12 @@ impl ResultStore for ValkeyStore {
             }
             let read = read_first || guard.was_announced();
             read_first = true;
-            match if read {
+            let status = if read {
                 self.get(id).await
             } else {
                 Ok(ResultStatus::Pending)
-            } {
+            };
+            match status {
                 Ok(ResultStatus::Ready(r)) => return Ok(ResultStatus::Ready(r)),
                 Ok(_) => {}
                 // A blip of the store is not the end of a long wait: keep trying.
