@@ -22,6 +22,7 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use thiserror::Error;
 
@@ -147,6 +148,27 @@ impl ConnectOptions {
         })
     }
 
+    /// `FERRIQ_RESULT_TTL_SECS`, the time results are kept: `Ok(None)` when unset,
+    /// `Ok(Some(None))` for `0` (kept until deleted), an error naming the setting otherwise.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use ferriq::connect::ConnectOptions;
+    /// let options = ConnectOptions::new("memory://").settings([("FERRIQ_RESULT_TTL_SECS", "60")]);
+    /// assert_eq!(options.result_ttl().unwrap(), Some(Some(Duration::from_secs(60))));
+    /// ```
+    pub fn result_ttl(&self) -> Result<Option<Option<Duration>>, ConnectError> {
+        let Some(ttl) = self.setting("FERRIQ_RESULT_TTL_SECS") else {
+            return Ok(None);
+        };
+        let secs = ttl.trim().parse::<u64>().map_err(|_| {
+            ConnectError::Backend(format!(
+                "FERRIQ_RESULT_TTL_SECS={ttl:?} is invalid: expected whole seconds (0: keep)"
+            ))
+        })?;
+        Ok(Some((secs > 0).then(|| Duration::from_secs(secs))))
+    }
+
     /// `FERRIQ_QUEUES`: the lanes, comma-separated (the first is the default lane).
     pub fn queues(&self) -> Option<Vec<String>> {
         let queues: Vec<String> = self
@@ -205,9 +227,8 @@ fn hint(scheme: &str) -> String {
         "amqp" | "amqps" => "ferriq-amqp",
         "sqs" | "sqs+http" | "sqs+https" => "ferriq-sqs",
         "redis" | "rediss" | "valkey" | "valkeys" | "redis-cluster" | "rediss-cluster"
-        | "redis-sentinel" | "valkey-cluster" | "valkeys-cluster" | "valkey-sentinel" => {
-            "ferriq-valkey"
-        }
+        | "redis-sentinel" | "rediss-sentinel" | "valkey-cluster" | "valkeys-cluster"
+        | "valkey-sentinel" | "valkeys-sentinel" => "ferriq-valkey",
         "memory" => {
             return "enable the `memory` feature of ferriq (on by default)".to_owned();
         }
@@ -273,6 +294,7 @@ mod memory {
 
     use std::collections::HashMap;
     use std::sync::{Arc, Mutex, OnceLock};
+    use std::time::Duration;
 
     use super::{BrokerConnector, ConnectFuture, ConnectOptions, Store, StoreConnector};
     use crate::broker::Broker;
@@ -304,15 +326,28 @@ mod memory {
         })
     }
 
+    /// Results a `memory://` store keeps, as the Valkey store's: 7 days unless
+    /// `FERRIQ_RESULT_TTL_SECS` says otherwise (`0` keeps them), so a long-running process
+    /// configured by its environment does not grow without bound.
+    const DEFAULT_RETENTION: Duration = Duration::from_secs(7 * 24 * 3600);
+
     fn store(options: ConnectOptions) -> ConnectFuture<Arc<dyn Store>> {
         static STORES: OnceLock<Mutex<HashMap<String, MemoryStore>>> = OnceLock::new();
         let key = name(&options);
         Box::pin(async move {
+            let retention = options.result_ttl()?.unwrap_or(Some(DEFAULT_RETENTION));
             let mut stores = STORES
                 .get_or_init(Default::default)
                 .lock()
                 .unwrap_or_else(|p| p.into_inner());
-            let store = stores.entry(key).or_default().clone();
+            // The first connection to a name makes its store (and sets its retention).
+            let store = stores
+                .entry(key)
+                .or_insert_with(|| match retention {
+                    Some(r) => MemoryStore::with_retention(r),
+                    None => MemoryStore::new(),
+                })
+                .clone();
             Ok(Arc::new(store) as Arc<dyn Store>)
         })
     }

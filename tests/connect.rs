@@ -90,3 +90,48 @@ fn settings_never_show_urls_or_secrets_in_debug() {
         "redis://:s3cret@valkey:6379"
     );
 }
+
+/// A `memory://` store configured by the environment keeps results as long as
+/// `FERRIQ_RESULT_TTL_SECS` says (7 days by default), and an invalid value is refused with
+/// the setting named, as for the Valkey store.
+#[tokio::test(start_paused = true)]
+async fn a_memory_store_from_settings_keeps_results_for_the_result_ttl() {
+    use ferriq::connect::{connect_store_with, ConnectOptions};
+    use ferriq::store::{ClaimOutcome, ResultStatus};
+    let options =
+        |url: &str, ttl: &str| ConnectOptions::new(url).settings([("FERRIQ_RESULT_TTL_SECS", ttl)]);
+    let err = connect_store_with(options("memory://ttl-bad", "a week"))
+        .await
+        .expect_err("must fail")
+        .to_string();
+    assert!(err.contains("FERRIQ_RESULT_TTL_SECS"), "{err}");
+
+    let store = connect_store_with(options("memory://ttl-60", "60"))
+        .await
+        .unwrap();
+    let id = ferriq::wire::TaskId::random();
+    let Ok(ClaimOutcome::Run { token, .. }) =
+        store.claim(&id, "w", Duration::from_secs(30), None).await
+    else {
+        panic!("not claimed");
+    };
+    let result = ferriq::wire::TaskResult::success(serde_json::json!(1), 0.0, Default::default());
+    store
+        .complete(&id, token, Some(&result), None)
+        .await
+        .unwrap();
+    assert!(matches!(
+        store.get(&id).await.unwrap(),
+        ResultStatus::Ready(_)
+    ));
+    tokio::time::advance(Duration::from_secs(61)).await;
+    // Forgotten on the next write (the store sweeps as it writes).
+    let other = ferriq::wire::TaskId::random();
+    let _ = store
+        .claim(&other, "w", Duration::from_secs(30), None)
+        .await;
+    assert!(
+        !matches!(store.get(&id).await.unwrap(), ResultStatus::Ready(_)),
+        "kept past FERRIQ_RESULT_TTL_SECS"
+    );
+}

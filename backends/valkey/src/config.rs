@@ -10,7 +10,8 @@ use crate::{ValkeyError, ValkeyStore};
 /// Accepted URLs (fred's forms): `redis://`, `valkey://`, `rediss://`, `valkeys://` (TLS with
 /// certificate verification; needs this crate's `tls` feature), `redis-cluster://`,
 /// `valkey-cluster://` (`?node=host:port` for more seeds), `redis-sentinel://`,
-/// `valkey-sentinel://` (`?sentinelServiceName=…`). The password is never logged.
+/// `valkey-sentinel://`, `rediss-sentinel://`, `valkeys-sentinel://`
+/// (`?sentinelServiceName=…`). The password is never logged.
 ///
 /// ```
 /// use std::time::Duration;
@@ -29,8 +30,13 @@ pub struct ValkeyStoreBuilder {
     pub(crate) connect_timeout: Duration,
     pub(crate) result_ttl: Option<Duration>,
     pub(crate) claim_ttl: Duration,
+    /// Whether `claim_ttl` was set by the caller (else it follows `result_ttl`).
+    claim_ttl_set: bool,
     pub(crate) recheck_interval: Duration,
 }
+
+/// The claim TTL unless results are kept longer: past SQS's 14-day retention.
+const DEFAULT_CLAIM_TTL: Duration = Duration::from_secs(15 * 24 * 3600);
 
 impl ValkeyStoreBuilder {
     pub(crate) fn new(url: impl Into<SecretUrl>) -> Self {
@@ -41,7 +47,8 @@ impl ValkeyStoreBuilder {
             command_timeout: Duration::from_secs(2),
             connect_timeout: Duration::from_secs(2),
             result_ttl: Some(Duration::from_secs(7 * 24 * 3600)),
-            claim_ttl: Duration::from_secs(15 * 24 * 3600),
+            claim_ttl: DEFAULT_CLAIM_TTL,
+            claim_ttl_set: false,
             recheck_interval: Duration::from_secs(1),
         }
     }
@@ -72,17 +79,27 @@ impl ValkeyStoreBuilder {
         self
     }
 
-    /// How long results are kept (default 7 days; `None` keeps them until deleted).
+    /// How long results are kept (default 7 days; `None` keeps them until deleted). Unless
+    /// [`claim_ttl`](Self::claim_ttl) is set, claims are then kept a day longer than results
+    /// (and never less than 15 days).
     pub fn result_ttl(mut self, ttl: Option<Duration>) -> Self {
         self.result_ttl = ttl;
+        if !self.claim_ttl_set {
+            let day = Duration::from_secs(24 * 3600);
+            self.claim_ttl = ttl.map_or(DEFAULT_CLAIM_TTL, |t| {
+                DEFAULT_CLAIM_TTL.max(t.saturating_add(day))
+            });
+        }
         self
     }
 
     /// How long a claim record is kept after it was last claimed, renewed, released or
-    /// completed (default 15 days): longer than any copy of the message may still arrive, and
-    /// never shorter than `result_ttl`. At most 10 years.
+    /// completed (default 15 days, or a day longer than `result_ttl` when that is longer):
+    /// longer than any copy of the message may still arrive, and never shorter than
+    /// `result_ttl`. At most 10 years.
     pub fn claim_ttl(mut self, ttl: Duration) -> Self {
         self.claim_ttl = ttl;
+        self.claim_ttl_set = true;
         self
     }
 
@@ -132,7 +149,7 @@ impl ValkeyStoreBuilder {
             }
             if self.claim_ttl < ttl {
                 return Err(ValkeyError::Setting(format!(
-                    "claim_ttl ({:?}) is shorter than result_ttl ({ttl:?}): a late duplicate would run again",
+                    "claim_ttl ({:?}) is shorter than result_ttl ({ttl:?}): a late duplicate would run again; raise claim_ttl or leave it unset (it then follows result_ttl)",
                     self.claim_ttl
                 )));
             }
@@ -159,7 +176,14 @@ impl ValkeyStoreBuilder {
             "redis-sentinel",
             "valkey-sentinel",
         ];
-        const TLS: [&str; 4] = ["rediss", "valkeys", "rediss-cluster", "valkeys-cluster"];
+        const TLS: [&str; 6] = [
+            "rediss",
+            "valkeys",
+            "rediss-cluster",
+            "valkeys-cluster",
+            "rediss-sentinel",
+            "valkeys-sentinel",
+        ];
         let bad = |reason: String| ValkeyError::Url {
             url: self.url.redacted(),
             reason,
@@ -195,5 +219,46 @@ impl ValkeyStoreBuilder {
             })
             .set_policy(ReconnectPolicy::new_exponential(0, 50, 2_000, 2));
         Ok(builder)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DAY: Duration = Duration::from_secs(24 * 3600);
+
+    #[test]
+    fn claims_outlive_results_kept_longer_than_the_default_claim_ttl() {
+        let b = ValkeyStore::builder("redis://127.0.0.1:6379").result_ttl(Some(DAY * 30));
+        assert_eq!(b.claim_ttl, DAY * 31);
+        assert!(b.validate().is_ok());
+        // Kept for less than 15 days, or forever: the default claim TTL.
+        for ttl in [Some(DAY), None] {
+            let b = ValkeyStore::builder("redis://127.0.0.1:6379").result_ttl(ttl);
+            assert_eq!(b.claim_ttl, DEFAULT_CLAIM_TTL);
+        }
+    }
+
+    #[test]
+    fn an_explicit_claim_ttl_shorter_than_the_results_is_refused() {
+        let b = ValkeyStore::builder("redis://127.0.0.1:6379")
+            .claim_ttl(DAY * 20)
+            .result_ttl(Some(DAY * 30));
+        let e = b.validate().unwrap_err().to_string();
+        assert!(e.contains("raise claim_ttl"), "{e}");
+    }
+
+    #[test]
+    fn tls_sentinel_urls_are_accepted_schemes() {
+        for url in ["rediss-sentinel://h:26379", "valkeys-sentinel://h:26379"] {
+            let b = ValkeyStore::builder(url);
+            let e = b.fred_builder().err().map(|e| e.to_string());
+            // Refused only for the missing `tls` feature, never as an unknown scheme.
+            if let Some(e) = e {
+                assert!(!e.contains("unsupported scheme"), "{url}: {e}");
+                assert!(e.contains("tls") || e.contains("sentinel"), "{url}: {e}");
+            }
+        }
     }
 }

@@ -4,9 +4,9 @@
 //!
 //! Settings read: `FERRIQ_RESULT_PREFIX` (key prefix, default `ferriq`; taskiq-redis's
 //! `prefix_str`), `FERRIQ_RESULT_TTL_SECS` (default 7 days; `0` keeps results forever).
+//! Claims are kept a day longer than results, and at least 15 days.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use ferriq::connect::{ConnectError, ConnectFuture, ConnectOptions, Store, StoreConnector};
 
@@ -18,13 +18,8 @@ fn connect(options: ConnectOptions) -> ConnectFuture<Arc<dyn Store>> {
         if let Some(prefix) = options.setting("FERRIQ_RESULT_PREFIX") {
             builder = builder.prefix(prefix);
         }
-        if let Some(ttl) = options.setting("FERRIQ_RESULT_TTL_SECS") {
-            let secs = ttl.parse::<u64>().map_err(|_| {
-                ConnectError::Backend(format!(
-                    "FERRIQ_RESULT_TTL_SECS={ttl:?} is invalid: expected whole seconds (0: keep)"
-                ))
-            })?;
-            builder = builder.result_ttl((secs > 0).then(|| Duration::from_secs(secs)));
+        if let Some(ttl) = options.result_ttl()? {
+            builder = builder.result_ttl(ttl);
         }
         let store = builder
             .connect()
@@ -46,6 +41,8 @@ ferriq::inventory::submit!(StoreConnector {
         "valkeys-cluster",
         "redis-sentinel",
         "valkey-sentinel",
+        "rediss-sentinel",
+        "valkeys-sentinel",
     ],
     connect,
 });
