@@ -21,8 +21,8 @@ step "cargo clippy (all targets, warnings are errors)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
 step "cargo check: the backends' optional features still build (TLS, the AWS credential chain)"
-cargo check --locked --quiet -p ferriq-valkey -p ferriq-amqp -p ferriq-sqs \
-  --features ferriq-valkey/tls,ferriq-amqp/tls,ferriq-sqs/aws-config
+cargo check --locked --quiet -p ferriq-valkey -p ferriq-amqp -p ferriq-sqs -p ferriq-cli \
+  --features ferriq-valkey/tls,ferriq-amqp/tls,ferriq-sqs/aws-config,ferriq-cli/tls
 
 step "cargo test (unit, integration, doc tests; real Redis and RabbitMQ)"
 timeout 40m cargo test --workspace --locked

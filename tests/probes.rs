@@ -241,3 +241,54 @@ async fn metrics_report_queue_wait_attempts_results_and_claims_by_task() {
     running.stop().await;
     drop(probes);
 }
+
+/// `probe_addr` (`FERRIQ_PROBE_ADDR`) is served by `Worker::run` itself, not only by
+/// `run_until_signal`, and stops with it.
+#[tokio::test]
+async fn a_configured_probe_address_is_served_while_the_worker_runs() {
+    let env = TestEnv::new();
+    // A free port: bound, read, released (nothing else on this machine takes it meanwhile).
+    let addr = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let running = env.spawn_worker(
+        env.worker()
+            .registry(
+                Registry::from_inventory()
+                    .unwrap()
+                    .only(&[double::NAME])
+                    .unwrap(),
+            )
+            .probe_addr(addr),
+    );
+    // Bounded polling: the server starts as the run does.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Ok(mut stream) = tokio::net::TcpStream::connect(addr).await {
+            stream
+                .write_all(b"GET /livez HTTP/1.1\r\nhost: test\r\n\r\n")
+                .await
+                .unwrap();
+            let mut response = String::new();
+            stream.read_to_string(&mut response).await.unwrap();
+            assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the configured probe address was never served"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    running.stop().await;
+    // The server's task is aborted as the run returns: its listener closes soon after.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while tokio::net::TcpStream::connect(addr).await.is_ok() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the probes outlived the worker"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}

@@ -187,6 +187,13 @@ impl WorkerBuilder {
         self
     }
 
+    /// Serves `/livez`, `/readyz` and `/metrics` at `addr` while the worker runs (default
+    /// off; `FERRIQ_PROBE_ADDR`).
+    pub fn probe_addr(mut self, addr: std::net::SocketAddr) -> Self {
+        self.config.probe_addr = Some(addr);
+        self
+    }
+
     /// Whether this worker also runs a scheduler (default off; `FERRIQ_SCHEDULER=1`).
     pub fn scheduler(mut self, on: bool) -> Self {
         self.config.scheduler = on;

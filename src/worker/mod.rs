@@ -140,21 +140,8 @@ impl Worker {
     }
 
     /// Runs until SIGTERM or SIGINT, then drains (see [`Worker::run`]); a second signal
-    /// cancels the leftovers at once. Serves the probes too when `probe_addr` is set.
+    /// cancels the leftovers at once.
     pub async fn run_until_signal(&self) {
-        let _probes = match self.inner.config.probe_addr {
-            Some(addr) => match self.serve_probes(addr).await {
-                Ok(server) => {
-                    tracing::info!(%addr, "serving /livez, /readyz and /metrics");
-                    Some(server)
-                }
-                Err(e) => {
-                    tracing::error!(%addr, error = %e, "cannot serve the probes");
-                    None
-                }
-            },
-            None => None,
-        };
         let shutdown = Shutdown::new();
         let watcher = shutdown.clone();
         let signals = tokio::spawn(async move {
@@ -171,9 +158,11 @@ impl Worker {
 
     /// Receives and runs tasks until `shutdown` asks for a drain; then stops receiving, lets
     /// runs finish within the grace period (or until a forced stop), cancels the leftovers and
-    /// releases their claims and messages so another worker takes them at once.
+    /// releases their claims and messages so another worker takes them at once. Serves the
+    /// probes meanwhile when `probe_addr` (`FERRIQ_PROBE_ADDR`) is set.
     pub async fn run(&self, shutdown: Shutdown) {
         let inner = &self.inner;
+        let _probes = self.configured_probes().await;
         inner.running.open();
         inner.started_at_ms.store(
             (inner.config.clock.now_unix() * 1000.0) as u64,
@@ -275,6 +264,24 @@ impl Worker {
         // it buffered back to the queue for other workers.
         inner.broker.stop_receiving().await;
         tracing::info!("worker stopped");
+    }
+}
+
+impl Worker {
+    /// The probe server `probe_addr` asks for, if any; a port that cannot be bound is logged,
+    /// and the worker runs without its probes rather than not at all.
+    async fn configured_probes(&self) -> Option<ProbeServer> {
+        let addr = self.inner.config.probe_addr?;
+        match self.serve_probes(addr).await {
+            Ok(server) => {
+                tracing::info!(%addr, "serving /livez, /readyz and /metrics");
+                Some(server)
+            }
+            Err(e) => {
+                tracing::error!(%addr, error = %e, "cannot serve the probes");
+                None
+            }
+        }
     }
 }
 

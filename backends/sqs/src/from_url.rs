@@ -2,8 +2,10 @@
 //! from `FERRIQ_BROKER_URL` connects through here.
 //!
 //! Settings read: `FERRIQ_QUEUES` (lanes, comma-separated, by name or URL; replaces the URL's
-//! queue), `FERRIQ_SQS_DLQ` (the dead-letter queue, by name or URL). Region, endpoint and
-//! credentials come from the URL and the `AWS_*` variables (see the crate docs).
+//! queue), `FERRIQ_SQS_DLQ` (the dead-letter queue, by name or URL), `FERRIQ_SQS_ENDPOINT`
+//! (an emulator's endpoint, when the URL names none; what `scripts/sqs-emulator.sh` prints).
+//! Region, endpoint and credentials otherwise come from the URL and the `AWS_*` variables
+//! (see the crate docs).
 
 use std::sync::Arc;
 
@@ -21,6 +23,10 @@ fn connect(options: ConnectOptions) -> ConnectFuture<Arc<dyn Broker>> {
         }
         if let Some(dlq) = options.setting("FERRIQ_SQS_DLQ") {
             builder = builder.dead_letter_queue(dlq);
+        }
+        if let (None, Some(endpoint)) = (&builder.endpoint, options.setting("FERRIQ_SQS_ENDPOINT"))
+        {
+            builder = builder.endpoint_url(endpoint);
         }
         let broker = builder.connect().await.map_err(backend)?;
         Ok(Arc::new(broker) as Arc<dyn Broker>)
