@@ -1,4 +1,5 @@
 #![warn(missing_docs)]
+#![doc(test(attr(deny(unused_must_use))))]
 //! # ferriq
 //!
 //! Background tasks for Rust that share queues with Python's taskiq: **nothing is lost, a
@@ -67,17 +68,26 @@ pub use worker::{Shutdown, Worker, WorkerBuilder, WorkerConfig};
 ///
 /// Options: `name = "…"` (the stable wire name; default `module_path:function`),
 /// `max_attempts = N`, `timeout = SECS`, `queue = "…"`, `backoff_initial = SECS`,
-/// `backoff_max = SECS`, `retry_on_error = bool`, `store_result = bool`.
+/// `backoff_max = SECS`, `retry_on_error = bool`, `store_result = bool`; and for a task that
+/// runs on a schedule, `schedule = "cron with seconds"` or `every = SECS`, `timezone = "…"`,
+/// `missed = "latest" | "skip" | "catch_up"`, `catch_up_max = N`, `no_overlap = bool`,
+/// `schedule_args = "[JSON array]"` (the arguments each tick is sent with).
 ///
 /// Parameters of type [`TaskContext`] and [`State<T>`] are injected; every other parameter is
 /// an argument bound from the message's `args`/`kwargs`. The function stays callable directly,
-/// and a module of the same name holds `NAME`, `Task`, `call(…)` and `kiq(&client, …)`.
+/// and a type of the same name (it implements [`Task`]) holds `NAME`, `OPTIONS`, `call(…)`
+/// and `kiq(&client, …)`.
 pub use ferriq_macros::task;
 
 /// `#[async_trait]`, for implementing ferriq's traits ([`middleware::Middleware`], brokers, stores).
 pub use async_trait::async_trait;
 #[doc(hidden)]
 pub use inventory;
+
+/// The README's Rust examples, compiled and run as doc tests so they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeExamples;
 
 #[doc(hidden)]
 pub mod __private {

@@ -27,6 +27,7 @@ use crate::wire::{names, LabelValue, Labels, TaskId, TaskMessage, WireError, MAX
 /// let due_in = msg.labels.due_at().unwrap() - ferriq::clock::Clock::system().now_unix();
 /// assert!(due_in > 4.9 && due_in < 5.1);
 /// ```
+#[must_use = "a Call does nothing until it is enqueued: `client.enqueue(call).await`"]
 pub struct Call<T> {
     name: &'static str,
     args: Result<Vec<Value>, WireError>,
@@ -46,8 +47,11 @@ enum Due {
 }
 
 impl<T> Call<T> {
-    /// A call of task `name` with positional arguments; its options become labels that any
-    /// taskiq worker honours (`timeout`, `max_retries`, `retry_on_error`, `queue_name`).
+    /// A call of task `name` with positional arguments. Its `timeout` and `queue` options
+    /// become the `timeout` and `queue_name` labels; its retry options stay with the worker's
+    /// own definition of the task. For a Python taskiq worker, which retries only what its
+    /// message asks for, set them on the call: [`Call::with_max_attempts`] and
+    /// `with_label("retry_on_error", true)`.
     pub fn new(
         name: &'static str,
         options: TaskOptions,
