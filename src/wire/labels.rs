@@ -1,4 +1,5 @@
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine as _;
@@ -254,7 +255,11 @@ impl From<Vec<u8>> for LabelValue {
 /// assert_eq!(labels.max_retries(), Some(5));
 /// ```
 #[derive(Debug, Clone, PartialEq, Default)]
-pub struct Labels(BTreeMap<String, LabelValue>);
+pub struct Labels(
+    // Shared, copied on write: a run's context and its message hold the same labels without
+    // a copy of every name and value per delivery.
+    Arc<BTreeMap<String, LabelValue>>,
+);
 
 /// Well-known label names.
 pub mod names {
@@ -295,17 +300,20 @@ fn secs(v: f64, max: f64) -> Option<Duration> {
 impl Labels {
     /// No labels.
     pub fn new() -> Self {
-        Labels(BTreeMap::new())
+        Labels::default()
     }
 
     /// Sets a label, replacing any earlier value.
     pub fn insert(&mut self, name: impl Into<String>, value: impl Into<LabelValue>) {
-        self.0.insert(name.into(), value.into());
+        Arc::make_mut(&mut self.0).insert(name.into(), value.into());
     }
 
     /// Removes a label.
     pub fn remove(&mut self, name: &str) -> Option<LabelValue> {
-        self.0.remove(name)
+        if !self.0.contains_key(name) {
+            return None;
+        }
+        Arc::make_mut(&mut self.0).remove(name)
     }
 
     /// A label's value.
@@ -455,7 +463,7 @@ impl Labels {
             let code = code_of(&name);
             out.insert(name, LabelValue::from_typed(raw, code));
         }
-        Labels(out)
+        Labels(Arc::new(out))
     }
 
     /// The labels as plain JSON values, as taskiq copies them into a result.
@@ -478,10 +486,10 @@ fn type_code(v: &Value) -> Option<i64> {
 
 impl<K: Into<String>, V: Into<LabelValue>> FromIterator<(K, V)> for Labels {
     fn from_iter<I: IntoIterator<Item = (K, V)>>(iter: I) -> Self {
-        Labels(
+        Labels(Arc::new(
             iter.into_iter()
                 .map(|(k, v)| (k.into(), v.into()))
                 .collect(),
-        )
+        ))
     }
 }

@@ -63,16 +63,15 @@ impl Inner {
                 config.max_payload
             );
             let id = d.task_id.as_deref().and_then(|s| TaskId::parse(s).ok());
-            return self
-                .reject_with_result(
-                    d,
-                    id,
-                    DeadLetterReason::TooLarge,
-                    ErrorKind::InvalidMessage,
-                    detail,
-                    None,
-                )
-                .await;
+            return Box::pin(self.reject_with_result(
+                d,
+                id,
+                DeadLetterReason::TooLarge,
+                ErrorKind::InvalidMessage,
+                detail,
+                None,
+            ))
+            .await;
         }
         let msg = match TaskMessage::from_json(&d.body) {
             Ok(msg) => msg,
@@ -81,16 +80,15 @@ impl Inner {
                     .or_else(|| d.task_id.as_deref().and_then(|s| TaskId::parse(s).ok()));
                 let name = TaskMessage::peek_task_name(&d.body);
                 tracing::warn!(error = %e, "unreadable message");
-                return self
-                    .reject_with_result(
-                        d,
-                        id,
-                        DeadLetterReason::InvalidMessage,
-                        ErrorKind::InvalidMessage,
-                        e.to_string(),
-                        name,
-                    )
-                    .await;
+                return Box::pin(self.reject_with_result(
+                    d,
+                    id,
+                    DeadLetterReason::InvalidMessage,
+                    ErrorKind::InvalidMessage,
+                    e.to_string(),
+                    name,
+                ))
+                .await;
             }
         };
         let span = tracing::Span::current();
@@ -108,7 +106,7 @@ impl Inner {
                     Some(msg.task_name.clone()),
                     0,
                 );
-                return self.dead_letter(d, &why).await;
+                return Box::pin(self.dead_letter(d, &why)).await;
             }
             tracing::warn!(%detail, "releasing for a newer worker");
             return self
@@ -121,16 +119,18 @@ impl Inner {
         }
 
         let Some(task) = self.registry.get(&msg.task_name) else {
-            return self.unknown_task(d, &msg).await;
+            return Box::pin(self.unknown_task(d, &msg)).await;
         };
         *served = Some(task.name);
 
         if let Some(pending) = self.take_pending(&msg.task_id) {
-            if let Some(outcome) = self.store_pending(d, &msg, pending).await {
+            if let Some(outcome) = Box::pin(self.store_pending(d, &msg, pending)).await {
                 return outcome;
             }
         }
 
+        // Rare paths are boxed (`Box::pin`) throughout: a future is as large as its largest
+        // state, and this one is moved into its task on every delivery.
         let claim = self
             .store
             .claim(
@@ -148,8 +148,8 @@ impl Inner {
                 self.release(d, config.store_retry_after, Outcome::Released)
                     .await
             }
-            Ok(ClaimOutcome::Done) => self.duplicate_of_finished(d, &msg).await,
-            Ok(ClaimOutcome::Revoked) => self.revoked(d, &msg).await,
+            Ok(ClaimOutcome::Done) => Box::pin(self.duplicate_of_finished(d, &msg)).await,
+            Ok(ClaimOutcome::Revoked) => Box::pin(self.revoked(d, &msg)).await,
             Ok(ClaimOutcome::Defer { retry_after }) => {
                 self.counters.claim(task.name, false);
                 self.release(d, retry_after, Outcome::Deferred).await
@@ -163,7 +163,7 @@ impl Inner {
                     0.0,
                     msg.labels.to_json_map(),
                 );
-                self.finish(d, &msg, token, Some(result), Settle::Ack, Outcome::Expired)
+                Box::pin(self.finish(d, &msg, token, Some(result), Settle::Ack, Outcome::Expired))
                     .await
             }
             Ok(ClaimOutcome::Run {

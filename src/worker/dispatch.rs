@@ -72,7 +72,9 @@ pub(super) fn dispatch(
 /// with its lease, and the next run counts as a takeover.
 async fn settle_one(inner: Arc<Inner>, d: Delivery) {
     let handle = d.handle.clone();
-    if let Err(panic) = AssertUnwindSafe(Arc::clone(&inner).process(d))
+    // Boxed: the delivery's future is large, and this one is moved into its group's set and
+    // its runtime task; a box keeps those moves to a pointer's size.
+    if let Err(panic) = AssertUnwindSafe(Box::pin(Arc::clone(&inner).process(d)))
         .catch_unwind()
         .await
     {

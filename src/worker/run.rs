@@ -76,9 +76,7 @@ impl Inner {
                 "{takeovers} earlier runs ended without finishing (their worker crashed or stalled, \
                  or lost the message: on RabbitMQ, a run longer than consumer_timeout)"
             ));
-            return self
-                .fail_for_good(d, &msg, &hooks, token, error, attempt, 0.0)
-                .await;
+            return Box::pin(self.fail_for_good(d, &msg, &hooks, token, error, attempt, 0.0)).await;
         }
 
         // The task sees a child of the run's token: it may cancel its own, which must not
@@ -101,7 +99,7 @@ impl Inner {
             // The worker is past its grace period: hand the task straight back.
             self.running.remove(d.handle.key());
             let why = reason.get().copied().unwrap_or(StopReason::Shutdown);
-            return self.stopped(d, &msg.task_id, token, why).await;
+            return Box::pin(self.stopped(d, &msg.task_id, token, why)).await;
         }
         self.counters.started(task.name);
         let now = self.config.clock.now_unix();
@@ -193,8 +191,10 @@ impl Inner {
                 ),
                 false,
             ),
-            RunEnd::Stopped(StopReason::Revoked) => return self.revoked(d, &msg).await,
-            RunEnd::Stopped(why) => return self.stopped(d, &msg.task_id, token, why).await,
+            RunEnd::Stopped(StopReason::Revoked) => return Box::pin(self.revoked(d, &msg)).await,
+            RunEnd::Stopped(why) => {
+                return Box::pin(self.stopped(d, &msg.task_id, token, why)).await
+            }
             RunEnd::Error(e) => e,
             RunEnd::TimedOut(limit) => TaskError::with_kind(
                 ErrorKind::Timeout,
@@ -230,8 +230,7 @@ impl Inner {
         } else {
             error
         };
-        self.fail_for_good(d, &msg, &hooks, token, error, attempt, secs)
-            .await
+        Box::pin(self.fail_for_good(d, &msg, &hooks, token, error, attempt, secs)).await
     }
 
     /// Stores the error result and parks the message (non-retryable, or attempts exhausted).

@@ -67,7 +67,7 @@ impl Inner {
             }
             Ok(CompleteOutcome::Revoked) => {
                 tracing::info!("task revoked while it ran: its result is not stored");
-                (self.revoked(d, msg).await, None)
+                (Box::pin(self.revoked(d, msg)).await, None)
             }
             Ok(_) => {
                 // Fenced off: another holder owns the task and its message now.

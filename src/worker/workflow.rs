@@ -23,13 +23,15 @@ impl Inner {
         if msg.labels.group_member().is_none() && msg.labels.chain_step().is_none() {
             return true;
         }
-        match after_outcome(
+        // Boxed: most tasks are in no workflow, and every delivery's future would otherwise
+        // carry this one's size.
+        match Box::pin(after_outcome(
             self.store.as_ref(),
             self.broker.as_ref(),
             &self.config.clock,
             msg,
             outcome,
-        )
+        ))
         .await
         {
             Ok(()) => true,
