@@ -65,7 +65,8 @@ impl Core {
     /// A plain string value (a result or a claim record), if any.
     pub(crate) async fn read(&self, key: String) -> Result<Option<String>, StoreError> {
         use fred::prelude::KeysInterface;
-        self.pool.get(key).await.map_err(store_error)
+        // Boxed: fred's futures are kilobytes large (see `scripts::call`).
+        Box::pin(self.pool.get(key)).await.map_err(store_error)
     }
 
     /// Reads many keys in one `MGET` (the store batches reads only on a single server). Each
@@ -80,8 +81,9 @@ impl Core {
         if let [key] = keys.as_slice() {
             return Ok(vec![self.read(key.clone()).await]);
         }
-        let values: Vec<fred::types::Value> =
-            self.pool.mget(keys.clone()).await.map_err(store_error)?;
+        let values: Vec<fred::types::Value> = Box::pin(self.pool.mget(keys.clone()))
+            .await
+            .map_err(store_error)?;
         let mut out = Vec::with_capacity(values.len());
         for (key, value) in keys.into_iter().zip(values) {
             out.push(match value {

@@ -352,11 +352,13 @@ pub(crate) async fn call(
 ) -> Result<Value, fred::error::Error> {
     let client = pool.next();
     let (keys, argv) = args();
-    match client.evalsha(script.sha1().clone(), keys, argv).await {
+    // fred's command futures are kilobytes large: boxed here, every future that awaits a
+    // script (a claim, a complete, a batch's task) stays small, and cheap to move and box.
+    match Box::pin(client.evalsha(script.sha1().clone(), keys, argv)).await {
         Err(e) if e.details().starts_with("NOSCRIPT") => {
-            script.load(client).await?;
+            Box::pin(script.load(client)).await?;
             let (keys, argv) = args();
-            client.evalsha(script.sha1().clone(), keys, argv).await
+            Box::pin(client.evalsha(script.sha1().clone(), keys, argv)).await
         }
         result => result,
     }

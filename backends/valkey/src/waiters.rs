@@ -225,10 +225,11 @@ impl WaiterGuard {
         if let Some(e) = self.waiters.lock().get_mut(&self.id) {
             e.task_channel = Some(channel.clone());
         }
-        let subscribed = async {
+        // Boxed: fred's futures are kilobytes large, and a wait's future holds this one.
+        let subscribed = Box::pin(async {
             subscriber.subscribe(channel).await?;
             confirm_subscribed(subscriber).await
-        };
+        });
         if let Err(e) = subscribed.await {
             tracing::debug!(error = %e, "listening on a task's completion channel failed; re-reads remain");
         }
