@@ -29,11 +29,21 @@ pub(crate) struct Waiters {
 /// The most recent ids (by a 64-bit hash), forgetting the oldest beyond a bound: memory stays
 /// bounded however many tasks a client enqueues, and a forgotten id only costs its waits the
 /// task-channel subscription and the first read they made before. Each remembers whether a
-/// wait for it has begun.
+/// wait for it has begun and whether its completion was announced before that.
 #[derive(Default)]
 struct RecentIds {
-    set: std::collections::HashMap<u64, bool>,
+    set: std::collections::HashMap<u64, Seen>,
     order: std::collections::VecDeque<u64>,
+}
+
+/// What this process saw of one task it enqueued.
+#[derive(Default, Clone, Copy)]
+struct Seen {
+    /// A wait for it has begun.
+    waited: bool,
+    /// Its completion was announced while nobody waited: kept in `Early`, or forgotten there
+    /// (then its first wait must read, not sleep).
+    announced: bool,
 }
 
 /// Completions announced while nobody waited for them, of tasks this process enqueued and
@@ -126,7 +136,7 @@ impl RecentIds {
 
     fn insert(&mut self, id: &str) {
         let h = Self::hash(id);
-        if self.set.insert(h, false).is_some() {
+        if self.set.insert(h, Seen::default()).is_some() {
             return;
         }
         self.order.push_back(h);
@@ -141,16 +151,25 @@ impl RecentIds {
         self.set.contains_key(&Self::hash(id))
     }
 
-    /// Whether `id` is remembered and no wait for it has begun.
-    fn awaits_first_wait(&self, id: &str) -> bool {
-        self.set.get(&Self::hash(id)).is_some_and(|waited| !waited)
+    /// Whether `id` is remembered and no wait for it has begun; if so, notes that its
+    /// completion was announced before any wait.
+    fn announced_before_wait(&mut self, id: &str) -> bool {
+        match self.set.get_mut(&Self::hash(id)) {
+            Some(s) if !s.waited => {
+                s.announced = true;
+                true
+            }
+            _ => false,
+        }
     }
 
-    /// Whether `id` is remembered and no wait for it began before; marks it waited for.
+    /// Whether `id` is remembered, no wait for it began before and its completion has not
+    /// been announced yet (so the wait can sleep until it is); marks it waited for.
     fn first_wait(&mut self, id: &str) -> bool {
-        self.set
-            .get_mut(&Self::hash(id))
-            .is_some_and(|waited| !std::mem::replace(waited, true))
+        self.set.get_mut(&Self::hash(id)).is_some_and(|s| {
+            let first = !std::mem::replace(&mut s.waited, true);
+            first && !s.announced
+        })
     }
 }
 
@@ -289,9 +308,12 @@ impl Waiters {
     }
 
     /// Whether this is the first wait for task `id`, which went out with this process's reply
-    /// channel: its completion then reaches this process (kept in `early` if it came first),
-    /// and the wait need not read the result before it sleeps. Later waits read first (the
-    /// first one took the announcement).
+    /// channel, and its completion was not announced yet: the completion then reaches this
+    /// process, and the wait need not read the result before it sleeps. Later waits read
+    /// first (the first one took the announcement), and so does a first wait whose
+    /// announcement came before it: it finds what `early` kept, or reads what `early`
+    /// forgot (a client that enqueued more than `early` keeps, then waits for each in turn,
+    /// must not sleep until a re-read for every one).
     pub(crate) fn first_wait_here(&self, id: &str) -> bool {
         self.announced_here
             .lock()
@@ -300,12 +322,12 @@ impl Waiters {
     }
 
     /// Whether task `id` went out with this process's reply channel and no wait for it has
-    /// begun.
-    fn awaits_first_wait(&self, id: &str) -> bool {
+    /// begun; if so, notes that its completion came first.
+    fn announced_before_wait(&self, id: &str) -> bool {
         self.announced_here
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .awaits_first_wait(id)
+            .announced_before_wait(id)
     }
 
     fn lock_early(&self) -> MutexGuard<'_, Early> {
@@ -361,7 +383,7 @@ impl Waiters {
             }
             // Before anyone waits (under the same lock as a registration, so either it finds
             // this or this finds it), for a task whose first wait is still to come.
-            None if self.awaits_first_wait(id) => self.lock_early().keep(id, result),
+            None if self.announced_before_wait(id) => self.lock_early().keep(id, result),
             None => {}
         }
     }
@@ -558,6 +580,38 @@ mod tests {
             .map(|(k, (_, r))| k.len() + r.as_ref().map_or(0, |r| r.len()))
             .sum();
         assert_eq!(live, early.bytes, "the byte count matches what is kept");
+    }
+
+    /// A client that enqueues more tasks than `early` keeps, then waits for each in turn:
+    /// the waits whose announcement `early` forgot read at once instead of sleeping until a
+    /// re-read (100 ms each: hours for a backlog of 100,000).
+    #[test]
+    fn a_first_wait_whose_announcement_was_forgotten_reads_at_once() {
+        let waiters = Arc::new(Waiters::default());
+        let result = "r".repeat(200);
+        let n = Early::MAX_BYTES / result.len() + 10;
+        for i in 0..n {
+            let id = format!("t-{i}");
+            waiters.announced_here(&id);
+            waiters.wake_with(&id, Some(&result));
+        }
+        // The oldest was forgotten by `early`: its wait must read.
+        let guard = waiters.register("t-0");
+        assert!(
+            !guard.was_announced(),
+            "still kept: the test needs more tasks"
+        );
+        assert!(
+            !waiters.first_wait_here("t-0"),
+            "a first wait whose announcement was forgotten would sleep instead of reading"
+        );
+        // The newest is still kept: its wait answers from it without reading.
+        let last = format!("t-{}", n - 1);
+        let kept = waiters.register(&last);
+        assert_eq!(kept.announced_result().as_deref(), Some(result.as_str()));
+        // A task not yet announced: its first wait sleeps until the announcement.
+        waiters.announced_here("pending");
+        assert!(waiters.first_wait_here("pending"));
     }
 
     #[test]
