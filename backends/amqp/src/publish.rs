@@ -122,31 +122,6 @@ impl AmqpBroker {
         }
     }
 
-    /// Declares `lanes` as this broker's configuration declares its own (idempotent; the same
-    /// arguments as every ferriq and taskiq-aio-pika process uses).
-    async fn declare_lanes(
-        &self,
-        session: &Session,
-        lanes: &BTreeSet<&str>,
-    ) -> Result<(), BrokerError> {
-        let failed =
-            |e: lapin::Error| BrokerError::Rejected(format!("the lane could not be declared: {e}"));
-        let channel = session.connection.create_channel().await.map_err(|e| {
-            BrokerError::Unavailable(format!("no channel to declare the lane on: {e}"))
-        })?;
-        for lane in lanes {
-            crate::topology::declare_lane(&channel, &self.shared.config, lane)
-                .await
-                .map_err(failed)?;
-            tracing::info!(
-                lane,
-                "declared a lane no process had declared, on its first publish"
-            );
-        }
-        let _ = channel.close(200, "lanes declared".into()).await;
-        Ok(())
-    }
-
     /// Publishes and waits for every confirm, again on a new connection if this one fails,
     /// until the publish timeout. Messages RabbitMQ cannot route to their lane (a lane no
     /// worker or client of this configuration has declared yet) are published again once,
@@ -193,6 +168,31 @@ impl AmqpBroker {
     }
 }
 
+impl AmqpBroker {
+    /// Declares `lanes` as this broker's configuration declares its own (idempotent; the same
+    /// arguments as every ferriq and taskiq-aio-pika process uses).
+    async fn declare_lanes(
+        &self,
+        session: &Session,
+        lanes: &BTreeSet<&str>,
+    ) -> Result<(), BrokerError> {
+        let failed =
+            |e: lapin::Error| BrokerError::Rejected(format!("the lane could not be declared: {e}"));
+        let channel = session.connection.create_channel().await.map_err(failed)?;
+        for lane in lanes {
+            crate::topology::declare_lane(&channel, &self.shared.config, lane)
+                .await
+                .map_err(failed)?;
+            tracing::info!(
+                lane,
+                "declared a lane no process had declared, on its first publish"
+            );
+        }
+        let _ = channel.close(200, "lanes declared".into()).await;
+        Ok(())
+    }
+}
+
 async fn publish_on(session: &Session, batch: &[&Publication]) -> Result<(), PublishFailure> {
     // While the connection is up, a failure is this channel's (the broker closed it over this
     // batch: 404, 406…): retrying will not help, and the session stays. Otherwise it is the
@@ -230,20 +230,22 @@ async fn publish_on(session: &Session, batch: &[&Publication]) -> Result<(), Pub
             }
         }
     }
-    let (mut rejected, mut unroutable, mut returned) = (None, None, Vec::new());
+    let (mut rejected, mut unroutable) = (None, Vec::new());
     for (i, confirm) in confirms.into_iter().enumerate() {
         match confirm.await {
             Ok(Confirmation::Ack(None)) | Ok(Confirmation::NotRequested) => {}
-            Ok(Confirmation::Ack(Some(message))) => {
-                returned.push(i);
-                unroutable.get_or_insert_with(|| {
-                    format!(
+            Ok(Confirmation::Ack(Some(returned))) => {
+                if unroutable.is_empty() {
+                    let why = format!(
                         "unroutable: {} {} (routing key {:?}); is the queue declared?",
-                        message.reply_code,
-                        message.reply_text,
-                        message.routing_key.as_str()
-                    )
-                });
+                        returned.reply_code,
+                        returned.reply_text,
+                        returned.routing_key.as_str()
+                    );
+                    unroutable.push((i, why));
+                } else {
+                    unroutable.push((i, String::new()));
+                }
             }
             Ok(Confirmation::Nack(_)) => {
                 rejected.get_or_insert_with(|| {
@@ -257,10 +259,13 @@ async fn publish_on(session: &Session, batch: &[&Publication]) -> Result<(), Pub
         }
     }
     publisher.settled = true;
-    match (rejected, unroutable) {
+    match (rejected, unroutable.first()) {
         (Some(why), _) => Err(PublishFailure::Rejected(why)),
         (None, None) => Ok(()),
-        (None, Some(why)) => Err(PublishFailure::Unroutable { returned, why }),
+        (None, Some((_, why))) => Err(PublishFailure::Unroutable {
+            why: why.clone(),
+            returned: unroutable.into_iter().map(|(i, _)| i).collect(),
+        }),
     }
 }
 
