@@ -440,7 +440,6 @@ impl Broker for AmqpBroker {
             routing_key: AmqpBrokerBuilder::dead_letter_queue(&held.queue),
             body: delivery.body.clone(),
             properties: persistent(headers),
-            lane: None,
         };
         self.publish_copy_then_ack(held, copy, Duration::from_secs(5))
             .await

@@ -228,7 +228,6 @@ impl DeadLetterQueue for AmqpBroker {
             routing_key: dead.lane.clone(),
             body,
             properties,
-            lane: Some(dead.lane.clone()),
         };
         // Confirmed in the lane first; only then is the dead letter removed. A session that
         // dies in between leaves both: a duplicate the claims absorb.

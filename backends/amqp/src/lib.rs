@@ -9,9 +9,7 @@
 //!   producers and ferriq workers share it, the dead-letter queue `{queue}.dead_letter`, and
 //!   delay tiers `{queue}.delay.{tier}` whose TTL dead-letters back into the lane (at-least-once).
 //! - **Publishing** hands a batch to the connection at once, in order, then waits for every
-//!   publisher confirm; a nack is an error, never silent. A message returned as unroutable
-//!   because its lane was never declared makes the publisher declare the lane (as a worker
-//!   would) and send it again, once; still unroutable, it is an error.
+//!   publisher confirm; a nack or an unroutable (returned) message is an error, never silent.
 //!   Messages are persistent and carry taskiq-aio-pika's headers (`task_id`, `task_name`,
 //!   labels).
 //! - **Consuming**: prefetch = the worker's concurrency; `release(after)` publishes a copy to a

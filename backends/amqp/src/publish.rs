@@ -1,6 +1,5 @@
 //! Publishing: routing a message to its lane or delay tier, and waiting for every confirm.
 
-use std::collections::BTreeSet;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::Poll;
@@ -22,17 +21,11 @@ pub(crate) struct Publication {
     pub(crate) routing_key: String,
     pub(crate) body: Vec<u8>,
     pub(crate) properties: BasicProperties,
-    /// The lane it is bound for (directly or through a delay tier), which is declared when
-    /// RabbitMQ cannot route the message; `None` for a dead-letter copy.
-    pub(crate) lane: Option<String>,
 }
 
 enum PublishFailure {
     /// The broker refused it: retrying will not help.
     Rejected(String),
-    /// RabbitMQ returned these messages (by their place in the batch) as unroutable; the rest
-    /// are confirmed.
-    Unroutable { returned: Vec<usize>, why: String },
     /// The connection or channel failed: publish again on the next session.
     Connection(String),
 }
@@ -83,10 +76,9 @@ impl AmqpBroker {
                 } else {
                     config.exchange.clone()
                 },
-                routing_key: lane.clone(),
+                routing_key: lane,
                 body: msg.body.clone(),
                 properties,
-                lane: Some(lane),
             },
         })
     }
@@ -118,38 +110,22 @@ impl AmqpBroker {
             routing_key: AmqpBrokerBuilder::delay_queue(&lane, tier),
             body,
             properties,
-            lane: Some(lane),
         }
     }
 
     /// Publishes and waits for every confirm, again on a new connection if this one fails,
-    /// until the publish timeout. Messages RabbitMQ cannot route to their lane (a lane no
-    /// worker or client of this configuration has declared yet) are published again once,
-    /// after the lane is declared: they wait there for a worker instead of being refused.
+    /// until the publish timeout.
     pub(crate) async fn publish_all(&self, batch: &[Publication]) -> Result<(), BrokerError> {
         let deadline = Instant::now()
             .checked_add(self.shared.config.publish_timeout)
             .unwrap_or_else(|| Instant::now() + Duration::from_secs(86_400));
-        let mut batch: Vec<&Publication> = batch.iter().collect();
-        let mut lanes_declared = false;
         loop {
             let session = self.live_session(deadline).await?;
             // Bounded: a blocked connection (a RabbitMQ resource alarm) never confirms.
-            let attempt = tokio::time::timeout_at(deadline, publish_on(&session, &batch)).await;
+            let attempt = tokio::time::timeout_at(deadline, publish_on(&session, batch)).await;
             match attempt {
                 Ok(Ok(())) => return Ok(()),
                 Ok(Err(PublishFailure::Rejected(why))) => return Err(BrokerError::Rejected(why)),
-                Ok(Err(PublishFailure::Unroutable { returned, why })) => {
-                    let lanes: Option<BTreeSet<&str>> =
-                        returned.iter().map(|&i| batch[i].lane.as_deref()).collect();
-                    let Some(lanes) = lanes.filter(|_| !lanes_declared) else {
-                        return Err(BrokerError::Rejected(why));
-                    };
-                    self.declare_lanes(&session, &lanes).await?;
-                    lanes_declared = true;
-                    // Only the returned ones: the others are confirmed in their queues.
-                    batch = returned.into_iter().map(|i| batch[i]).collect();
-                }
                 Ok(Err(PublishFailure::Connection(why))) => {
                     tracing::warn!(error = %why, "publish interrupted; publishing again after reconnecting");
                     session.dead.cancel();
@@ -168,32 +144,7 @@ impl AmqpBroker {
     }
 }
 
-impl AmqpBroker {
-    /// Declares `lanes` as this broker's configuration declares its own (idempotent; the same
-    /// arguments as every ferriq and taskiq-aio-pika process uses).
-    async fn declare_lanes(
-        &self,
-        session: &Session,
-        lanes: &BTreeSet<&str>,
-    ) -> Result<(), BrokerError> {
-        let failed =
-            |e: lapin::Error| BrokerError::Rejected(format!("the lane could not be declared: {e}"));
-        let channel = session.connection.create_channel().await.map_err(failed)?;
-        for lane in lanes {
-            crate::topology::declare_lane(&channel, &self.shared.config, lane)
-                .await
-                .map_err(failed)?;
-            tracing::info!(
-                lane,
-                "declared a lane no process had declared, on its first publish"
-            );
-        }
-        let _ = channel.close(200, "lanes declared".into()).await;
-        Ok(())
-    }
-}
-
-async fn publish_on(session: &Session, batch: &[&Publication]) -> Result<(), PublishFailure> {
+async fn publish_on(session: &Session, batch: &[Publication]) -> Result<(), PublishFailure> {
     // While the connection is up, a failure is this channel's (the broker closed it over this
     // batch: 404, 406…): retrying will not help, and the session stays. Otherwise it is the
     // connection, and the batch goes out again after reconnecting.
@@ -230,22 +181,19 @@ async fn publish_on(session: &Session, batch: &[&Publication]) -> Result<(), Pub
             }
         }
     }
-    let (mut rejected, mut unroutable) = (None, Vec::new());
-    for (i, confirm) in confirms.into_iter().enumerate() {
+    let mut rejected = None;
+    for confirm in confirms {
         match confirm.await {
             Ok(Confirmation::Ack(None)) | Ok(Confirmation::NotRequested) => {}
             Ok(Confirmation::Ack(Some(returned))) => {
-                if unroutable.is_empty() {
-                    let why = format!(
+                rejected.get_or_insert_with(|| {
+                    format!(
                         "unroutable: {} {} (routing key {:?}); is the queue declared?",
                         returned.reply_code,
                         returned.reply_text,
                         returned.routing_key.as_str()
-                    );
-                    unroutable.push((i, why));
-                } else {
-                    unroutable.push((i, String::new()));
-                }
+                    )
+                });
             }
             Ok(Confirmation::Nack(_)) => {
                 rejected.get_or_insert_with(|| {
@@ -259,13 +207,9 @@ async fn publish_on(session: &Session, batch: &[&Publication]) -> Result<(), Pub
         }
     }
     publisher.settled = true;
-    match (rejected, unroutable.first()) {
-        (Some(why), _) => Err(PublishFailure::Rejected(why)),
-        (None, None) => Ok(()),
-        (None, Some((_, why))) => Err(PublishFailure::Unroutable {
-            why: why.clone(),
-            returned: unroutable.into_iter().map(|(i, _)| i).collect(),
-        }),
+    match rejected {
+        None => Ok(()),
+        Some(why) => Err(PublishFailure::Rejected(why)),
     }
 }
 

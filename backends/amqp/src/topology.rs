@@ -50,60 +50,49 @@ pub(crate) async fn declare(
         )
         .await?;
     for queue in &config.queues {
-        declare_lane(channel, config, queue).await?;
-    }
-    Ok(())
-}
-
-/// Declares one lane: its queue bound to the exchange, its dead-letter queue and its delay
-/// tiers (idempotent).
-pub(crate) async fn declare_lane(
-    channel: &Channel,
-    config: &AmqpBrokerBuilder,
-    queue: &str,
-) -> Result<(), lapin::Error> {
-    let dead = AmqpBrokerBuilder::dead_letter_queue(queue);
-    let mut dead_args = FieldTable::default();
-    dead_args.insert("x-queue-type".into(), long("quorum"));
-    channel
-        .queue_declare(short(&dead), QueueDeclareOptions::durable(), dead_args)
-        .await?;
-    channel
-        .queue_declare(
-            short(queue),
-            QueueDeclareOptions::durable(),
-            lane_arguments(config, queue),
-        )
-        .await?;
-    channel
-        .queue_bind(
-            short(queue),
-            short(&config.exchange),
-            short(queue),
-            QueueBindOptions::default(),
-            FieldTable::default(),
-        )
-        .await?;
-    for tier in &config.delay_tiers {
-        // Expired messages go back through the exchange to the lane. At-least-once
-        // dead-lettering: a broker crash mid-transfer must not lose a delayed retry.
-        let mut args = FieldTable::default();
-        args.insert("x-queue-type".into(), long("quorum"));
-        args.insert(
-            "x-message-ttl".into(),
-            AMQPValue::LongLongInt(tier.as_millis() as i64),
-        );
-        args.insert("x-dead-letter-exchange".into(), long(&config.exchange));
-        args.insert("x-dead-letter-routing-key".into(), long(queue));
-        args.insert("x-dead-letter-strategy".into(), long("at-least-once"));
-        args.insert("x-overflow".into(), long("reject-publish"));
+        let dead = AmqpBrokerBuilder::dead_letter_queue(queue);
+        let mut dead_args = FieldTable::default();
+        dead_args.insert("x-queue-type".into(), long("quorum"));
+        channel
+            .queue_declare(short(&dead), QueueDeclareOptions::durable(), dead_args)
+            .await?;
         channel
             .queue_declare(
-                short(&AmqpBrokerBuilder::delay_queue(queue, *tier)),
+                short(queue),
                 QueueDeclareOptions::durable(),
-                args,
+                lane_arguments(config, queue),
             )
             .await?;
+        channel
+            .queue_bind(
+                short(queue),
+                short(&config.exchange),
+                short(queue),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await?;
+        for tier in &config.delay_tiers {
+            // Expired messages go back through the exchange to the lane. At-least-once
+            // dead-lettering: a broker crash mid-transfer must not lose a delayed retry.
+            let mut args = FieldTable::default();
+            args.insert("x-queue-type".into(), long("quorum"));
+            args.insert(
+                "x-message-ttl".into(),
+                AMQPValue::LongLongInt(tier.as_millis() as i64),
+            );
+            args.insert("x-dead-letter-exchange".into(), long(&config.exchange));
+            args.insert("x-dead-letter-routing-key".into(), long(queue));
+            args.insert("x-dead-letter-strategy".into(), long("at-least-once"));
+            args.insert("x-overflow".into(), long("reject-publish"));
+            channel
+                .queue_declare(
+                    short(&AmqpBrokerBuilder::delay_queue(queue, *tier)),
+                    QueueDeclareOptions::durable(),
+                    args,
+                )
+                .await?;
+        }
     }
     Ok(())
 }

@@ -165,79 +165,18 @@ async fn exhausted_retries_are_dead_lettered_with_reason_headers() {
     s.worker.stop().await;
 }
 
-/// A task sent to a lane nobody declared yet (its worker not started) is not refused: the
-/// publish declares the lane, as its worker would, and the task waits there. In a batch only
-/// the messages RabbitMQ returned are sent again, so each task runs once.
 #[tokio::test]
-async fn a_publish_to_an_undeclared_lane_declares_it_and_the_task_waits_there() {
-    let s = setup().await;
-    // Only its names are used (declared by the publish); its queues are deleted on drop.
-    let lane = Topology::new();
-    let handles = s
-        .client
-        .enqueue_batch([
-            add::call(1, 1),
-            add::call(2, 3).with_queue(lane.queue.as_str()),
-            add::call(4, 5)
-                .with_queue(lane.queue.as_str())
-                .with_delay(Duration::from_millis(300)),
-        ])
-        .await
-        .expect("the lane is declared by the publish");
-    let lane_broker = s
-        .topology
-        .builder(&common::amqp_url())
-        .queues([lane.queue.as_str()])
-        .connect()
-        .await
-        .unwrap();
-    let lane_worker = RunningWorker::spawn(
-        Worker::builder()
-            .broker(Arc::new(lane_broker))
-            .store(s.client.store().clone())
-            .registry(
-                Registry::from_inventory()
-                    .unwrap()
-                    .only(&[add::NAME])
-                    .unwrap(),
-            )
-            .build()
-            .unwrap(),
-    );
-    let mut sums = Vec::new();
-    for h in &handles {
-        sums.push(h.wait(WAIT).await.unwrap());
-    }
-    assert_eq!(sums, [2, 5, 9]);
-    // A run is counted once its message is acked, just after its result is stored.
-    let ran = |w: &RunningWorker| w.worker.stats().count(ferriq::worker::Outcome::Succeeded);
-    let deadline = Instant::now() + WAIT;
-    while (ran(&s.worker), ran(&lane_worker)) != (1, 2) && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert_eq!(
-        (ran(&s.worker), ran(&lane_worker)),
-        (1, 2),
-        "each task ran once, in its lane"
-    );
-    lane_worker.stop().await;
-    s.worker.stop().await;
-}
-
-/// A lane RabbitMQ will not let anyone declare (`amq.` names are reserved) stays an error:
-/// nothing is dropped silently.
-#[tokio::test]
-async fn a_publish_to_a_lane_that_cannot_be_declared_is_an_error() {
+async fn an_unroutable_publish_is_an_error() {
     let s = setup().await;
     let err = s
         .client
-        .enqueue(add::call(1, 1).with_queue("amq.fqt.reserved"))
+        .enqueue(add::call(1, 1).with_queue("no.such.lane"))
         .await
         .unwrap_err();
     assert!(
         matches!(
-            &err,
-            EnqueueError::Broker(ferriq::broker::BrokerError::Rejected(why)) if why.contains("could not be declared")
+            err,
+            EnqueueError::Broker(ferriq::broker::BrokerError::Rejected(_))
         ),
         "{err:?}"
     );
