@@ -188,10 +188,13 @@ async fn publish_on(session: &Session, batch: &[Publication]) -> Result<(), Publ
             Ok(Confirmation::Ack(Some(returned))) => {
                 rejected.get_or_insert_with(|| {
                     format!(
-                        "unroutable: {} {} (routing key {:?}); is the queue declared?",
+                        "unroutable: RabbitMQ has no queue for routing key {:?} ({} {}). A \
+                         lane's queue is declared when a worker or client that lists the lane \
+                         (FERRIQ_QUEUES, AmqpBrokerBuilder::queues) connects: start that lane's \
+                         worker first, or list the lane in this client's queues too",
+                        returned.routing_key.as_str(),
                         returned.reply_code,
                         returned.reply_text,
-                        returned.routing_key.as_str()
                     )
                 });
             }
