@@ -84,7 +84,8 @@ pub use async_trait::async_trait;
 #[doc(hidden)]
 pub use inventory;
 
-/// The README's Rust examples, compiled and run as doc tests so they stay true.
+/// The README's Rust examples not marked `ignore`, compiled and run as doc tests so they stay
+/// true.
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 struct ReadmeExamples;

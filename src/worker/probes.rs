@@ -41,6 +41,9 @@ impl Worker {
     /// - `GET /metrics`: Prometheus text: deliveries by outcome, runs started, runs in
     ///   flight, a run-duration histogram and the queue depth (the autoscaling signal).
     ///
+    /// [`Worker::run`] serves them by itself when `probe_addr` (`FERRIQ_PROBE_ADDR`) is set:
+    /// call this only for a worker without it (or on another address).
+    ///
     /// ```no_run
     /// # async fn demo(worker: ferriq::Worker) -> std::io::Result<()> {
     /// let _probes = worker.serve_probes("0.0.0.0:9090".parse().unwrap()).await?;

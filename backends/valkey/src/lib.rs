@@ -42,8 +42,9 @@
 //!
 //! ## Retention
 //! A claim must outlive every copy of its message that may still arrive, or a late duplicate
-//! runs again: `claim_ttl` (default 15 days) is longer than SQS's 14-day retention and is
-//! never shorter than `result_ttl` (default 7 days).
+//! runs again: `claim_ttl` (default 15 days, or a day longer than a `result_ttl` longer than
+//! that) is longer than SQS's 14-day retention and is never shorter than `result_ttl`
+//! (default 7 days).
 //!
 //! ## Durability
 //! A Valkey restart without persistence forgets claims and results: tokens stay monotonic (they

@@ -49,7 +49,7 @@ struct Seen {
 /// Completions announced while nobody waited for them, of tasks this process enqueued and
 /// has not waited for yet: a client that enqueues a batch and then waits for each finds most
 /// of them here instead of reading each back. Bounded in count, bytes and age, the oldest
-/// forgotten first (its waiter then finds the result by its first re-read).
+/// forgotten first (its waiter, told by `RecentIds` that the task was announced, reads it).
 #[derive(Default)]
 struct Early {
     /// Task id → when it was kept (its place in `order`) and the result JSON when the

@@ -172,9 +172,10 @@ impl ResultStore for ValkeyStore {
         // A task this process enqueued carries its reply channel: a worker announces it there,
         // never on the task's channel (a Python worker announces nowhere), so no subscription.
         let mut on_task_channel = self.inner.waiters.is_announced_here(id.as_str());
-        // The first wait for such a task sleeps without reading first: its completion is
-        // announced to this process, and one that came before the wait was kept for it. (A
-        // Python worker announces nowhere: its result is found by the re-read.)
+        // The first wait for such a task, not yet announced, sleeps without reading first: its
+        // completion is announced to this process. One announced before the wait was kept for
+        // it, or read (when `early` forgot it). (A Python worker announces nowhere: its
+        // result is found by the re-read.)
         // A short wait (a poll) reads at once: it may end before any re-read.
         let mut read_first = !self.inner.waiters.first_wait_here(id.as_str()) || timeout <= recheck;
         loop {
