@@ -1,6 +1,7 @@
 //! The [`Broker`] trait: where messages wait, and how a worker takes, keeps and gives them back.
 
 use std::any::Any;
+use std::borrow::Cow;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -10,7 +11,7 @@ use async_trait::async_trait;
 use thiserror::Error;
 
 use crate::clock::Clock;
-use crate::wire::{TaskId, TaskMessage, WireError, MAX_DELAY};
+use crate::wire::{Labels, TaskId, TaskMessage, WireError, MAX_DELAY};
 
 /// A message ready to publish: the taskiq body plus what brokers need to route it.
 #[derive(Debug, Clone)]
@@ -22,8 +23,9 @@ pub struct OutgoingMessage {
     pub task_name: String,
     /// The compact JSON body.
     pub body: Vec<u8>,
-    /// Headers: `task_id`, `task_name` and every label as a string.
-    pub headers: Vec<(String, String)>,
+    /// The message's labels, which brokers that carry headers write as
+    /// [`OutgoingMessage::headers`] (the body has them too).
+    pub labels: Labels,
     /// The queue (lane) from the `queue_name` label; `None` is the broker's default queue.
     pub queue: Option<String>,
     /// How long the broker should keep the message from consumers: until its `due_at` label.
@@ -44,21 +46,11 @@ impl OutgoingMessage {
     /// Serialises a message and derives its routing from its labels; `now_unix` is the time
     /// its delay (until `due_at`) is counted from.
     pub fn from_message_at(message: &TaskMessage, now_unix: f64) -> Result<Self, WireError> {
-        let mut headers = vec![
-            ("task_id".to_owned(), message.task_id.to_string()),
-            ("task_name".to_owned(), message.task_name.clone()),
-        ];
-        headers.extend(
-            message
-                .labels
-                .iter()
-                .map(|(k, v)| (k.to_owned(), v.to_header_string())),
-        );
         Ok(OutgoingMessage {
             task_id: message.task_id.clone(),
             task_name: message.task_name.clone(),
             body: message.to_json()?,
-            headers,
+            labels: message.labels.clone(),
             queue: message.labels.queue_name().map(str::to_owned),
             delay: message
                 .labels
@@ -70,13 +62,36 @@ impl OutgoingMessage {
         })
     }
 
+    /// The headers taskiq-aio-pika writes: `task_id`, `task_name`, then every label as a
+    /// string. Written on demand, borrowing what is already text, so a broker without headers
+    /// pays nothing for them.
+    ///
+    /// ```
+    /// use ferriq::broker::OutgoingMessage;
+    /// use ferriq::wire::TaskMessage;
+    /// let mut msg = TaskMessage::new("emails.send");
+    /// msg.labels.insert("retry_on_error", true);
+    /// let out = OutgoingMessage::from_message(&msg).unwrap();
+    /// let headers: Vec<(&str, String)> = out.headers().map(|(k, v)| (k, v.into_owned())).collect();
+    /// assert_eq!(headers[1], ("task_name", "emails.send".to_owned()));
+    /// assert_eq!(headers[2], ("retry_on_error", "True".to_owned()));
+    /// ```
+    pub fn headers(&self) -> impl Iterator<Item = (&str, Cow<'_, str>)> {
+        [
+            ("task_id", Cow::Borrowed(self.task_id.as_str())),
+            ("task_name", Cow::Borrowed(self.task_name.as_str())),
+        ]
+        .into_iter()
+        .chain(self.labels.iter().map(|(k, v)| (k, v.header_value())))
+    }
+
     /// A message with an arbitrary body, for tests of what workers do with malformed input.
     pub fn raw(body: impl Into<Vec<u8>>) -> Self {
         OutgoingMessage {
             task_id: TaskId::random(),
             task_name: String::new(),
             body: body.into(),
-            headers: Vec::new(),
+            labels: Labels::new(),
             queue: None,
             delay: None,
             priority: None,

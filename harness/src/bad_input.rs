@@ -104,7 +104,7 @@ pub async fn run(backend: Backend, root: &Path) -> Row {
                 m.labels.insert("huge", "x".repeat(10 * 1024 * 1024));
                 let mut out = OutgoingMessage::from_message(&m).unwrap();
                 // Not as a header too: RabbitMQ caps a frame's headers, not its body.
-                out.headers.retain(|(k, _)| k != "huge");
+                out.labels.remove("huge");
                 out
             },
             "too_large",

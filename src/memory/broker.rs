@@ -37,7 +37,7 @@ const DEFAULT_QUEUE: &str = "taskiq";
 #[derive(Clone)]
 pub struct MemoryBroker {
     pub(super) shared: Arc<Shared>,
-    queues: Arc<[String]>,
+    queues: Arc<[Arc<str>]>,
 }
 
 pub(super) struct Shared {
@@ -83,7 +83,7 @@ struct InFlight {
 #[derive(Debug, Clone)]
 struct Handle {
     broker: u64,
-    queue: String,
+    queue: Arc<str>,
     id: u64,
     receipt: u64,
 }
@@ -158,17 +158,17 @@ impl MemoryBroker {
                 // 0 would park every message on its first receive: read it as "no limit".
                 max_receives: max_receives.filter(|n| *n > 0),
             }),
-            queues: Arc::from(vec![DEFAULT_QUEUE.to_owned()]),
+            queues: Arc::from(vec![Arc::from(DEFAULT_QUEUE)]),
         }
     }
 
     /// A handle on the same broker that receives from `queues` (lanes) instead; messages it
     /// publishes without a `queue_name` label go to the first.
     pub fn consuming(&self, queues: &[&str]) -> Self {
-        let queues: Arc<[String]> = if queues.is_empty() {
-            Arc::from(vec![DEFAULT_QUEUE.to_owned()])
+        let queues: Arc<[Arc<str>]> = if queues.is_empty() {
+            Arc::from(vec![Arc::from(DEFAULT_QUEUE)])
         } else {
-            queues.iter().map(|q| (*q).to_owned()).collect()
+            queues.iter().map(|q| Arc::from(*q)).collect()
         };
         MemoryBroker {
             shared: Arc::clone(&self.shared),
@@ -237,7 +237,7 @@ impl MemoryBroker {
         let mut state = self.lock();
         let hit = match state
             .queues
-            .get_mut(&h.queue)
+            .get_mut(&*h.queue)
             .and_then(|q| q.in_flight.get_mut(&h.id))
         {
             Some(f) if f.receipt == h.receipt => {
@@ -262,7 +262,7 @@ impl MemoryBroker {
     fn take_current(&self, state: &mut State, h: &Handle) -> Result<InFlight, BrokerError> {
         let now = Instant::now();
         let visibility_lost = {
-            let Some(q) = state.queues.get_mut(&h.queue) else {
+            let Some(q) = state.queues.get_mut(&*h.queue) else {
                 return Err(BrokerError::DeliveryLost);
             };
             match q.in_flight.get(&h.id) {
@@ -312,7 +312,7 @@ impl MemoryBroker {
                 stats,
                 dead,
             } = &mut *state;
-            let Some(q) = queues.get_mut(queue) else {
+            let Some(q) = queues.get_mut(&**queue) else {
                 continue;
             };
             while out.len() < max {
@@ -335,7 +335,7 @@ impl MemoryBroker {
                     dead.push(DeadLettered {
                         body: stored.body,
                         why,
-                        queue: queue.clone(),
+                        queue: queue.to_string(),
                         id: *next_id,
                         dead_at_ms: self.shared.clock.now_unix_ms(),
                         held: false,
@@ -355,7 +355,7 @@ impl MemoryBroker {
                     stored.body.clone(),
                     stored.task_id.clone(),
                     stored.receive_count,
-                    queue.clone(),
+                    &**queue,
                     DeliveryHandle::new(handle),
                 ));
                 stats.received += 1;
@@ -389,20 +389,21 @@ impl Broker for MemoryBroker {
         for msg in batch {
             state.next_id += 1;
             let id = state.next_id;
-            let queue = msg.queue.clone().unwrap_or_else(|| self.queues[0].clone());
+            let queue = msg.queue.as_deref().unwrap_or(&self.queues[0]);
             let visible_at = now + msg.delay.unwrap_or_default();
             let stored = Stored {
                 id,
-                task_id: Some(msg.task_id.to_string()).filter(|_| !msg.task_name.is_empty()),
+                task_id: Some(msg.task_id.as_str().to_owned())
+                    .filter(|_| !msg.task_name.is_empty()),
                 body: msg.body,
                 receive_count: 0,
             };
-            state
-                .queues
-                .entry(queue)
-                .or_default()
-                .pending
-                .insert(visible_at, id, stored);
+            // Looked up before it is named a key: no copy of the name per message.
+            let q = match state.queues.get_mut(queue) {
+                Some(q) => q,
+                None => state.queues.entry(queue.to_owned()).or_default(),
+            };
+            q.pending.insert(visible_at, id, stored);
             state.stats.published += 1;
         }
         drop(state);
@@ -445,7 +446,7 @@ impl Broker for MemoryBroker {
         let mut state = self.lock();
         let f = self.take_current(&mut state, h)?;
         let visible_at = Instant::now() + after;
-        if let Some(q) = state.queues.get_mut(&h.queue) {
+        if let Some(q) = state.queues.get_mut(&*h.queue) {
             q.pending.insert(visible_at, f.stored.id, f.stored);
         }
         state.stats.released += 1;
@@ -466,7 +467,7 @@ impl Broker for MemoryBroker {
             let h = self.handle(d)?;
             let held = state
                 .queues
-                .get_mut(&h.queue)
+                .get_mut(&*h.queue)
                 .and_then(|q| q.in_flight.get_mut(&h.id))
                 .filter(|f| f.receipt == h.receipt && f.visible_at > now);
             out.push(match held {
@@ -489,7 +490,7 @@ impl Broker for MemoryBroker {
         state.dead.push(DeadLettered {
             body: f.stored.body,
             why: why.clone(),
-            queue: h.queue.clone(),
+            queue: h.queue.to_string(),
             id,
             dead_at_ms: self.shared.clock.now_unix_ms(),
             held: false,
@@ -502,7 +503,11 @@ impl Broker for MemoryBroker {
         let now = Instant::now();
         let state = self.lock();
         let mut depth = QueueDepth::default();
-        for q in self.queues.iter().filter_map(|name| state.queues.get(name)) {
+        for q in self
+            .queues
+            .iter()
+            .filter_map(|name| state.queues.get(&**name))
+        {
             for visible_at in q.pending.visible_times() {
                 if visible_at <= now {
                     depth.ready += 1;
@@ -520,7 +525,7 @@ impl Broker for MemoryBroker {
     }
 
     fn lanes(&self) -> Vec<String> {
-        self.queues.to_vec()
+        self.queues.iter().map(|q| q.to_string()).collect()
     }
 
     fn dead_letters(&self) -> Option<&dyn crate::dead_letters::DeadLetterQueue> {

@@ -188,7 +188,7 @@ impl ProgressStore for MemoryStore {
                     Phase::Revoked => ClaimState::Revoked,
                 },
                 token: Token(c.token),
-                holder: c.holder.clone(),
+                holder: c.holder.to_string(),
                 started_at_ms: running.then(|| ms(c.started_at)),
                 lease_until_ms: running.then(|| {
                     let left = c.lease_until.saturating_duration_since(now);

@@ -1,4 +1,5 @@
 use std::any::{Any, TypeId};
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt;
 use std::ops::Deref;
@@ -40,7 +41,8 @@ pub struct TaskContext {
 
 struct ContextInner {
     task_id: TaskId,
-    task_name: String,
+    // The registered name in a worker (no copy per run), an owned one from the builder.
+    task_name: Cow<'static, str>,
     attempt: u32,
     max_attempts: u32,
     receive_count: u32,
@@ -71,7 +73,7 @@ impl TaskContext {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         task_id: TaskId,
-        task_name: String,
+        task_name: Cow<'static, str>,
         attempt: u32,
         max_attempts: u32,
         receive_count: u32,
@@ -292,7 +294,7 @@ impl TaskContextBuilder {
     pub fn build(self) -> Result<TaskContext, crate::wire::WireError> {
         Ok(TaskContext::new(
             TaskId::parse(self.task_id)?,
-            self.task_name,
+            Cow::Owned(self.task_name),
             self.attempt,
             self.max_attempts,
             self.attempt,

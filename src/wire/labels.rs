@@ -1,3 +1,4 @@
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -136,9 +137,18 @@ impl LabelValue {
 
     /// The value as a string the way taskiq-aio-pika puts labels in AMQP headers.
     pub fn to_header_string(&self) -> String {
-        match self.to_typed().0 {
-            Value::String(s) => s,
-            other => other.to_string(),
+        self.header_value().into_owned()
+    }
+
+    /// [`LabelValue::to_header_string`], borrowing the value when it is text already.
+    pub fn header_value(&self) -> Cow<'_, str> {
+        match self {
+            LabelValue::Str(s) | LabelValue::Any(Value::String(s)) => Cow::Borrowed(s),
+            LabelValue::Bool(b) => Cow::Borrowed(python_bool(*b)),
+            other => match other.to_typed().0 {
+                Value::String(s) => Cow::Owned(s),
+                json => Cow::Owned(json.to_string()),
+            },
         }
     }
 

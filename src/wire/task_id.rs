@@ -1,4 +1,5 @@
 use std::fmt;
+use std::sync::Arc;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
@@ -19,7 +20,11 @@ use super::WireError;
 /// assert!(TaskId::parse("a{b}").is_err());
 /// ```
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct TaskId(String);
+pub struct TaskId(
+    // Shared: an id is copied into the run, the claim, the result, the waiter and the log
+    // lines of every task, and a copy is then a count, not an allocation.
+    Arc<str>,
+);
 
 /// Longest accepted task id.
 const MAX_LEN: usize = 200;
@@ -30,12 +35,9 @@ impl TaskId {
         // uuid's `fast-rng`: a thread-local CSPRNG instead of a getrandom system call per id;
         // encoded into a stack buffer rather than through `fmt`.
         let mut buf = uuid::Uuid::encode_buffer();
-        TaskId(
-            uuid::Uuid::new_v4()
-                .simple()
-                .encode_lower(&mut buf)
-                .to_owned(),
-        )
+        TaskId(Arc::from(
+            &*uuid::Uuid::new_v4().simple().encode_lower(&mut buf),
+        ))
     }
 
     /// An id derived from `parts`: the same parts always give the same id (a uuid5 in
@@ -60,12 +62,17 @@ impl TaskId {
             name.push(b':');
             name.extend_from_slice(p.as_bytes());
         }
-        TaskId(uuid::Uuid::new_v5(&NAMESPACE, &name).simple().to_string())
+        let mut buf = uuid::Uuid::encode_buffer();
+        TaskId(Arc::from(
+            &*uuid::Uuid::new_v5(&NAMESPACE, &name)
+                .simple()
+                .encode_lower(&mut buf),
+        ))
     }
 
     /// Checks `id` and wraps it.
-    pub fn parse(id: impl Into<String>) -> Result<Self, WireError> {
-        let id = id.into();
+    pub fn parse(id: impl AsRef<str>) -> Result<Self, WireError> {
+        let id = id.as_ref();
         let reason = if id.is_empty() {
             Some("it is empty")
         } else if id.len() > MAX_LEN {
@@ -79,7 +86,7 @@ impl TaskId {
             None
         };
         match reason {
-            None => Ok(TaskId(id)),
+            None => Ok(TaskId(Arc::from(id))),
             Some(reason) => Err(WireError::InvalidTaskId {
                 id: id.chars().take(64).collect(),
                 reason,
@@ -126,7 +133,7 @@ impl Serialize for TaskId {
 
 impl<'de> Deserialize<'de> for TaskId {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        TaskId::parse(s).map_err(serde::de::Error::custom)
+        let s = std::borrow::Cow::<str>::deserialize(d)?;
+        TaskId::parse(&*s).map_err(serde::de::Error::custom)
     }
 }

@@ -116,7 +116,8 @@ impl Inner {
         }
         let ctx = TaskContext::new(
             msg.task_id.clone(),
-            msg.task_name.clone(),
+            // The registered name: the message's, found in the registry by it.
+            std::borrow::Cow::Borrowed(task.name),
             attempt,
             max_attempts,
             d.receive_count,

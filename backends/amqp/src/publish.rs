@@ -55,11 +55,11 @@ impl AmqpBroker {
             )));
         }
         let mut headers = FieldTable::default();
-        for (k, v) in &msg.headers {
+        for (k, v) in msg.headers() {
             // A header name must fit an AMQP short string; a label that does not is kept in
             // the body (taskiq reads labels from there) and left out of the headers.
-            if let Ok(name) = ShortString::try_new(k.as_str()) {
-                headers.insert(name, long(v));
+            if let Ok(name) = ShortString::try_new(k) {
+                headers.insert(name, long(&v));
             }
         }
         let mut properties = persistent(headers).with_message_id(msg.task_id.as_str().into());

@@ -82,10 +82,9 @@ pub(crate) fn entry(queue: &Queue, msg: OutgoingMessage, now_ms: u64) -> Result<
     }
     let group_id = queue.fifo.then(|| {
         // taskiq-aio-sqs's label, else the task name.
-        msg.headers
-            .iter()
-            .find(|(k, _)| k == "group_id")
-            .map(|(_, v)| v.clone())
+        msg.labels
+            .get("group_id")
+            .map(|v| v.header_value().into_owned())
             .unwrap_or_else(|| msg.task_name.clone())
     });
     Ok(Entry {

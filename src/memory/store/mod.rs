@@ -54,6 +54,8 @@ pub(super) struct State {
     pub(super) results: crate::FastMap<TaskId, TaskResult>,
     writes: crate::FastMap<TaskId, u32>,
     waiters: crate::FastMap<TaskId, Arc<Notify>>,
+    /// The worker id of the latest claim: a worker's claims share one copy of its id.
+    pub(super) last_holder: Arc<str>,
     /// Finished tasks (and settled workflows) in the order they are forgotten (only with a
     /// retention).
     finished: VecDeque<(Instant, TaskId)>,
@@ -77,7 +79,8 @@ pub(super) struct Claim {
     pub(super) phase: Phase,
     pub(super) token: u64,
     pub(super) lease_until: Instant,
-    pub(super) holder: String,
+    // Shared with the other claims of the same worker (see `State::last_holder`).
+    pub(super) holder: Arc<str>,
     pub(super) failures: u32,
     pub(super) starts: u32,
     pub(super) takeovers: u32,
@@ -91,7 +94,7 @@ impl Claim {
             phase: Phase::Released,
             token: 0,
             lease_until: now,
-            holder: String::new(),
+            holder: Arc::default(),
             failures: 0,
             starts: 0,
             takeovers: 0,
@@ -247,7 +250,7 @@ impl MemoryStore {
         }
         c.token += 1;
         c.phase = Phase::Running;
-        c.holder = "intruder".into();
+        c.holder = Arc::from("intruder");
         c.lease_until = Instant::now() + lease;
         Some(Token(c.token))
     }

@@ -28,6 +28,7 @@ impl ClaimStore for MemoryStore {
         let expired = deadline_at.is_some_and(|d| self.inner.clock.now_unix() > d);
         let mut state = self.lock();
         self.sweep(&mut state);
+        let state = &mut *state;
         let claim = state
             .claims
             .entry(id.clone())
@@ -48,7 +49,10 @@ impl ClaimStore for MemoryStore {
         claim.token += 1;
         claim.phase = Phase::Running;
         claim.lease_until = now + lease;
-        claim.holder = worker.to_owned();
+        if &*state.last_holder != worker {
+            state.last_holder = Arc::from(worker);
+        }
+        claim.holder = Arc::clone(&state.last_holder);
         claim.started_at = self.inner.clock.now_unix();
         let token = Token(claim.token);
         let starts = claim.starts;
