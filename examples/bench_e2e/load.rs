@@ -10,39 +10,100 @@ pub(super) struct Figures {
     /// CPU µs per task this process spent over the bulk run (for `--broker memory`, the
     /// whole engine: client, broker, worker and store).
     pub(super) bench_cpu_us: f64,
-    /// Steady load (`--steady SECS`): the rate offered, and every task's enqueue-to-result
-    /// latency, sorted.
-    pub(super) steady: Option<(f64, Vec<f64>)>,
+    /// Steady load (`--steady SECS`).
+    pub(super) steady: Option<Steady>,
+}
+
+/// What a steady-load run offered and measured.
+pub(super) struct Steady {
+    /// Tasks per second offered.
+    pub(super) rate: f64,
+    /// Tasks per second the enqueues completed at (below `rate` when the client could not
+    /// keep up).
+    pub(super) enqueued_per_s: f64,
+    /// Every task's latency from when it was due to be sent to its result, sorted.
+    pub(super) lat_ms: Vec<f64>,
 }
 
 /// `--steady SECS`: after the burst, `SECS` of load at 70 % of the burst's end-to-end rate
-/// (or `--rate R` tasks/s), one enqueue at a time as an app would, each task's latency from
-/// its enqueue to its result.
-pub(super) async fn steady(client: &Client, rate: f64, secs: u64) -> Vec<f64> {
+/// (or `--rate R` tasks/s). Open loop: each task is enqueued by a runtime task of its own when
+/// it is due, as the requests of a busy app would enqueue them, so a slow enqueue neither
+/// lowers the rate nor holds back the next (one enqueue at a time waits for its publisher
+/// confirm, which caps a single sender far below the rates measured here). Each task's latency
+/// counts from when it was due to its result.
+pub(super) async fn steady(client: &Client, rate: f64, secs: u64) -> Steady {
     let wait = Duration::from_secs(120);
     let total = (rate * secs as f64) as u64;
     let period = Duration::from_secs_f64(1.0 / rate);
     let start = Instant::now();
     let lat = Arc::new(std::sync::Mutex::new(Vec::with_capacity(total as usize)));
-    let mut waiters = tokio::task::JoinSet::new();
+    let last_enqueued = Arc::new(std::sync::Mutex::new(Duration::ZERO));
+    let mut tasks = tokio::task::JoinSet::new();
+    let mut failed = Failures::default();
     for i in 0..total {
-        // Paced by the clock, not by the previous send: a slow send does not lower the rate.
-        let due = start + period * i as u32;
+        let due = start + period.mul_f64(i as f64);
         tokio::time::sleep_until(due.into()).await;
-        let t = Instant::now();
-        let h = noop::kiq(client, i).await.unwrap();
-        let lat = lat.clone();
-        waiters.spawn(async move {
-            h.wait(wait).await.expect("a result under load");
-            lat.lock().unwrap().push(t.elapsed().as_secs_f64() * 1000.0);
+        let (client, lat, last_enqueued) = (client.clone(), lat.clone(), last_enqueued.clone());
+        tasks.spawn(async move {
+            let h = match noop::kiq(&client, i).await {
+                Ok(h) => h,
+                Err(e) => return Err(format!("enqueue: {e}")),
+            };
+            {
+                let mut last = last_enqueued.lock().unwrap();
+                *last = (*last).max(start.elapsed());
+            }
+            if let Err(e) = h.wait(wait).await {
+                return Err(format!("wait: {e}"));
+            }
+            lat.lock()
+                .unwrap()
+                .push(due.elapsed().as_secs_f64() * 1000.0);
+            Ok(())
         });
-        // Reap finished waiters as we go.
-        while waiters.try_join_next().is_some() {}
+        // Reap finished tasks as we go.
+        while let Some(done) = tasks.try_join_next() {
+            failed.note(done);
+        }
     }
-    while waiters.join_next().await.is_some() {}
-    let mut lat = std::mem::take(&mut *lat.lock().unwrap());
-    lat.sort_by(|a, b| a.total_cmp(b));
-    lat
+    while let Some(done) = tasks.join_next().await {
+        failed.note(done);
+    }
+    if failed.count > 0 {
+        eprintln!(
+            "steady load: {} of {total} tasks failed; first error: {}",
+            failed.count, failed.first
+        );
+    }
+    let mut lat_ms = std::mem::take(&mut *lat.lock().unwrap());
+    lat_ms.sort_by(|a, b| a.total_cmp(b));
+    let enqueued_in = *last_enqueued.lock().unwrap();
+    Steady {
+        rate,
+        enqueued_per_s: total as f64 / enqueued_in.as_secs_f64(),
+        lat_ms,
+    }
+}
+
+/// Tasks of a steady-load run that got no result, and the first reason.
+#[derive(Default)]
+struct Failures {
+    count: u64,
+    first: String,
+}
+
+impl Failures {
+    fn note(&mut self, done: Result<Result<(), String>, tokio::task::JoinError>) {
+        let why = match done {
+            Ok(Ok(())) => return,
+            Ok(Err(why)) => why,
+            Err(e) => e.to_string(),
+        };
+        if self.count == 0 {
+            self.first = why;
+        }
+        self.count += 1;
+    }
 }
 
 /// Readiness and warm-up (not recorded): one task, then 200.
@@ -127,7 +188,7 @@ pub(super) async fn drive(client: &Client, n: u64, lat_n: usize) -> Figures {
             .ok()
             .filter(|r| *r > 0.0)
             .unwrap_or(e2e_per_s * 0.7);
-        Some((rate, steady(client, rate, steady_secs).await))
+        Some(steady(client, rate, steady_secs).await)
     } else {
         None
     };
@@ -173,10 +234,13 @@ pub(super) fn report(figures: &Figures, raw: f64, rss: f64, what: &str, n: u64, 
         p(100.0)
     );
     println!("| worker peak RSS | {rss:.1} MiB |");
-    if let Some((rate, lat)) = &figures.steady {
+    if let Some(steady) = &figures.steady {
+        let lat = &steady.lat_ms;
         let q = |x| percentile(lat, x);
         println!(
-            "| steady load {rate:.0} tasks/s, {} tasks: latency p50 / p99 / p99.9 / max | {:.2} / {:.2} / {:.2} / {:.2} ms |",
+            "| steady load: {:.0} tasks/s offered, enqueued at {:.0}/s, {} tasks: latency p50 / p99 / p99.9 / max | {:.2} / {:.2} / {:.2} / {:.2} ms |",
+            steady.rate,
+            steady.enqueued_per_s,
             lat.len(),
             q(50.0),
             q(99.0),

@@ -17,6 +17,7 @@
 //! `--direct` publishes ferriq's tasks to the lane queue through RabbitMQ's default exchange
 //! (`AmqpBrokerBuilder::publish_to_lanes_directly`) instead of the topic exchange, as the raw
 //! baselines do.
+//! `--publisher-channels N` sets the producer's confirm-mode channels (default the builder's).
 //! `--worker-threads N` sets the worker process's tokio runtime: 1 is a current-thread
 //! runtime, more a multi-thread one with N threads; by default tokio's (a thread per core).
 //! `--rounds` also prints the CPU µs per task of each process (this one, the worker,
@@ -63,14 +64,15 @@ async fn noop(n: u64) -> u64 {
 const CONCURRENCY: usize = 64;
 
 async fn amqp(exchange: &str, queue: &str) -> AmqpBroker {
-    AmqpBroker::builder(amqp_url())
+    let mut builder = AmqpBroker::builder(amqp_url())
         .exchange(exchange)
         .queues([queue])
         .prefetch(CONCURRENCY as u16)
-        .publish_to_lanes_directly(flag("--direct"))
-        .connect()
-        .await
-        .expect("RabbitMQ")
+        .publish_to_lanes_directly(flag("--direct"));
+    if let Ok(n) = arg("--publisher-channels", "").parse() {
+        builder = builder.publisher_channels(n);
+    }
+    builder.connect().await.expect("RabbitMQ")
 }
 
 async fn sqs(endpoint: &str, queue: &str) -> SqsBroker {

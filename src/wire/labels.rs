@@ -451,20 +451,27 @@ impl Labels {
 
     /// Reads `labels` and `labels_types` as taskiq writes them (a name written twice keeps
     /// its last value and its last type, as a JSON object read into a map does).
-    pub(crate) fn from_wire(labels: Vec<(String, Value)>, types: &[(String, Value)]) -> Self {
+    pub(crate) fn from_wire<K: AsRef<str>>(
+        labels: Vec<(String, Value)>,
+        types: &[(K, Value)],
+    ) -> Self {
         // Messages carry a handful of labels: a scan beats building a map, but a body with
         // thousands must not cost a scan per label.
         let indexed = (types.len() > 16).then(|| {
             let mut index = BTreeMap::new();
             for (k, v) in types {
-                index.insert(k.as_str(), v);
+                index.insert(k.as_ref(), v);
             }
             index
         });
         let code_of = |name: &str| {
             let raw = match &indexed {
                 Some(index) => index.get(name).copied(),
-                None => types.iter().rev().find(|(k, _)| k == name).map(|(_, v)| v),
+                None => types
+                    .iter()
+                    .rev()
+                    .find(|(k, _)| k.as_ref() == name)
+                    .map(|(_, v)| v),
             };
             raw.and_then(type_code)
         };

@@ -8,6 +8,7 @@
 //! reader refused (a string that is not UTF-8, a lone surrogate, a number out of range, nesting
 //! past the depth limit) must stay refused wherever it hides.
 
+use std::borrow::Cow;
 use std::fmt;
 
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
@@ -65,18 +66,22 @@ pub(super) fn invalid(field: &'static str, what: &str, got: Option<&'static str>
 /// Label names and values in the order written.
 pub(super) type Pairs = Vec<(String, Value)>;
 
+/// `labels_types` in the order written: its names are only looked up, so they borrow from the
+/// body unless they hold escapes.
+pub(super) type TypePairs<'de> = Vec<(Cow<'de, str>, Value)>;
+
 /// The top-level fields of a message body.
-pub(super) struct RawMessage {
+pub(super) struct RawMessage<'de> {
     pub(super) task_id: Field<String>,
     pub(super) task_name: Field<String>,
     pub(super) labels: Field<Pairs>,
-    pub(super) labels_types: Field<Pairs>,
+    pub(super) labels_types: Field<TypePairs<'de>>,
     pub(super) args: Field<Vec<Value>>,
     pub(super) kwargs: Field<Map<String, Value>>,
 }
 
 /// Parses `body`. `Ok(None)`: valid JSON whose top-level value is not an object.
-pub(super) fn read(body: &[u8]) -> Result<Option<RawMessage>, serde_json::Error> {
+pub(super) fn read(body: &[u8]) -> Result<Option<RawMessage<'_>>, serde_json::Error> {
     let mut de = serde_json::Deserializer::from_slice(body);
     let raw = (&mut de).deserialize_any(TopLevel)?;
     de.end()?;
@@ -86,7 +91,7 @@ pub(super) fn read(body: &[u8]) -> Result<Option<RawMessage>, serde_json::Error>
 struct TopLevel;
 
 impl<'de> Visitor<'de> for TopLevel {
-    type Value = Option<RawMessage>;
+    type Value = Option<RawMessage<'de>>;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("a task message object")
@@ -108,7 +113,7 @@ impl<'de> Visitor<'de> for TopLevel {
                 Key::TaskName => raw.task_name = map.next_value_seed(Of(Kind::Str))?.into_str(),
                 Key::Labels => raw.labels = map.next_value_seed(Of(Kind::Pairs))?.into_pairs(),
                 Key::LabelsTypes => {
-                    raw.labels_types = map.next_value_seed(Of(Kind::Pairs))?.into_pairs()
+                    raw.labels_types = map.next_value_seed(Of(Kind::TypePairs))?.into_type_pairs()
                 }
                 Key::Args => raw.args = map.next_value_seed(Of(Kind::Array))?.into_array(),
                 Key::Kwargs => raw.kwargs = map.next_value_seed(Of(Kind::Object))?.into_object(),
@@ -185,21 +190,23 @@ impl<'de> de::Deserialize<'de> for Key {
 enum Kind {
     Str,
     Pairs,
+    TypePairs,
     Array,
     Object,
 }
 
 /// A field's value read as its expected type, or the name of the type it has instead.
-enum Read {
+enum Read<'de> {
     Str(String),
     Pairs(Pairs),
+    TypePairs(TypePairs<'de>),
     Array(Vec<Value>),
     Object(Map<String, Value>),
     Null,
     Wrong(&'static str),
 }
 
-impl Read {
+impl<'de> Read<'de> {
     fn into_str(self) -> Field<String> {
         match self {
             Read::Str(s) => Field::Read(s),
@@ -209,6 +216,12 @@ impl Read {
     fn into_pairs(self) -> Field<Pairs> {
         match self {
             Read::Pairs(p) => Field::Read(p),
+            other => other.mismatch(),
+        }
+    }
+    fn into_type_pairs(self) -> Field<TypePairs<'de>> {
+        match self {
+            Read::TypePairs(p) => Field::Read(p),
             other => other.mismatch(),
         }
     }
@@ -229,7 +242,7 @@ impl Read {
             Read::Null => Field::Null,
             Read::Wrong(kind) => Field::Wrong(kind),
             Read::Str(_) => Field::Wrong("a string"),
-            Read::Pairs(_) | Read::Object(_) => Field::Wrong("an object"),
+            Read::Pairs(_) | Read::TypePairs(_) | Read::Object(_) => Field::Wrong("an object"),
             Read::Array(_) => Field::Wrong("an array"),
         }
     }
@@ -239,48 +252,48 @@ impl Read {
 struct Of(Kind);
 
 impl<'de> DeserializeSeed<'de> for Of {
-    type Value = Read;
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Read, D::Error> {
+    type Value = Read<'de>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Read<'de>, D::Error> {
         d.deserialize_any(self)
     }
 }
 
 impl<'de> Visitor<'de> for Of {
-    type Value = Read;
+    type Value = Read<'de>;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("any JSON value")
     }
 
-    fn visit_str<E: de::Error>(self, s: &str) -> Result<Read, E> {
+    fn visit_str<E: de::Error>(self, s: &str) -> Result<Read<'de>, E> {
         Ok(match self.0 {
             Kind::Str => Read::Str(s.to_owned()),
             _ => Read::Wrong("a string"),
         })
     }
-    fn visit_string<E: de::Error>(self, s: String) -> Result<Read, E> {
+    fn visit_string<E: de::Error>(self, s: String) -> Result<Read<'de>, E> {
         Ok(match self.0 {
             Kind::Str => Read::Str(s),
             _ => Read::Wrong("a string"),
         })
     }
-    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Read, E> {
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Read<'de>, E> {
         Ok(Read::Wrong("a boolean"))
     }
-    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Read, E> {
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Read<'de>, E> {
         Ok(Read::Wrong("a number"))
     }
-    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Read, E> {
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Read<'de>, E> {
         Ok(Read::Wrong("a number"))
     }
-    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Read, E> {
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Read<'de>, E> {
         Ok(Read::Wrong("a number"))
     }
-    fn visit_unit<E: de::Error>(self) -> Result<Read, E> {
+    fn visit_unit<E: de::Error>(self) -> Result<Read<'de>, E> {
         Ok(Read::Null)
     }
 
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Read, A::Error> {
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Read<'de>, A::Error> {
         if let Kind::Array = self.0 {
             let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(64));
             while let Some(v) = seq.next_element::<Value>()? {
@@ -292,7 +305,7 @@ impl<'de> Visitor<'de> for Of {
         Ok(Read::Wrong("an array"))
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Read, A::Error> {
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Read<'de>, A::Error> {
         match self.0 {
             Kind::Pairs => {
                 let mut pairs = Vec::with_capacity(map.size_hint().unwrap_or(0).min(64));
@@ -300,6 +313,13 @@ impl<'de> Visitor<'de> for Of {
                     pairs.push(entry);
                 }
                 Ok(Read::Pairs(pairs))
+            }
+            Kind::TypePairs => {
+                let mut pairs = Vec::with_capacity(map.size_hint().unwrap_or(0).min(64));
+                while let Some((KeyCow(k), v)) = map.next_entry::<KeyCow<'de>, Value>()? {
+                    pairs.push((k, v));
+                }
+                Ok(Read::TypePairs(pairs))
             }
             Kind::Object => {
                 let mut object = Map::new();
@@ -313,6 +333,31 @@ impl<'de> Visitor<'de> for Of {
                 Ok(Read::Wrong("an object"))
             }
         }
+    }
+}
+
+/// An object key, borrowed from the body when it has no escapes.
+struct KeyCow<'de>(Cow<'de, str>);
+
+impl<'de> de::Deserialize<'de> for KeyCow<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct KeyCowVisitor;
+        impl<'de> Visitor<'de> for KeyCowVisitor {
+            type Value = KeyCow<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E: de::Error>(self, s: &'de str) -> Result<KeyCow<'de>, E> {
+                Ok(KeyCow(Cow::Borrowed(s)))
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<KeyCow<'de>, E> {
+                Ok(KeyCow(Cow::Owned(s.to_owned())))
+            }
+            fn visit_string<E: de::Error>(self, s: String) -> Result<KeyCow<'de>, E> {
+                Ok(KeyCow(Cow::Owned(s)))
+            }
+        }
+        d.deserialize_str(KeyCowVisitor)
     }
 }
 
@@ -466,6 +511,20 @@ mod tests {
             );
             agree(text.as_bytes())?;
         }
+    }
+
+    /// `labels_types` names are borrowed from the body; one written with escapes is read too.
+    #[test]
+    fn escaped_type_names_still_type_their_labels() {
+        let body = br#"{"task_id":"0123456789abcdef0123456789abcdef","task_name":"t","labels":{"retry_on_error":"True","n":"7"},"labels_types":{"retry_on_err\u006fr":5,"\u006e":2}}"#;
+        agree(body).unwrap();
+        let msg = TaskMessage::from_json(body).unwrap();
+        assert_eq!(msg.labels.retry_on_error(), Some(true));
+        assert_eq!(msg.labels.get("n").and_then(|v| v.as_i64()), Some(7));
+        assert!(matches!(
+            msg.labels.get("n"),
+            Some(crate::wire::LabelValue::Int(7))
+        ));
     }
 
     /// Bodies the tree reader refused as JSON wherever the fault sits: in a field the message

@@ -4,6 +4,12 @@ use ferriq::SecretUrl;
 
 use crate::{AmqpBroker, AmqpError};
 
+/// Publisher channels by default (see [`AmqpBrokerBuilder::publisher_channels`]).
+pub(crate) const DEFAULT_PUBLISHER_CHANNELS: usize = 32;
+
+/// Publisher channels opened with each connection; the rest open on demand.
+pub(crate) const EAGER_PUBLISHER_CHANNELS: usize = 4;
+
 /// Settings for an [`AmqpBroker`], built from a URL (`amqp://` or `amqps://`; `amqps` verifies
 /// the server certificate and needs this crate's `tls` feature). The password is never logged.
 ///
@@ -46,7 +52,7 @@ impl AmqpBrokerBuilder {
                 .into_iter()
                 .map(Duration::from_secs)
                 .collect(),
-            publisher_channels: 4,
+            publisher_channels: DEFAULT_PUBLISHER_CHANNELS,
             connection_name: "ferriq".into(),
             publish_to_lanes_directly: false,
         }
@@ -110,7 +116,12 @@ impl AmqpBrokerBuilder {
         self
     }
 
-    /// Confirm-mode channels for publishing, used one batch at a time (default 4).
+    /// Confirm-mode channels for publishing, 1 to 64 (default 32): each carries one batch at
+    /// a time until RabbitMQ confirms it, so this is how many enqueues (or batches) can wait
+    /// for their confirms at once. An app that enqueues tasks one at a time from many
+    /// concurrent requests gets about this many divided by the confirm time per second
+    /// (4 channels held it near 2,000 tasks/s in our benchmarks, BENCHMARKS.md). The first
+    /// four open with the connection, the rest when concurrent publishes first need them.
     pub fn publisher_channels(mut self, n: usize) -> Self {
         self.publisher_channels = n;
         self

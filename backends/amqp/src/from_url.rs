@@ -3,7 +3,8 @@
 //!
 //! Settings read: `FERRIQ_QUEUES` (lanes, comma-separated; the first is the default),
 //! `FERRIQ_AMQP_EXCHANGE` (default `taskiq`), `FERRIQ_AMQP_PREFETCH` (default: the worker's
-//! concurrency), `FERRIQ_AMQP_PUBLISH_TO_LANES_DIRECTLY` (on or off as `FERRIQ_SCHEDULER`, default off:
+//! concurrency), `FERRIQ_AMQP_PUBLISHER_CHANNELS` (1 to 64, default 32: see
+//! [`AmqpBrokerBuilder::publisher_channels`](crate::AmqpBrokerBuilder::publisher_channels)), `FERRIQ_AMQP_PUBLISH_TO_LANES_DIRECTLY` (on or off as `FERRIQ_SCHEDULER`, default off:
 //! see [`AmqpBrokerBuilder::publish_to_lanes_directly`](crate::AmqpBrokerBuilder::publish_to_lanes_directly)).
 
 use std::sync::Arc;
@@ -24,6 +25,18 @@ fn connect(options: ConnectOptions) -> ConnectFuture<Arc<dyn Broker>> {
         }
         if let Some(on) = options.flag("FERRIQ_AMQP_PUBLISH_TO_LANES_DIRECTLY")? {
             builder = builder.publish_to_lanes_directly(on);
+        }
+        if let Some(channels) = options.setting("FERRIQ_AMQP_PUBLISHER_CHANNELS") {
+            let n = channels
+                .parse::<usize>()
+                .ok()
+                .filter(|n| (1..=64).contains(n))
+                .ok_or_else(|| {
+                    ConnectError::Backend(format!(
+                        "FERRIQ_AMQP_PUBLISHER_CHANNELS={channels:?} is invalid: expected 1 to 64"
+                    ))
+                })?;
+            builder = builder.publisher_channels(n);
         }
         if let Some(prefetch) = options.setting("FERRIQ_AMQP_PREFETCH") {
             let n = prefetch.parse::<u16>().map_err(|_| {

@@ -194,8 +194,13 @@ impl Shared {
             let channel = connection.create_channel().await?;
             topology::declare(&channel, config).await?;
             let _ = channel.close(200, "topology declared".into()).await;
-            let mut publishers = Vec::with_capacity(config.publisher_channels);
-            for _ in 0..config.publisher_channels {
+            // A few now (a connection that cannot open them fails here, not on the first
+            // publish); checkout opens the rest when concurrent publishes need them.
+            let eager = config
+                .publisher_channels
+                .min(crate::config::EAGER_PUBLISHER_CHANNELS);
+            let mut publishers = Vec::with_capacity(eager);
+            for _ in 0..eager {
                 let ch = connection.create_channel().await?;
                 ch.confirm_select(ConfirmSelectOptions::default()).await?;
                 publishers.push(ch);

@@ -131,3 +131,29 @@ async fn publishing_to_lanes_directly_is_read_as_an_on_off_switch() {
         "{err}"
     );
 }
+
+#[tokio::test]
+async fn publisher_channels_are_read_and_checked() {
+    let topology = Topology::new();
+    let options = |value: &str| {
+        ConnectOptions::new(common::amqp_url()).settings([
+            ("FERRIQ_QUEUES", topology.queue.clone()),
+            ("FERRIQ_AMQP_EXCHANGE", topology.exchange.clone()),
+            ("FERRIQ_AMQP_PUBLISHER_CHANNELS", value.to_owned()),
+        ])
+    };
+    for good in ["1", "8", "64"] {
+        connect_broker_with(options(good))
+            .await
+            .unwrap_or_else(|e| panic!("{good}: {e}"));
+    }
+    for bad in ["0", "65", "many"] {
+        let err = connect_broker_with(options(bad)).await.unwrap_err();
+        assert!(
+            err.to_string().contains(&format!(
+                "FERRIQ_AMQP_PUBLISHER_CHANNELS={bad:?} is invalid: expected 1 to 64"
+            )),
+            "{err}"
+        );
+    }
+}

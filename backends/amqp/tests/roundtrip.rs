@@ -185,6 +185,48 @@ async fn an_unroutable_publish_is_an_error() {
 }
 
 #[tokio::test]
+async fn concurrent_single_publishes_open_more_channels_and_all_arrive() {
+    let topology = Topology::new();
+    // More publishes at once than the channels opened with the connection: the rest open on
+    // demand, go back to the pool, and every message is confirmed exactly once.
+    let broker = Arc::new(
+        topology
+            .builder(&common::amqp_url())
+            .publisher_channels(16)
+            .connect()
+            .await
+            .unwrap(),
+    );
+    let publishes = (0..100).map(|i| {
+        let broker = Arc::clone(&broker);
+        async move {
+            let msg = add::call(i, i).into_message().unwrap();
+            broker
+                .publish(vec![OutgoingMessage::from_message(&msg).unwrap()])
+                .await
+        }
+    });
+    for published in futures_util::future::join_all(publishes).await {
+        published.unwrap();
+    }
+    // Again, on the channels now pooled.
+    let again = (0..100).map(|i| {
+        let broker = Arc::clone(&broker);
+        async move {
+            let msg = add::call(i, i).into_message().unwrap();
+            broker
+                .publish(vec![OutgoingMessage::from_message(&msg).unwrap()])
+                .await
+        }
+    });
+    for published in futures_util::future::join_all(again).await {
+        published.unwrap();
+    }
+    assert_eq!(broker.depth().await.unwrap().ready, 200);
+    broker.close().await;
+}
+
+#[tokio::test]
 async fn depth_and_health_report_the_queue() {
     let topology = Topology::new();
     let broker = topology.broker().await;
