@@ -24,7 +24,9 @@ pub struct OutgoingMessage {
     /// The compact JSON body.
     pub body: Vec<u8>,
     /// The message's labels, which brokers that carry headers write as
-    /// [`OutgoingMessage::headers`] (the body has them too).
+    /// [`OutgoingMessage::headers`] (the body has them too). `queue`, `delay` and `priority`
+    /// were read from them when the message was built: changing a label here changes only the
+    /// headers.
     pub labels: Labels,
     /// The queue (lane) from the `queue_name` label; `None` is the broker's default queue.
     pub queue: Option<String>,
@@ -77,11 +79,15 @@ impl OutgoingMessage {
     /// assert_eq!(headers[2], ("retry_on_error", "True".to_owned()));
     /// ```
     pub fn headers(&self) -> impl Iterator<Item = (&str, Cow<'_, str>)> {
+        // A raw body ([`OutgoingMessage::raw`], no task name) names no task: its made-up id
+        // must not reach a worker as the id of an unreadable message.
+        let named = !self.task_name.is_empty();
         [
             ("task_id", Cow::Borrowed(self.task_id.as_str())),
             ("task_name", Cow::Borrowed(self.task_name.as_str())),
         ]
         .into_iter()
+        .filter(move |_| named)
         .chain(self.labels.iter().map(|(k, v)| (k, v.header_value())))
     }
 

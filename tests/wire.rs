@@ -164,6 +164,8 @@ fn outgoing_messages_carry_taskiq_aio_pika_headers() {
     // arrives with it (and no `due_at`) was delayed by its producer's broker and runs at once.
     assert_eq!(out.delay, None);
     assert_eq!(out.priority, Some(3));
+    // A raw body names no task: no made-up id in its headers.
+    assert_eq!(OutgoingMessage::raw(b"not json".to_vec()).headers().count(), 0);
 }
 
 #[test]

@@ -30,28 +30,31 @@ pub(super) struct Steady {
 /// it is due, as the requests of a busy app would enqueue them, so a slow enqueue neither
 /// lowers the rate nor holds back the next (one enqueue at a time waits for its publisher
 /// confirm, which caps a single sender far below the rates measured here). Each task's latency
-/// counts from when it was due to its result.
+/// counts from when it was due to its result; the runtime's timer wakes the sender to the
+/// millisecond, so a task may start up to ~1 ms after it was due, and that is counted too.
 pub(super) async fn steady(client: &Client, rate: f64, secs: u64) -> Steady {
     let wait = Duration::from_secs(120);
     let total = (rate * secs as f64) as u64;
     let period = Duration::from_secs_f64(1.0 / rate);
     let start = Instant::now();
     let lat = Arc::new(std::sync::Mutex::new(Vec::with_capacity(total as usize)));
-    let last_enqueued = Arc::new(std::sync::Mutex::new(Duration::ZERO));
+    // (enqueues that completed, when the last one did)
+    let enqueued = Arc::new(std::sync::Mutex::new((0u64, Duration::ZERO)));
     let mut tasks = tokio::task::JoinSet::new();
     let mut failed = Failures::default();
     for i in 0..total {
         let due = start + period.mul_f64(i as f64);
         tokio::time::sleep_until(due.into()).await;
-        let (client, lat, last_enqueued) = (client.clone(), lat.clone(), last_enqueued.clone());
+        let (client, lat, enqueued) = (client.clone(), lat.clone(), enqueued.clone());
         tasks.spawn(async move {
             let h = match noop::kiq(&client, i).await {
                 Ok(h) => h,
                 Err(e) => return Err(format!("enqueue: {e}")),
             };
             {
-                let mut last = last_enqueued.lock().unwrap();
-                *last = (*last).max(start.elapsed());
+                let mut enqueued = enqueued.lock().unwrap();
+                enqueued.0 += 1;
+                enqueued.1 = enqueued.1.max(start.elapsed());
             }
             if let Err(e) = h.wait(wait).await {
                 return Err(format!("wait: {e}"));
@@ -77,10 +80,14 @@ pub(super) async fn steady(client: &Client, rate: f64, secs: u64) -> Steady {
     }
     let mut lat_ms = std::mem::take(&mut *lat.lock().unwrap());
     lat_ms.sort_by(|a, b| a.total_cmp(b));
-    let enqueued_in = *last_enqueued.lock().unwrap();
+    let (count, enqueued_in) = *enqueued.lock().unwrap();
     Steady {
         rate,
-        enqueued_per_s: total as f64 / enqueued_in.as_secs_f64(),
+        enqueued_per_s: if count == 0 {
+            0.0
+        } else {
+            count as f64 / enqueued_in.as_secs_f64()
+        },
         lat_ms,
     }
 }

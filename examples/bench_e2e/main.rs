@@ -69,8 +69,9 @@ async fn amqp(exchange: &str, queue: &str) -> AmqpBroker {
         .queues([queue])
         .prefetch(CONCURRENCY as u16)
         .publish_to_lanes_directly(flag("--direct"));
-    if let Ok(n) = arg("--publisher-channels", "").parse() {
-        builder = builder.publisher_channels(n);
+    let channels = arg("--publisher-channels", "");
+    if !channels.is_empty() {
+        builder = builder.publisher_channels(channels.parse().expect("--publisher-channels N"));
     }
     builder.connect().await.expect("RabbitMQ")
 }

@@ -63,7 +63,7 @@ impl TaskMessage {
             .ok_or_else(|| WireError::NotJson("the top-level value is not an object".into()))?;
         let task_id = TaskId::parse(raw.task_id.required("task_id", "must be a string")?)?;
         let name_rule = "must be a non-empty string";
-        let task_name = raw.task_name.required("task_name", name_rule)?;
+        let task_name = raw.task_name.required("task_name", name_rule)?.into_owned();
         if task_name.is_empty() {
             return Err(invalid("task_name", name_rule, Some("a string")));
         }

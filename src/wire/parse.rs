@@ -72,8 +72,8 @@ pub(super) type TypePairs<'de> = Vec<(Cow<'de, str>, Value)>;
 
 /// The top-level fields of a message body.
 pub(super) struct RawMessage<'de> {
-    pub(super) task_id: Field<String>,
-    pub(super) task_name: Field<String>,
+    pub(super) task_id: Field<Cow<'de, str>>,
+    pub(super) task_name: Field<Cow<'de, str>>,
     pub(super) labels: Field<Pairs>,
     pub(super) labels_types: Field<TypePairs<'de>>,
     pub(super) args: Field<Vec<Value>>,
@@ -197,7 +197,7 @@ enum Kind {
 
 /// A field's value read as its expected type, or the name of the type it has instead.
 enum Read<'de> {
-    Str(String),
+    Str(Cow<'de, str>),
     Pairs(Pairs),
     TypePairs(TypePairs<'de>),
     Array(Vec<Value>),
@@ -207,7 +207,7 @@ enum Read<'de> {
 }
 
 impl<'de> Read<'de> {
-    fn into_str(self) -> Field<String> {
+    fn into_str(self) -> Field<Cow<'de, str>> {
         match self {
             Read::Str(s) => Field::Read(s),
             other => other.mismatch(),
@@ -265,15 +265,22 @@ impl<'de> Visitor<'de> for Of {
         f.write_str("any JSON value")
     }
 
+    fn visit_borrowed_str<E: de::Error>(self, s: &'de str) -> Result<Read<'de>, E> {
+        Ok(match self.0 {
+            // Borrowed: the id is copied once, into the `TaskId`.
+            Kind::Str => Read::Str(Cow::Borrowed(s)),
+            _ => Read::Wrong("a string"),
+        })
+    }
     fn visit_str<E: de::Error>(self, s: &str) -> Result<Read<'de>, E> {
         Ok(match self.0 {
-            Kind::Str => Read::Str(s.to_owned()),
+            Kind::Str => Read::Str(Cow::Owned(s.to_owned())),
             _ => Read::Wrong("a string"),
         })
     }
     fn visit_string<E: de::Error>(self, s: String) -> Result<Read<'de>, E> {
         Ok(match self.0 {
-            Kind::Str => Read::Str(s),
+            Kind::Str => Read::Str(Cow::Owned(s)),
             _ => Read::Wrong("a string"),
         })
     }

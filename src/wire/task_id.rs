@@ -133,7 +133,17 @@ impl Serialize for TaskId {
 
 impl<'de> Deserialize<'de> for TaskId {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = std::borrow::Cow::<str>::deserialize(d)?;
-        TaskId::parse(&*s).map_err(serde::de::Error::custom)
+        struct IdVisitor;
+        impl serde::de::Visitor<'_> for IdVisitor {
+            type Value = TaskId;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a task id string")
+            }
+            // Borrowed or not, the text is copied once: into the id.
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<TaskId, E> {
+                TaskId::parse(s).map_err(E::custom)
+            }
+        }
+        d.deserialize_str(IdVisitor)
     }
 }

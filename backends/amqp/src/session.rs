@@ -80,7 +80,8 @@ impl Session {
                 .is_none_or(|c| c.status().connected())
     }
 
-    /// A confirm-mode channel for one batch, replacing a channel the broker closed.
+    /// A confirm-mode channel for one batch: a pooled one, or a new one when none is free (the
+    /// first use of a slot past the eager channels, or after the broker closed one).
     pub(crate) async fn checkout(&self) -> Result<Publisher<'_>, lapin::Error> {
         let slot = Arc::clone(&self.publisher_slots)
             .acquire_owned()
@@ -185,7 +186,8 @@ impl Shared {
         .map_err(|e| e.to_string())
     }
 
-    /// Connects, declares the topology and opens the publisher channels.
+    /// Connects, declares the topology and opens the first publisher channels (the rest open
+    /// on demand).
     pub(crate) async fn connect_once(self: &Arc<Self>) -> Result<Arc<Session>, String> {
         let config = &self.config;
         let connection = self.open_connection("publisher").await?;
@@ -221,13 +223,23 @@ impl Shared {
                 ));
             }
         };
+        // Channels past the eager ones open on demand: never more than the server allows on
+        // one connection (0: no limit), less the one the topology was declared on, so an
+        // enqueue never fails for want of a channel it could have waited for.
+        let channel_max = usize::from(connection.configuration().channel_max());
+        let publisher_slots = match channel_max {
+            0 => config.publisher_channels,
+            max => config
+                .publisher_channels
+                .min(max.saturating_sub(1).max(publishers.len()).max(1)),
+        };
         let generation = self.generation.fetch_add(1, Ordering::SeqCst) + 1;
         let session = Arc::new(Session {
             generation,
             connection,
             consumer_connection: tokio::sync::OnceCell::new(),
             publishers: Mutex::new(publishers),
-            publisher_slots: Arc::new(Semaphore::new(config.publisher_channels)),
+            publisher_slots: Arc::new(Semaphore::new(publisher_slots)),
             dead: CancellationToken::new(),
             consuming: AtomicBool::new(false),
             consumer_channels: Mutex::new(Vec::new()),
