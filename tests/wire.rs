@@ -165,7 +165,10 @@ fn outgoing_messages_carry_taskiq_aio_pika_headers() {
     assert_eq!(out.delay, None);
     assert_eq!(out.priority, Some(3));
     // A raw body names no task: no made-up id in its headers.
-    assert_eq!(OutgoingMessage::raw(b"not json".to_vec()).headers().count(), 0);
+    assert_eq!(
+        OutgoingMessage::raw(b"not json".to_vec()).headers().count(),
+        0
+    );
 }
 
 #[test]
