@@ -8,7 +8,8 @@
 //! cargo run --release --example bench_e2e -- --broker sqs    # FERRIQ_SQS_ENDPOINT, else fauxqs
 //! cargo run --release --example bench_e2e -- --broker memory [--middlewares 3]
 //! cargo run --release --example bench_e2e -- --broker amqp --rounds 5   # 3 baselines, medians
-//! cargo run --release --example bench_e2e -- --broker amqp --steady 60   # + 60 s at 70 % load
+//! cargo run --release --example bench_e2e -- --broker amqp --steady 60   # + 60 s at 70 % load, open loop
+//! cargo run --release --example bench_e2e -- --broker amqp --steady 20 --rate 3000  # + raw open loop
 //! cargo run --release --example bench_e2e -- --broker amqp --backlog 100000 # worker RSS
 //! cargo run --release --example bench_e2e -- --broker amqp --rounds 5 --worker-threads 1
 //! cargo run --release --example bench_e2e -- --broker amqp --rounds 5 --direct
@@ -41,7 +42,7 @@ use ferriq::{Client, Registry, Shutdown, Worker};
 use ferriq_amqp::AmqpBroker;
 use ferriq_examples::cpu::{column_medians, cpu_seconds, find_process, Meter};
 use ferriq_examples::raw::{
-    raw_lapin, raw_lapin_pipelined, raw_lapin_round_trips, raw_memory, raw_sqs,
+    raw_lapin, raw_lapin_pipelined, raw_lapin_round_trips, raw_lapin_steady, raw_memory, raw_sqs,
 };
 use ferriq_examples::{amqp_url, arg, flag, peak_rss_mib, percentile, redis_url};
 use ferriq_sqs::SqsBroker;
@@ -241,6 +242,20 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
             world.stop_worker().await;
             let raw = raw_lapin(&format!("fqbench.{tag}.raw"), n, CONCURRENCY as u16).await;
             let raw_rtt = raw_lapin_round_trips(&format!("fqbench.{tag}.rtt"), lat_n).await;
+            if let Some(steady) = &figures.steady {
+                let secs = arg("--steady", "0").parse().unwrap_or(0);
+                let raw =
+                    raw_lapin_steady(&format!("fqbench.{tag}.steady"), steady.rate, secs).await;
+                let q = |x| percentile(&raw, x);
+                println!(
+                    "raw RabbitMQ open loop at the same rate ({:.0}/s, publish + confirm + deliver + ack; no store) latency p50 / p99 / p99.9 / max: {:.2} / {:.2} / {:.2} / {:.2} ms",
+                    steady.rate,
+                    q(50.0),
+                    q(99.0),
+                    q(99.9),
+                    q(100.0)
+                );
+            }
             println!(
                 "raw RabbitMQ round trip (publish, confirm, deliver, ack; no store) p50 / p99: {:.2} / {:.2} ms",
                 percentile(&raw_rtt, 50.0),

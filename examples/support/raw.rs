@@ -264,6 +264,66 @@ pub async fn raw_lapin_round_trips(queue: &str, n: usize) -> Vec<f64> {
     lat
 }
 
+/// Raw lapin under open-loop load on a fresh quorum queue: `rate` persistent messages a second
+/// for `secs`, each published and its confirm awaited by a task of its own when due (on one
+/// confirm-mode channel), while a prefetch-64 consumer acks each. Milliseconds from when each
+/// message was due to its ack, sorted: the broker's share of `bench_e2e --steady`.
+pub async fn raw_lapin_steady(queue: &str, rate: f64, secs: u64) -> Vec<f64> {
+    use lapin::options::{BasicAckOptions, BasicPublishOptions};
+    use lapin::BasicProperties;
+    let RawRig {
+        conn,
+        ch,
+        mut consumer,
+    } = RawRig::open(queue, 64).await;
+    let total = (rate * secs as f64) as u64;
+    let period = Duration::from_secs_f64(1.0 / rate);
+    let start = Instant::now();
+    let acker = tokio::spawn(async move {
+        let mut lat = Vec::with_capacity(total as usize);
+        while (lat.len() as u64) < total {
+            let Some(Ok(d)) = consumer.next().await else {
+                break;
+            };
+            // The body is the message's index: when it was due.
+            let due = std::str::from_utf8(&d.data)
+                .ok()
+                .and_then(|s| s.parse::<f64>().ok())
+                .map(|i| start + period.mul_f64(i));
+            d.ack(BasicAckOptions::default()).await.unwrap();
+            if let Some(due) = due {
+                lat.push(due.elapsed().as_secs_f64() * 1e3);
+            }
+        }
+        lat
+    });
+    let props = BasicProperties::default().with_delivery_mode(2);
+    let mut publishes = tokio::task::JoinSet::new();
+    for i in 0..total {
+        tokio::time::sleep_until((start + period.mul_f64(i as f64)).into()).await;
+        let (ch, props, queue) = (ch.clone(), props.clone(), queue.to_owned());
+        publishes.spawn(async move {
+            let confirm = ch
+                .basic_publish(
+                    "".into(),
+                    queue.as_str().into(),
+                    BasicPublishOptions::default(),
+                    i.to_string().as_bytes(),
+                    props,
+                )
+                .await
+                .unwrap();
+            assert!(confirm.await.unwrap().is_ack());
+        });
+        while publishes.try_join_next().is_some() {}
+    }
+    while publishes.join_next().await.is_some() {}
+    let mut lat = acker.await.unwrap();
+    lat.sort_by(|a, b| a.total_cmp(b));
+    remove(conn, ch, queue).await;
+    lat
+}
+
 /// The same for the memory broker: publish in batches, receive and ack.
 pub async fn raw_memory(n: u64, batch: usize) -> f64 {
     let broker = MemoryBroker::new();
