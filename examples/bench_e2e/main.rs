@@ -8,8 +8,8 @@
 //! cargo run --release --example bench_e2e -- --broker sqs    # FERRIQ_SQS_ENDPOINT, else fauxqs
 //! cargo run --release --example bench_e2e -- --broker memory [--middlewares 3]
 //! cargo run --release --example bench_e2e -- --broker amqp --rounds 5   # 3 baselines, medians
-//! cargo run --release --example bench_e2e -- --broker amqp --steady 60   # + 60 s at 70 % load, open loop
-//! cargo run --release --example bench_e2e -- --broker amqp --steady 20 --rate 3000  # + raw open loop
+//! cargo run --release --example bench_e2e -- --broker amqp --steady 60   # + 60 s at 70 % load, open loop, beside raw RabbitMQ
+//! cargo run --release --example bench_e2e -- --broker amqp --steady 20 --rate 3000  # a fixed rate
 //! cargo run --release --example bench_e2e -- --broker amqp --backlog 100000 # worker RSS
 //! cargo run --release --example bench_e2e -- --broker amqp --rounds 5 --worker-threads 1
 //! cargo run --release --example bench_e2e -- --broker amqp --rounds 5 --direct
