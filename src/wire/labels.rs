@@ -451,8 +451,8 @@ impl Labels {
 
     /// Reads `labels` and `labels_types` as taskiq writes them (a name written twice keeps
     /// its last value and its last type, as a JSON object read into a map does).
-    pub(crate) fn from_wire<K: AsRef<str>>(
-        labels: Vec<(String, Value)>,
+    pub(crate) fn from_wire<N: Into<String>, K: AsRef<str>>(
+        labels: Vec<(N, Value)>,
         types: &[(K, Value)],
     ) -> Self {
         // Messages carry a handful of labels: a scan beats building a map, but a body with
@@ -477,6 +477,7 @@ impl Labels {
         };
         let mut out = BTreeMap::new();
         for (name, raw) in labels {
+            let name = name.into();
             let code = code_of(&name);
             out.insert(name, LabelValue::from_typed(raw, code));
         }

@@ -63,19 +63,17 @@ pub(super) fn invalid(field: &'static str, what: &str, got: Option<&'static str>
     }
 }
 
-/// Label names and values in the order written.
-pub(super) type Pairs = Vec<(String, Value)>;
-
-/// `labels_types` in the order written: its names are only looked up, so they borrow from the
-/// body unless they hold escapes.
-pub(super) type TypePairs<'de> = Vec<(Cow<'de, str>, Value)>;
+/// Names and values of `labels` or `labels_types` in the order written, the names borrowed
+/// from the body unless they hold escapes (a type's name is only looked up; a label's is
+/// copied once, into its `Labels`).
+pub(super) type Pairs<'de> = Vec<(Cow<'de, str>, Value)>;
 
 /// The top-level fields of a message body.
 pub(super) struct RawMessage<'de> {
     pub(super) task_id: Field<Cow<'de, str>>,
     pub(super) task_name: Field<Cow<'de, str>>,
-    pub(super) labels: Field<Pairs>,
-    pub(super) labels_types: Field<TypePairs<'de>>,
+    pub(super) labels: Field<Pairs<'de>>,
+    pub(super) labels_types: Field<Pairs<'de>>,
     pub(super) args: Field<Vec<Value>>,
     pub(super) kwargs: Field<Map<String, Value>>,
 }
@@ -113,7 +111,7 @@ impl<'de> Visitor<'de> for TopLevel {
                 Key::TaskName => raw.task_name = map.next_value_seed(Of(Kind::Str))?.into_str(),
                 Key::Labels => raw.labels = map.next_value_seed(Of(Kind::Pairs))?.into_pairs(),
                 Key::LabelsTypes => {
-                    raw.labels_types = map.next_value_seed(Of(Kind::TypePairs))?.into_type_pairs()
+                    raw.labels_types = map.next_value_seed(Of(Kind::Pairs))?.into_pairs()
                 }
                 Key::Args => raw.args = map.next_value_seed(Of(Kind::Array))?.into_array(),
                 Key::Kwargs => raw.kwargs = map.next_value_seed(Of(Kind::Object))?.into_object(),
@@ -190,7 +188,6 @@ impl<'de> de::Deserialize<'de> for Key {
 enum Kind {
     Str,
     Pairs,
-    TypePairs,
     Array,
     Object,
 }
@@ -198,8 +195,7 @@ enum Kind {
 /// A field's value read as its expected type, or the name of the type it has instead.
 enum Read<'de> {
     Str(Cow<'de, str>),
-    Pairs(Pairs),
-    TypePairs(TypePairs<'de>),
+    Pairs(Pairs<'de>),
     Array(Vec<Value>),
     Object(Map<String, Value>),
     Null,
@@ -213,15 +209,9 @@ impl<'de> Read<'de> {
             other => other.mismatch(),
         }
     }
-    fn into_pairs(self) -> Field<Pairs> {
+    fn into_pairs(self) -> Field<Pairs<'de>> {
         match self {
             Read::Pairs(p) => Field::Read(p),
-            other => other.mismatch(),
-        }
-    }
-    fn into_type_pairs(self) -> Field<TypePairs<'de>> {
-        match self {
-            Read::TypePairs(p) => Field::Read(p),
             other => other.mismatch(),
         }
     }
@@ -242,7 +232,7 @@ impl<'de> Read<'de> {
             Read::Null => Field::Null,
             Read::Wrong(kind) => Field::Wrong(kind),
             Read::Str(_) => Field::Wrong("a string"),
-            Read::Pairs(_) | Read::TypePairs(_) | Read::Object(_) => Field::Wrong("an object"),
+            Read::Pairs(_) | Read::Object(_) => Field::Wrong("an object"),
             Read::Array(_) => Field::Wrong("an array"),
         }
     }
@@ -316,17 +306,10 @@ impl<'de> Visitor<'de> for Of {
         match self.0 {
             Kind::Pairs => {
                 let mut pairs = Vec::with_capacity(map.size_hint().unwrap_or(0).min(64));
-                while let Some(entry) = map.next_entry::<String, Value>()? {
-                    pairs.push(entry);
-                }
-                Ok(Read::Pairs(pairs))
-            }
-            Kind::TypePairs => {
-                let mut pairs = Vec::with_capacity(map.size_hint().unwrap_or(0).min(64));
                 while let Some((KeyCow(k), v)) = map.next_entry::<KeyCow<'de>, Value>()? {
                     pairs.push((k, v));
                 }
-                Ok(Read::TypePairs(pairs))
+                Ok(Read::Pairs(pairs))
             }
             Kind::Object => {
                 let mut object = Map::new();
@@ -520,13 +503,14 @@ mod tests {
         }
     }
 
-    /// `labels_types` names are borrowed from the body; one written with escapes is read too.
+    /// Label and type names are borrowed from the body; ones written with escapes are read too.
     #[test]
     fn escaped_type_names_still_type_their_labels() {
-        let body = br#"{"task_id":"0123456789abcdef0123456789abcdef","task_name":"t","labels":{"retry_on_error":"True","n":"7"},"labels_types":{"retry_on_err\u006fr":5,"\u006e":2}}"#;
+        let body = br#"{"task_id":"0123456789abcdef0123456789abcdef","task_name":"t","labels":{"retry_on_error":"True","n":"7","\u0078":"y"},"labels_types":{"retry_on_err\u006fr":5,"\u006e":2}}"#;
         agree(body).unwrap();
         let msg = TaskMessage::from_json(body).unwrap();
         assert_eq!(msg.labels.retry_on_error(), Some(true));
+        assert_eq!(msg.labels.get("x").and_then(|v| v.as_str()), Some("y"));
         assert_eq!(msg.labels.get("n").and_then(|v| v.as_i64()), Some(7));
         assert!(matches!(
             msg.labels.get("n"),

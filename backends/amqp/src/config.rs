@@ -10,6 +10,9 @@ pub(crate) const DEFAULT_PUBLISHER_CHANNELS: usize = 32;
 /// Publisher channels opened with each connection; the rest open on demand.
 pub(crate) const EAGER_PUBLISHER_CHANNELS: usize = 4;
 
+/// The publisher channels a broker may have.
+pub(crate) const PUBLISHER_CHANNELS: std::ops::RangeInclusive<usize> = 1..=64;
+
 /// Settings for an [`AmqpBroker`], built from a URL (`amqp://` or `amqps://`; `amqps` verifies
 /// the server certificate and needs this crate's `tls` feature). The password is never logged.
 ///
@@ -209,7 +212,7 @@ impl AmqpBrokerBuilder {
                 "at least one delay tier above zero is needed".into(),
             ));
         }
-        if self.publisher_channels == 0 || self.publisher_channels > 64 {
+        if !PUBLISHER_CHANNELS.contains(&self.publisher_channels) {
             return Err(AmqpError::Setting(
                 "publisher_channels must be 1 to 64".into(),
             ));

@@ -30,7 +30,7 @@ fn connect(options: ConnectOptions) -> ConnectFuture<Arc<dyn Broker>> {
             let n = channels
                 .parse::<usize>()
                 .ok()
-                .filter(|n| (1..=64).contains(n))
+                .filter(|n| crate::config::PUBLISHER_CHANNELS.contains(n))
                 .ok_or_else(|| {
                     ConnectError::Backend(format!(
                         "FERRIQ_AMQP_PUBLISHER_CHANNELS={channels:?} is invalid: expected 1 to 64"
