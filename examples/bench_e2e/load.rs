@@ -10,6 +10,9 @@ pub(super) struct Figures {
     /// CPU µs per task this process spent over the bulk run (for `--broker memory`, the
     /// whole engine: client, broker, worker and store).
     pub(super) bench_cpu_us: f64,
+    /// Tasks per second of single enqueues, [`SINGLES_IN_FLIGHT`] at a time, each awaiting
+    /// its result (`--steady` only: the maximum its load is a share of).
+    pub(super) singles_per_s: Option<f64>,
     /// Steady load (`--steady SECS`).
     pub(super) steady: Option<Steady>,
 }
@@ -23,16 +26,42 @@ pub(super) struct Steady {
     pub(super) enqueued_per_s: f64,
     /// Every task's latency from when it was due to be sent to its result, sorted.
     pub(super) lat_ms: Vec<f64>,
+    /// CPU µs per task of each metered process over the run, named.
+    pub(super) cpu_us: Vec<(&'static str, f64)>,
+    /// The share of the machine's CPU (all cores, all processes) busy over the run.
+    pub(super) busy: f64,
 }
 
-/// `--steady SECS`: after the burst, `SECS` of load at 70 % of the burst's end-to-end rate
-/// (or `--rate R` tasks/s). Open loop: each task is enqueued by a runtime task of its own when
+/// Single enqueues at most this many at a time: the maximum rate of single enqueues.
+pub(super) const SINGLES_IN_FLIGHT: usize = 256;
+
+/// The most tasks per second single enqueues reach: `n` tasks, `in_flight` senders each
+/// enqueueing one task (its own publish and confirm) and awaiting its result, then the next.
+/// Steady load enqueues one task at a time, as an app's requests do: its "70 % of the maximum"
+/// is a share of this, not of the bulk rate (batches of 1000 share a publish and a confirm
+/// round and cost the machine a fraction of the CPU per task).
+pub(super) async fn singles(client: &Client, n: u64, in_flight: usize) -> f64 {
+    let wait = Duration::from_secs(120);
+    let start = Instant::now();
+    futures_util::stream::iter(0..n)
+        .for_each_concurrent(in_flight, |i| async move {
+            let h = noop::kiq(client, i).await.expect("enqueue");
+            assert_eq!(h.wait(wait).await.expect("result"), i, "wrong result");
+        })
+        .await;
+    n as f64 / start.elapsed().as_secs_f64()
+}
+
+/// `--steady SECS`: after the burst, `SECS` of load at 70 % of the single enqueues' maximum
+/// ([`singles`]), or `--rate R` tasks/s. Open loop: each task is enqueued by a runtime task of its own when
 /// it is due, as the requests of a busy app would enqueue them, so a slow enqueue neither
 /// lowers the rate nor holds back the next (one enqueue at a time waits for its publisher
 /// confirm, which caps a single sender far below the rates measured here). Each task's latency
 /// counts from when it was due to its result; the runtime's timer wakes the sender to the
 /// millisecond, so a task may start up to ~1 ms after it was due, and that is counted too.
-pub(super) async fn steady(client: &Client, rate: f64, secs: u64) -> Steady {
+/// `--steady-csv FILE` writes every task's timing.
+pub(super) async fn steady(client: &Client, rate: f64, secs: u64, meter: &Meter) -> Steady {
+    let (cpu_before, busy) = (meter.read(), MachineBusy::start());
     let wait = Duration::from_secs(120);
     let total = (rate * secs as f64) as u64;
     let period = Duration::from_secs_f64(1.0 / rate);
@@ -51,6 +80,7 @@ pub(super) async fn steady(client: &Client, rate: f64, secs: u64) -> Steady {
                 Ok(h) => h,
                 Err(e) => return Err(format!("enqueue: {e}")),
             };
+            let enq_ms = due.elapsed().as_secs_f64() * 1000.0;
             {
                 let mut enqueued = enqueued.lock().unwrap();
                 enqueued.0 += 1;
@@ -59,9 +89,11 @@ pub(super) async fn steady(client: &Client, rate: f64, secs: u64) -> Steady {
             if let Err(e) = h.wait(wait).await {
                 return Err(format!("wait: {e}"));
             }
-            lat.lock()
-                .unwrap()
-                .push(due.elapsed().as_secs_f64() * 1000.0);
+            lat.lock().unwrap().push(Timing {
+                due_s: (due - start).as_secs_f64(),
+                enqueued_ms: enq_ms,
+                result_ms: due.elapsed().as_secs_f64() * 1000.0,
+            });
             Ok(())
         });
         // Reap finished tasks as we go.
@@ -78,10 +110,21 @@ pub(super) async fn steady(client: &Client, rate: f64, secs: u64) -> Steady {
             failed.count, failed.first
         );
     }
-    let mut lat_ms = std::mem::take(&mut *lat.lock().unwrap());
+    let mut timings = std::mem::take(&mut *lat.lock().unwrap());
+    timings.sort_by(|a, b| a.due_s.total_cmp(&b.due_s));
+    let csv = arg("--steady-csv", "");
+    if !csv.is_empty() {
+        if let Err(e) = write_csv(&csv, &timings) {
+            eprintln!("--steady-csv {csv}: {e}");
+        }
+    }
+    let mut lat_ms: Vec<f64> = timings.iter().map(|t| t.result_ms).collect();
     lat_ms.sort_by(|a, b| a.total_cmp(b));
     let (count, enqueued_in) = *enqueued.lock().unwrap();
+    let cpu_us = meter.per_task_us(&cpu_before, lat_ms.len().max(1) as u64);
     Steady {
+        cpu_us: meter.names().into_iter().zip(cpu_us).collect(),
+        busy: busy.share(),
         rate,
         enqueued_per_s: if count == 0 {
             0.0
@@ -90,6 +133,32 @@ pub(super) async fn steady(client: &Client, rate: f64, secs: u64) -> Steady {
         },
         lat_ms,
     }
+}
+
+/// When one task of a steady-load run was due and how long it took.
+struct Timing {
+    /// Seconds into the run it was due.
+    due_s: f64,
+    /// Milliseconds from due to its enqueue returning (publisher confirm included).
+    enqueued_ms: f64,
+    /// Milliseconds from due to its result at the caller.
+    result_ms: f64,
+}
+
+/// `--steady-csv FILE`: one line per task, in the order they were due, to see when a tail
+/// happened and whether the enqueue or the rest of the way held it.
+fn write_csv(path: &str, timings: &[Timing]) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut out = std::io::BufWriter::new(std::fs::File::create(path)?);
+    writeln!(out, "due_s,enqueued_ms,result_ms")?;
+    for t in timings {
+        writeln!(
+            out,
+            "{:.4},{:.3},{:.3}",
+            t.due_s, t.enqueued_ms, t.result_ms
+        )?;
+    }
+    out.flush()
 }
 
 /// Tasks of a steady-load run that got no result, and the first reason.
@@ -181,31 +250,47 @@ pub(super) async fn round_trips(client: &Client, lat_n: usize) -> Vec<f64> {
     lat_ms
 }
 
-pub(super) async fn drive(client: &Client, n: u64, lat_n: usize) -> Figures {
+/// Warm-up, the bulk, round trips and (with `--steady`) steady load; `meter` names the
+/// processes whose CPU the steady load is charged to.
+pub(super) async fn drive(client: &Client, n: u64, lat_n: usize, meter: &Meter) -> Figures {
     warm_up(client).await;
     let cpu_before = cpu_seconds(std::process::id()).unwrap_or(f64::NAN);
     let (enqueued, e2e) = bulk(client, n).await;
     let cpu_after = cpu_seconds(std::process::id()).unwrap_or(f64::NAN);
     let lat_ms = round_trips(client, lat_n).await;
-    let e2e_per_s = n as f64 / e2e.as_secs_f64();
     let steady_secs: u64 = arg("--steady", "0").parse().unwrap_or(0);
-    let steady = if steady_secs > 0 {
+    let (singles_per_s, steady) = if steady_secs > 0 {
+        let singles_per_s = singles(client, n, SINGLES_IN_FLIGHT).await;
         let rate = arg("--rate", "0")
             .parse::<f64>()
             .ok()
             .filter(|r| *r > 0.0)
-            .unwrap_or(e2e_per_s * 0.7);
-        Some(steady(client, rate, steady_secs).await)
+            .unwrap_or(singles_per_s * 0.7);
+        (
+            Some(singles_per_s),
+            Some(steady(client, rate, steady_secs, meter).await),
+        )
     } else {
-        None
+        (None, None)
     };
     Figures {
+        singles_per_s,
         steady,
         enqueue_per_s: n as f64 / enqueued.as_secs_f64(),
         e2e_per_s: n as f64 / e2e.as_secs_f64(),
         lat_ms,
         bench_cpu_us: (cpu_after - cpu_before) * 1e6 / n as f64,
     }
+}
+
+/// `name N µs, …` (processes not found are left out).
+pub(super) fn fmt_cpu(cpu_us: &[(&str, f64)]) -> String {
+    cpu_us
+        .iter()
+        .filter(|(_, us)| us.is_finite())
+        .map(|(name, us)| format!("{name} {us:.0} µs"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 pub(super) fn fmt_runs(v: &[f64]) -> String {
@@ -241,6 +326,11 @@ pub(super) fn report(figures: &Figures, raw: f64, rss: f64, what: &str, n: u64, 
         p(100.0)
     );
     println!("| worker peak RSS | {rss:.1} MiB |");
+    if let Some(singles) = figures.singles_per_s {
+        println!(
+            "| single enqueues, {SINGLES_IN_FLIGHT} at a time, each awaiting its result | {singles:.0} tasks/s |"
+        );
+    }
     if let Some(steady) = &figures.steady {
         let lat = &steady.lat_ms;
         let q = |x| percentile(lat, x);
@@ -253,6 +343,11 @@ pub(super) fn report(figures: &Figures, raw: f64, rss: f64, what: &str, n: u64, 
             q(99.0),
             q(99.9),
             q(100.0)
+        );
+        println!(
+            "| steady load: CPU per task; the machine's CPU busy | {}; {:.0} % |",
+            fmt_cpu(&steady.cpu_us),
+            steady.busy * 100.0
         );
     }
     println!(

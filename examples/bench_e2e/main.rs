@@ -8,7 +8,7 @@
 //! cargo run --release --example bench_e2e -- --broker sqs    # FERRIQ_SQS_ENDPOINT, else fauxqs
 //! cargo run --release --example bench_e2e -- --broker memory [--middlewares 3]
 //! cargo run --release --example bench_e2e -- --broker amqp --rounds 5   # 3 baselines, medians
-//! cargo run --release --example bench_e2e -- --broker amqp --steady 60   # + 60 s at 70 % load, open loop, beside raw RabbitMQ
+//! cargo run --release --example bench_e2e -- --broker amqp --steady 60   # + 60 s at 70 % of the single-enqueue max, open loop, beside raw RabbitMQ
 //! cargo run --release --example bench_e2e -- --broker amqp --steady 20 --rate 3000  # a fixed rate
 //! cargo run --release --example bench_e2e -- --broker amqp --backlog 100000 # worker RSS
 //! cargo run --release --example bench_e2e -- --broker amqp --rounds 5 --worker-threads 1
@@ -22,7 +22,12 @@
 //! `--worker-threads N` sets the worker process's tokio runtime: 1 is a current-thread
 //! runtime, more a multi-thread one with N threads; by default tokio's (a thread per core).
 //! `--rounds` also prints the CPU µs per task of each process (this one, the worker,
-//! RabbitMQ's `beam.smp`, `redis-server`) over each bulk run, read from /proc.
+//! RabbitMQ's `beam.smp`, `redis-server`) over each bulk run, read from /proc; `--steady`
+//! prints the same per task over the steady load, and how busy the whole machine was, beside
+//! the raw open loop's.
+//! `--steady-csv FILE` writes each steady-load task's timing (when it was due, its enqueue
+//! and its result, in ms from due) to FILE.
+//! `RUST_LOG=warn` (any `tracing` filter) makes both processes log to stderr.
 //!
 //! Bulk: N tasks enqueued in batches of 1000 (publisher confirms), then every result awaited.
 //! Latency: sequential round trips (enqueue one, await its result). Raw RabbitMQ: N persistent
@@ -40,7 +45,7 @@ use ferriq::broker::Broker;
 use ferriq::memory::{MemoryBroker, MemoryStore};
 use ferriq::{Client, Registry, Shutdown, Worker};
 use ferriq_amqp::AmqpBroker;
-use ferriq_examples::cpu::{column_medians, cpu_seconds, find_process, Meter};
+use ferriq_examples::cpu::{column_medians, cpu_seconds, find_process, MachineBusy, Meter};
 use ferriq_examples::raw::{
     raw_lapin, raw_lapin_pipelined, raw_lapin_round_trips, raw_lapin_steady, raw_memory, raw_sqs,
 };
@@ -53,7 +58,7 @@ mod load;
 mod modes;
 mod rounds;
 
-use load::{bulk, drive, fmt_runs, report, round_trips, warm_up, Figures};
+use load::{bulk, drive, fmt_cpu, fmt_runs, report, round_trips, warm_up, Figures};
 use modes::{compare_middlewares, memory_round, rss_run};
 use rounds::{amqp_rounds, AmqpWorld};
 
@@ -172,6 +177,14 @@ async fn worker_process(kind: String, exchange: String, queue: String, prefix: S
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // `RUST_LOG=warn` (or any filter): both processes log to stderr (the worker's stderr is
+    // the bench's).
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .init();
+    }
     // `--worker-threads N`: the worker process's runtime threads (1: a current-thread
     // runtime); tokio's default (one per core) otherwise.
     let threads: usize = arg("--worker-threads", "0").parse()?;
@@ -237,15 +250,24 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         }
         "amqp" => {
             let mut world = AmqpWorld::start(tag).await?;
-            let figures = drive(&world.client, n, lat_n).await;
+            let meter = Meter::new(vec![
+                ("producer", Some(std::process::id())),
+                ("worker", Some(world.pid)),
+                ("RabbitMQ", find_process("beam.smp")),
+                ("Redis", find_process("redis-server")),
+            ]);
+            let figures = drive(&world.client, n, lat_n, &meter).await;
             let rss = peak_rss_mib(world.pid);
             world.stop_worker().await;
             let raw = raw_lapin(&format!("fqbench.{tag}.raw"), n, CONCURRENCY as u16).await;
             let raw_rtt = raw_lapin_round_trips(&format!("fqbench.{tag}.rtt"), lat_n).await;
             if let Some(steady) = &figures.steady {
                 let secs = arg("--steady", "0").parse().unwrap_or(0);
+                let (cpu_before, busy) = (meter.read(), MachineBusy::start());
                 let raw =
                     raw_lapin_steady(&format!("fqbench.{tag}.steady"), steady.rate, secs).await;
+                let cpu_us = meter.per_task_us(&cpu_before, raw.len().max(1) as u64);
+                let busy = busy.share();
                 let q = |x| percentile(&raw, x);
                 println!(
                     "raw RabbitMQ open loop at the same rate ({:.0}/s, publish + confirm + deliver + ack; no store) latency p50 / p99 / p99.9 / max: {:.2} / {:.2} / {:.2} / {:.2} ms",
@@ -254,6 +276,14 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
                     q(99.0),
                     q(99.9),
                     q(100.0)
+                );
+                // The worker has exited: the producer's figure is raw lapin's publisher and
+                // consumer together.
+                let cpu: Vec<_> = meter.names().into_iter().zip(cpu_us).collect();
+                println!(
+                    "raw RabbitMQ open loop CPU per message: {}; the machine's CPU busy {:.0} %",
+                    fmt_cpu(&cpu).replace("producer", "raw client"),
+                    busy * 100.0
                 );
             }
             println!(
@@ -279,7 +309,12 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
                 .kill_on_drop(true)
                 .spawn()?;
             let pid = child.id().unwrap_or(0);
-            let figures = drive(&client, n, lat_n).await;
+            let meter = Meter::new(vec![
+                ("producer", Some(std::process::id())),
+                ("worker", Some(pid)),
+                ("Redis", find_process("redis-server")),
+            ]);
+            let figures = drive(&client, n, lat_n, &meter).await;
             let rss = peak_rss_mib(pid);
             drop(child.stdin.take());
             let _ = tokio::time::timeout(Duration::from_secs(30), child.wait()).await;

@@ -59,7 +59,9 @@ pub(super) async fn memory_round(
         async move { w.run(s).await }
     });
     let client = with_middlewares(Client::new(broker, store), middlewares);
-    let figures = drive(&client, n, lat_n).await;
+    // One process: the steady load's CPU is the whole engine's.
+    let meter = Meter::new(vec![("engine", Some(std::process::id()))]);
+    let figures = drive(&client, n, lat_n, &meter).await;
     shutdown.drain();
     running.await?;
     Ok(figures)

@@ -77,6 +77,52 @@ impl Meter {
     }
 }
 
+/// Busy and total CPU time of the whole machine so far, in ticks (`/proc/stat`'s first
+/// line; idle and iowait count as not busy).
+fn machine_ticks() -> Option<(f64, f64)> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let line = stat.lines().next()?.strip_prefix("cpu ")?;
+    let ticks: Vec<f64> = line
+        .split_whitespace()
+        .filter_map(|t| t.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal (guest time is already in user).
+    let total: f64 = ticks.iter().take(8).sum();
+    let idle = ticks.get(3)? + ticks.get(4).unwrap_or(&0.0);
+    Some((total - idle, total))
+}
+
+/// How busy the whole machine is over a window: every core, every process.
+///
+/// ```
+/// let busy = ferriq_examples::cpu::MachineBusy::start();
+/// let share = busy.share();
+/// assert!(share.is_nan() || (0.0..=1.0).contains(&share));
+/// ```
+pub struct MachineBusy {
+    start: Option<(f64, f64)>,
+}
+
+impl MachineBusy {
+    /// Starts the window now.
+    pub fn start() -> Self {
+        MachineBusy {
+            start: machine_ticks(),
+        }
+    }
+
+    /// The share (0–1) of all cores' time that was busy since `start`; NaN where
+    /// `/proc/stat` cannot be read or no tick has passed.
+    pub fn share(&self) -> f64 {
+        match (self.start, machine_ticks()) {
+            (Some((busy0, total0)), Some((busy1, total1))) if total1 > total0 => {
+                (busy1 - busy0) / (total1 - total0)
+            }
+            _ => f64::NAN,
+        }
+    }
+}
+
 /// The median of each column of `rows` (NaN where a column is all NaN).
 pub fn column_medians(rows: &[Vec<f64>]) -> Vec<f64> {
     let width = rows.first().map_or(0, Vec::len);

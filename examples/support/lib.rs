@@ -101,17 +101,21 @@ pub async fn delete_amqp_topology(exchange: &str, queue: &str) {
     for tier in ["1s", "5s", "30s", "2m", "10m", "1h", "6h", "24h"] {
         names.push(format!("{queue}.delay.{tier}"));
     }
+    // A channel per delete (an error closes the channel it happens on), each closed after:
+    // closing the connection over open channels makes lapin log an error for each.
     for name in names {
         if let Ok(ch) = conn.create_channel().await {
             let _ = ch
                 .queue_delete(name.as_str().into(), Default::default())
                 .await;
+            let _ = ch.close(200, "".into()).await;
         }
     }
     if let Ok(ch) = conn.create_channel().await {
         let _ = ch
             .exchange_delete(exchange.into(), Default::default())
             .await;
+        let _ = ch.close(200, "".into()).await;
     }
     let _ = conn.close(200, "".into()).await;
 }
