@@ -104,7 +104,10 @@ impl ValkeyStoreBuilder {
     }
 
     /// How often a waiter re-reads the result if no notification came (default 1 s): covers
-    /// completions announced on another process's channel or lost during a reconnect.
+    /// completions announced on another process's channel or lost during a reconnect. A wait
+    /// re-reads first after at most 100 ms (a Python worker announces nothing) — except a wait
+    /// for a task this client enqueued while completions are reaching the client, whose
+    /// completion will come too: it re-reads after this interval.
     pub fn recheck_interval(mut self, interval: Duration) -> Self {
         self.recheck_interval = interval;
         self

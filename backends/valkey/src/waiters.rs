@@ -1,6 +1,7 @@
 //! Waiters of this process, woken by completions announced on one subscriber connection.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use fred::clients::SubscriberClient;
@@ -12,7 +13,6 @@ use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinHandle;
 
 /// Task id → the waiters of that task.
-#[derive(Default)]
 pub(crate) struct Waiters {
     entries: Mutex<HashMap<String, Entry>>,
     /// Announcements that came before anyone waited, taken by the first waiter (locked only
@@ -24,6 +24,24 @@ pub(crate) struct Waiters {
     leave: Option<mpsc::UnboundedSender<(String, String)>>,
     /// Tasks this process enqueued with its reply channel, the latest ones.
     announced_here: Mutex<RecentIds>,
+    /// When the last completion message reached this process, in ms since `epoch` (0:
+    /// never): while they flow, a wait expecting one needs no quick re-read.
+    last_announcement_ms: AtomicU64,
+    epoch: std::time::Instant,
+}
+
+impl Default for Waiters {
+    fn default() -> Self {
+        Waiters {
+            entries: Mutex::default(),
+            early: Mutex::default(),
+            subscriber: None,
+            leave: None,
+            announced_here: Mutex::default(),
+            last_announcement_ms: AtomicU64::new(0),
+            epoch: std::time::Instant::now(),
+        }
+    }
 }
 
 /// The most recent ids (by a 64-bit hash), forgetting the oldest beyond a bound: memory stays
@@ -281,13 +299,29 @@ impl Waiters {
     pub(crate) fn new(subscriber: SubscriberClient) -> (Self, Leaves) {
         let (leave, leaves) = mpsc::unbounded_channel();
         let waiters = Waiters {
-            entries: Mutex::default(),
-            early: Mutex::default(),
             subscriber: Some(subscriber),
             leave: Some(leave),
-            announced_here: Mutex::default(),
+            ..Waiters::default()
         };
         (waiters, leaves)
+    }
+
+    /// Notes that a completion message reached this process now.
+    fn note_announcement(&self) {
+        // At least 1: 0 means "never".
+        let ms = (self.epoch.elapsed().as_millis() as u64).max(1);
+        self.last_announcement_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// Whether completion messages reach this process: one came within the last second.
+    /// A wait whose task's completion is announced here then re-reads only as the safety net
+    /// (`recheck_interval`), not after 100 ms: under a backlog thousands of waits are
+    /// pending, and quick re-reads of each would cost the process more CPU the longer the
+    /// backlog grew (a backlog that feeds itself). Without announcements (a Python worker
+    /// announces nowhere) the quick re-read is how its results are found.
+    pub(crate) fn announcements_flowing(&self) -> bool {
+        let last = self.last_announcement_ms.load(Ordering::Relaxed);
+        last != 0 && (self.epoch.elapsed().as_millis() as u64).saturating_sub(last) < 1000
     }
 
     /// Notes that task `id` went out with this process's reply channel: its completion is
@@ -427,10 +461,13 @@ pub(crate) fn spawn_dispatcher(
         loop {
             tokio::select! {
                 msg = messages.recv() => match msg {
-                    Ok(msg) => match msg.value.as_str() {
-                        Some(payload) => announced(&payload).for_each(|(id, result)| waiters.wake_with(id, result)),
-                        None => waiters.wake_all(),
-                    },
+                    Ok(msg) => {
+                        waiters.note_announcement();
+                        match msg.value.as_str() {
+                            Some(payload) => announced(&payload).for_each(|(id, result)| waiters.wake_with(id, result)),
+                            None => waiters.wake_all(),
+                        }
+                    }
                     Err(RecvError::Lagged(n)) => {
                         tracing::warn!(missed = n, "completion notifications lagged; re-checking every waiter");
                         waiters.wake_all();
@@ -612,6 +649,23 @@ mod tests {
         // A task not yet announced: its first wait sleeps until the announcement.
         waiters.announced_here("pending");
         assert!(waiters.first_wait_here("pending"));
+    }
+
+    #[test]
+    fn announcements_flow_only_while_they_keep_coming() {
+        let waiters = Waiters::default();
+        assert!(!waiters.announcements_flowing(), "none came yet");
+        waiters.note_announcement();
+        assert!(waiters.announcements_flowing());
+        // The last one came over a second ago.
+        let waiters = Waiters {
+            epoch: std::time::Instant::now()
+                .checked_sub(std::time::Duration::from_millis(1500))
+                .expect("the clock is past 1.5 s"),
+            last_announcement_ms: AtomicU64::new(1),
+            ..Waiters::default()
+        };
+        assert!(!waiters.announcements_flowing());
     }
 
     #[test]

@@ -478,3 +478,92 @@ async fn a_result_too_large_to_announce_is_read_back_whole() {
     assert_eq!(r, ResultStatus::Ready(large));
     fred::prelude::ClientLike::quit(&subscriber).await.unwrap();
 }
+
+#[tokio::test]
+async fn while_completions_flow_a_wait_expecting_one_rereads_only_as_the_safety_net() {
+    // Quick re-reads find what a Python worker stored (it announces nothing); while
+    // completions keep reaching this client, a wait expecting one leaves its re-read to
+    // `recheck_interval`: under a backlog thousands of waits would otherwise re-read every
+    // few hundred milliseconds, and the backlog would feed itself.
+    let recheck = Duration::from_millis(1500);
+    let store = common::store_at(&common::url(), &common::prefix(), |b| {
+        b.recheck_interval(recheck)
+    })
+    .await;
+    let raw = common::raw_client(&common::url()).await;
+    let store_silently = |id: TaskId, v: i64| {
+        let (raw, key) = (raw.clone(), store.result_key(&id));
+        async move {
+            let _: () = fred::prelude::KeysInterface::set(
+                &raw,
+                key,
+                serde_json::to_string(&ok(json!(v))).unwrap(),
+                Some(fred::prelude::Expiration::EX(600)),
+                None,
+                false,
+            )
+            .await
+            .unwrap();
+        }
+    };
+    // Nothing announced to this client yet: the first re-read (after 100 ms) finds it.
+    let quiet = TaskId::random();
+    store.reply_channel_for(&quiet).expect("a reply channel");
+    store_silently(quiet.clone(), 1).await;
+    let start = Instant::now();
+    let r = store.wait(&quiet, Duration::from_secs(30)).await.unwrap();
+    assert_eq!(r, ResultStatus::Ready(ok(json!(1))));
+    assert!(
+        start.elapsed() < Duration::from_secs(1),
+        "no announcements: found by the quick re-read, took {:?}",
+        start.elapsed()
+    );
+
+    // Completions of other tasks keep coming to this client's reply channel.
+    let channel = store.reply_channel().expect("a reply channel");
+    let flowing = tokio::spawn({
+        let (raw, channel) = (raw.clone(), channel.clone());
+        async move {
+            loop {
+                announce(&raw, &channel, &TaskId::random(), json!(0)).await;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    });
+    // One this client waits for: answered only once the dispatcher has taken it, so
+    // completions are known to flow when the next wait begins.
+    let seen = TaskId::random();
+    store.reply_channel_for(&seen).expect("a reply channel");
+    let waiting = {
+        let (store, id) = (store.clone(), seen.clone());
+        tokio::spawn(async move { store.wait(&id, Duration::from_secs(30)).await.unwrap() })
+    };
+    while !waiting.is_finished() {
+        announce(&raw, &channel, &seen, json!(2)).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(waiting.await.unwrap(), ResultStatus::Ready(ok(json!(2))));
+
+    let unannounced = TaskId::random();
+    store
+        .reply_channel_for(&unannounced)
+        .expect("a reply channel");
+    store_silently(unannounced.clone(), 3).await;
+    let start = Instant::now();
+    let r = store
+        .wait(&unannounced, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let took = start.elapsed();
+    assert_eq!(
+        r,
+        ResultStatus::Ready(ok(json!(3))),
+        "the safety net found it"
+    );
+    assert!(
+        took >= Duration::from_secs(1) && took < recheck * 3,
+        "found by the re-read at recheck_interval ({recheck:?}), not at 100 ms: took {took:?}"
+    );
+    flowing.abort();
+    fred::prelude::ClientLike::quit(&raw).await.unwrap();
+}

@@ -177,7 +177,8 @@ impl ResultStore for ValkeyStore {
         // it, or read (when `early` forgot it). (A Python worker announces nowhere: its
         // result is found by the re-read.)
         // A short wait (a poll) reads at once: it may end before any re-read.
-        let mut read_first = !self.inner.waiters.first_wait_here(id.as_str()) || timeout <= recheck;
+        let expects_announcement = self.inner.waiters.first_wait_here(id.as_str());
+        let mut read_first = !expects_announcement || timeout <= recheck;
         loop {
             // Listen before reading, so a completion in between is not missed.
             let notified = guard.notify.notified();
@@ -209,9 +210,16 @@ impl ResultStore for ValkeyStore {
             if now >= deadline {
                 return Ok(ResultStatus::Pending);
             }
+            // While completions reach this process, the one this wait expects will too: the
+            // re-read is only the safety net (see `announcements_flowing`).
+            let next_read = if expects_announcement && self.inner.waiters.announcements_flowing() {
+                self.inner.core.settings.recheck_interval.max(recheck)
+            } else {
+                recheck
+            };
             tokio::select! {
                 _ = &mut notified => {}
-                _ = tokio::time::sleep_until(deadline.min(now + recheck)) => {
+                _ = tokio::time::sleep_until(deadline.min(now + next_read)) => {
                     recheck = (recheck * 2).min(self.inner.core.settings.recheck_interval);
                     // Not for a wait about to end anyway: no subscription churn for short polls.
                     if !on_task_channel && Instant::now() + recheck < deadline {
