@@ -22,7 +22,8 @@ import statistics
 import sys
 
 HEADER = re.compile(r"^(\d+\.\d+) IP \S+\.(\d+) > \S+\.(\d+): ")
-TASK_ID = re.compile(r"[0-9a-f]{32}")
+# Not inside a longer run of hex digits (a RESP length prefix ends in digits).
+TASK_ID = re.compile(r"(?<![0-9a-f])[0-9a-f]{32}(?![0-9a-f])")
 RABBIT, REDIS = "5672", "6379"
 
 
@@ -45,7 +46,8 @@ def main():
     # task id -> the times of the packets that carried it, by where they went
     events = {}
     for t, src, dst, body in packets(sys.stdin):
-        text = "".join(body).replace("\n", "")
+        # tcpdump breaks the text at each newline byte (RESP's \r\n): kept as a separator.
+        text = " ".join(body)
         for task in set(TASK_ID.findall(text)):
             e = events.setdefault(task, {"to_redis": [], "from_redis": []})
             if dst == RABBIT:

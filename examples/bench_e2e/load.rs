@@ -30,6 +30,69 @@ pub(super) struct Steady {
     pub(super) cpu_us: Vec<(&'static str, f64)>,
     /// The share of the machine's CPU (all cores, all processes) busy over the run.
     pub(super) busy: f64,
+    /// With `--stall-worker MS`: how the run recovered from the worker's stall.
+    pub(super) stall: Option<Recovery>,
+}
+
+/// `--stall-worker MS`: the worker process is stopped (`SIGSTOP`) for MS milliseconds halfway
+/// through the steady load, as a long GC pause, a CPU-throttled pod or a stalled disk would
+/// stop it, and the run reports how long the backlog took to clear.
+pub(super) struct Recovery {
+    /// Seconds into the run the worker was stopped.
+    pub(super) at_s: f64,
+    /// For how long.
+    pub(super) for_ms: u64,
+    /// A typical second's p99 latency before the stall: the median, over each whole second
+    /// of the run before it, of that second's p99 (one bad second before the stall does not
+    /// move it).
+    pub(super) before_p99_ms: f64,
+    /// The highest latency of a task due after the stall began.
+    pub(super) peak_ms: f64,
+    /// Seconds from the stall's start to the first second of tasks (due after the stall
+    /// ended) whose p99 is back within twice `before_p99_ms` (None: not within the run).
+    pub(super) recovered_after_s: Option<f64>,
+}
+
+impl Recovery {
+    /// Reads the recovery off the run's timings (in the order they were due).
+    fn measure(at_s: f64, for_ms: u64, timings: &[Timing]) -> Recovery {
+        let p99 = |mut v: Vec<f64>| {
+            v.sort_by(|a, b| a.total_cmp(b));
+            percentile(&v, 99.0)
+        };
+        let second_p99 = |from: f64| {
+            let second: Vec<f64> = timings
+                .iter()
+                .filter(|t| t.due_s >= from && t.due_s < from + 1.0)
+                .map(|t| t.result_ms)
+                .collect();
+            (!second.is_empty()).then(|| p99(second))
+        };
+        let mut before: Vec<f64> = (0..at_s.floor() as u64)
+            .filter_map(|s| second_p99(s as f64))
+            .collect();
+        before.sort_by(|a, b| a.total_cmp(b));
+        let before_p99_ms = percentile(&before, 50.0);
+        let after: Vec<&Timing> = timings.iter().filter(|t| t.due_s >= at_s).collect();
+        let peak_ms = after.iter().map(|t| t.result_ms).fold(0.0, f64::max);
+        let last_s = after.last().map_or(at_s, |t| t.due_s);
+        let mut recovered_after_s = None;
+        let mut from = at_s + for_ms as f64 / 1000.0;
+        while from + 1.0 <= last_s {
+            if second_p99(from).is_some_and(|p| p <= 2.0 * before_p99_ms) {
+                recovered_after_s = Some(from - at_s);
+                break;
+            }
+            from += 1.0;
+        }
+        Recovery {
+            at_s,
+            for_ms,
+            before_p99_ms,
+            peak_ms,
+            recovered_after_s,
+        }
+    }
 }
 
 /// Single enqueues at most this many at a time: the maximum rate of single enqueues.
@@ -59,7 +122,8 @@ pub(super) async fn singles(client: &Client, n: u64, in_flight: usize) -> f64 {
 /// confirm, which caps a single sender far below the rates measured here). Each task's latency
 /// counts from when it was due to its result; the runtime's timer wakes the sender to the
 /// millisecond, so a task may start up to ~1 ms after it was due, and that is counted too.
-/// `--steady-csv FILE` writes every task's timing.
+/// `--steady-csv FILE` writes every task's timing; `--stall-worker MS` stops the worker
+/// process for MS ms halfway through ([`Recovery`]).
 pub(super) async fn steady(client: &Client, rate: f64, secs: u64, meter: &Meter) -> Steady {
     let (cpu_before, busy) = (meter.read(), MachineBusy::start());
     let wait = Duration::from_secs(120);
@@ -71,6 +135,23 @@ pub(super) async fn steady(client: &Client, rate: f64, secs: u64, meter: &Meter)
     let enqueued = Arc::new(std::sync::Mutex::new((0u64, Duration::ZERO)));
     let mut tasks = tokio::task::JoinSet::new();
     let mut failed = Failures::default();
+    let stall_ms: u64 = arg("--stall-worker", "0").parse().unwrap_or(0);
+    let stall_at_s = secs as f64 / 2.0;
+    let stall = match meter.pid("worker") {
+        Some(pid) if stall_ms > 0 => Some(tokio::spawn(async move {
+            tokio::time::sleep_until((start + Duration::from_secs_f64(stall_at_s)).into()).await;
+            signal(pid, "-STOP").await;
+            tokio::time::sleep(Duration::from_millis(stall_ms)).await;
+            signal(pid, "-CONT").await;
+        })),
+        None if stall_ms > 0 => {
+            eprintln!(
+                "--stall-worker: this broker's worker is not a process of its own; not stalled"
+            );
+            None
+        }
+        _ => None,
+    };
     for i in 0..total {
         let due = start + period.mul_f64(i as f64);
         tokio::time::sleep_until(due.into()).await;
@@ -104,6 +185,10 @@ pub(super) async fn steady(client: &Client, rate: f64, secs: u64, meter: &Meter)
     while let Some(done) = tasks.join_next().await {
         failed.note(done);
     }
+    let stalled = match stall {
+        Some(stall) => stall.await.is_ok(),
+        None => false,
+    };
     if failed.count > 0 {
         eprintln!(
             "steady load: {} of {total} tasks failed; first error: {}",
@@ -118,6 +203,7 @@ pub(super) async fn steady(client: &Client, rate: f64, secs: u64, meter: &Meter)
             eprintln!("--steady-csv {csv}: {e}");
         }
     }
+    let stall = stalled.then(|| Recovery::measure(stall_at_s, stall_ms, &timings));
     let mut lat_ms: Vec<f64> = timings.iter().map(|t| t.result_ms).collect();
     lat_ms.sort_by(|a, b| a.total_cmp(b));
     let (count, enqueued_in) = *enqueued.lock().unwrap();
@@ -125,6 +211,7 @@ pub(super) async fn steady(client: &Client, rate: f64, secs: u64, meter: &Meter)
     Steady {
         cpu_us: meter.names().into_iter().zip(cpu_us).collect(),
         busy: busy.share(),
+        stall,
         rate,
         enqueued_per_s: if count == 0 {
             0.0
@@ -132,6 +219,18 @@ pub(super) async fn steady(client: &Client, rate: f64, secs: u64, meter: &Meter)
             count as f64 / enqueued_in.as_secs_f64()
         },
         lat_ms,
+    }
+}
+
+/// Sends a signal to a process with `kill` (a stalled worker must resume even if this fails
+/// halfway: the `CONT` is sent whatever the `STOP` did).
+async fn signal(pid: u32, which: &str) {
+    let sent = tokio::process::Command::new("kill")
+        .args([which, &pid.to_string()])
+        .status()
+        .await;
+    if !matches!(sent, Ok(s) if s.success()) {
+        eprintln!("--stall-worker: kill {which} {pid} failed: {sent:?}");
     }
 }
 
@@ -344,6 +443,17 @@ pub(super) fn report(figures: &Figures, raw: f64, rss: f64, what: &str, n: u64, 
             q(99.9),
             q(100.0)
         );
+        if let Some(r) = &steady.stall {
+            println!(
+                "| steady load: worker stopped {} ms at {:.0} s: a second's p99 before (median) / peak after / back within 2× that after | {:.2} ms / {:.0} ms / {} |",
+                r.for_ms,
+                r.at_s,
+                r.before_p99_ms,
+                r.peak_ms,
+                r.recovered_after_s
+                    .map_or("not within the run".to_owned(), |s| format!("{s:.1} s"))
+            );
+        }
         println!(
             "| steady load: CPU per task; the machine's CPU busy | {}; {:.0} % |",
             fmt_cpu(&steady.cpu_us),

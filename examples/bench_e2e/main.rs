@@ -10,6 +10,7 @@
 //! cargo run --release --example bench_e2e -- --broker amqp --rounds 5   # 3 baselines, medians
 //! cargo run --release --example bench_e2e -- --broker amqp --steady 60   # + 60 s at 70 % of the single-enqueue max, open loop, beside raw RabbitMQ
 //! cargo run --release --example bench_e2e -- --broker amqp --steady 20 --rate 3000  # a fixed rate
+//! cargo run --release --example bench_e2e -- --broker amqp --steady 40 --rate 5000 --stall-worker 1000
 //! cargo run --release --example bench_e2e -- --broker amqp --backlog 100000 # worker RSS
 //! cargo run --release --example bench_e2e -- --broker amqp --rounds 5 --worker-threads 1
 //! cargo run --release --example bench_e2e -- --broker amqp --rounds 5 --direct
@@ -27,6 +28,8 @@
 //! the raw open loop's.
 //! `--steady-csv FILE` writes each steady-load task's timing (when it was due, its enqueue
 //! and its result, in ms from due) to FILE.
+//! `--stall-worker MS` stops the worker process (`SIGSTOP`) for MS ms halfway through the
+//! steady load and reports how long the backlog took to clear.
 //! `RUST_LOG=warn` (any `tracing` filter) makes both processes log to stderr.
 //!
 //! Bulk: N tasks enqueued in batches of 1000 (publisher confirms), then every result awaited.

@@ -54,6 +54,14 @@ impl Meter {
         Meter { processes }
     }
 
+    /// The process metered as `name`, if it was found.
+    pub fn pid(&self, name: &str) -> Option<u32> {
+        self.processes
+            .iter()
+            .find(|(n, _)| *n == name)
+            .and_then(|(_, pid)| *pid)
+    }
+
     /// The names, in order.
     pub fn names(&self) -> Vec<&'static str> {
         self.processes.iter().map(|(name, _)| *name).collect()
