@@ -48,43 +48,46 @@ pub(super) struct Recovery {
     pub(super) before_p99_ms: f64,
     /// The highest latency of a task due after the stall began.
     pub(super) peak_ms: f64,
-    /// Seconds from the stall's start to the first second of tasks (due after the stall
-    /// ended) whose p99 is back within twice `before_p99_ms` (None: not within the run).
+    /// Seconds from the stall's start to the first whole second of tasks (due after the
+    /// stall ended) whose p99 is back within twice `before_p99_ms` (None: not within the run).
     pub(super) recovered_after_s: Option<f64>,
 }
 
 impl Recovery {
     /// Reads the recovery off the run's timings (in the order they were due).
     fn measure(at_s: f64, for_ms: u64, timings: &[Timing]) -> Recovery {
-        let p99 = |mut v: Vec<f64>| {
+        // Each whole second's latencies, by when the tasks were due (one pass).
+        let mut seconds: Vec<Vec<f64>> = Vec::new();
+        for t in timings {
+            let s = t.due_s as usize;
+            if seconds.len() <= s {
+                seconds.resize_with(s + 1, Vec::new);
+            }
+            seconds[s].push(t.result_ms);
+        }
+        let p99 = |v: &mut Vec<f64>| {
             v.sort_by(|a, b| a.total_cmp(b));
-            percentile(&v, 99.0)
+            percentile(v, 99.0)
         };
-        let second_p99 = |from: f64| {
-            let second: Vec<f64> = timings
-                .iter()
-                .filter(|t| t.due_s >= from && t.due_s < from + 1.0)
-                .map(|t| t.result_ms)
-                .collect();
-            (!second.is_empty()).then(|| p99(second))
-        };
-        let mut before: Vec<f64> = (0..at_s.floor() as u64)
-            .filter_map(|s| second_p99(s as f64))
+        let mut before: Vec<f64> = seconds
+            .iter_mut()
+            .take(at_s as usize)
+            .filter(|v| !v.is_empty())
+            .map(p99)
             .collect();
         before.sort_by(|a, b| a.total_cmp(b));
         let before_p99_ms = percentile(&before, 50.0);
-        let after: Vec<&Timing> = timings.iter().filter(|t| t.due_s >= at_s).collect();
-        let peak_ms = after.iter().map(|t| t.result_ms).fold(0.0, f64::max);
-        let last_s = after.last().map_or(at_s, |t| t.due_s);
-        let mut recovered_after_s = None;
-        let mut from = at_s + for_ms as f64 / 1000.0;
-        while from + 1.0 <= last_s {
-            if second_p99(from).is_some_and(|p| p <= 2.0 * before_p99_ms) {
-                recovered_after_s = Some(from - at_s);
-                break;
-            }
-            from += 1.0;
-        }
+        let peak_ms = timings
+            .iter()
+            .filter(|t| t.due_s >= at_s)
+            .map(|t| t.result_ms)
+            .fold(0.0, f64::max);
+        // The last second may be cut short by the run's end: not counted.
+        let full = seconds.len().saturating_sub(1);
+        let first_after = (at_s + for_ms as f64 / 1000.0).ceil() as usize;
+        let recovered_after_s = (first_after..full)
+            .find(|&s| !seconds[s].is_empty() && p99(&mut seconds[s]) <= 2.0 * before_p99_ms)
+            .map(|s| s as f64 - at_s);
         Recovery {
             at_s,
             for_ms,

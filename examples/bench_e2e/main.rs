@@ -282,10 +282,21 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
                 );
                 // The worker has exited: the producer's figure is raw lapin's publisher and
                 // consumer together.
-                let cpu: Vec<_> = meter.names().into_iter().zip(cpu_us).collect();
+                let cpu: Vec<_> = meter
+                    .names()
+                    .into_iter()
+                    .map(|name| {
+                        if name == "producer" {
+                            "raw client"
+                        } else {
+                            name
+                        }
+                    })
+                    .zip(cpu_us)
+                    .collect();
                 println!(
                     "raw RabbitMQ open loop CPU per message: {}; the machine's CPU busy {:.0} %",
-                    fmt_cpu(&cpu).replace("producer", "raw client"),
+                    fmt_cpu(&cpu),
                     busy * 100.0
                 );
             }

@@ -263,18 +263,7 @@ async fn a_completion_nobody_announced_is_found_by_the_recheck() {
         raw,
         ..
     } = Parked::wait(Duration::from_millis(100)).await;
-    // Written directly, announced nowhere.
-    let json = serde_json::to_string(&ok(json!(3))).unwrap();
-    let _: () = fred::prelude::KeysInterface::set(
-        &raw,
-        store.result_key(&id),
-        json,
-        Some(fred::prelude::Expiration::EX(600)),
-        None,
-        false,
-    )
-    .await
-    .unwrap();
+    store_unannounced(&raw, &store, &id, json!(3)).await;
     let start = Instant::now();
     assert!(matches!(waiter.await.unwrap(), ResultStatus::Ready(_)));
     assert!(start.elapsed() < Duration::from_secs(2));
@@ -369,6 +358,25 @@ async fn announce(
         .unwrap();
 }
 
+/// Stores a result directly, announcing it nowhere (as a Python worker does).
+async fn store_unannounced(
+    raw: &fred::prelude::Client,
+    store: &ferriq_valkey::ValkeyStore,
+    id: &TaskId,
+    value: serde_json::Value,
+) {
+    let _: () = fred::prelude::KeysInterface::set(
+        raw,
+        store.result_key(id),
+        serde_json::to_string(&ok(value)).unwrap(),
+        Some(fred::prelude::Expiration::EX(600)),
+        None,
+        false,
+    )
+    .await
+    .unwrap();
+}
+
 #[tokio::test]
 async fn a_first_wait_that_reads_nothing_first_still_finds_an_unannounced_result() {
     // The first wait for a task this client enqueued sleeps without reading; a Python worker
@@ -381,16 +389,7 @@ async fn a_first_wait_that_reads_nothing_first_still_finds_an_unannounced_result
     let id = TaskId::random();
     store.reply_channel_for(&id).expect("a reply channel");
     let raw = common::raw_client(&common::url()).await;
-    let _: () = fred::prelude::KeysInterface::set(
-        &raw,
-        store.result_key(&id),
-        serde_json::to_string(&ok(json!(5))).unwrap(),
-        None,
-        None,
-        false,
-    )
-    .await
-    .unwrap();
+    store_unannounced(&raw, &store, &id, json!(5)).await;
     let r = tokio::time::timeout(
         Duration::from_secs(5),
         store.wait(&id, Duration::from_secs(30)),
@@ -491,25 +490,10 @@ async fn while_completions_flow_a_wait_expecting_one_rereads_only_as_the_safety_
     })
     .await;
     let raw = common::raw_client(&common::url()).await;
-    let store_silently = |id: TaskId, v: i64| {
-        let (raw, key) = (raw.clone(), store.result_key(&id));
-        async move {
-            let _: () = fred::prelude::KeysInterface::set(
-                &raw,
-                key,
-                serde_json::to_string(&ok(json!(v))).unwrap(),
-                Some(fred::prelude::Expiration::EX(600)),
-                None,
-                false,
-            )
-            .await
-            .unwrap();
-        }
-    };
     // Nothing announced to this client yet: the first re-read (after 100 ms) finds it.
     let quiet = TaskId::random();
     store.reply_channel_for(&quiet).expect("a reply channel");
-    store_silently(quiet.clone(), 1).await;
+    store_unannounced(&raw, &store, &quiet, json!(1)).await;
     let start = Instant::now();
     let r = store.wait(&quiet, Duration::from_secs(30)).await.unwrap();
     assert_eq!(r, ResultStatus::Ready(ok(json!(1))));
@@ -548,7 +532,7 @@ async fn while_completions_flow_a_wait_expecting_one_rereads_only_as_the_safety_
     store
         .reply_channel_for(&unannounced)
         .expect("a reply channel");
-    store_silently(unannounced.clone(), 3).await;
+    store_unannounced(&raw, &store, &unannounced, json!(3)).await;
     let start = Instant::now();
     let r = store
         .wait(&unannounced, Duration::from_secs(30))
