@@ -9,6 +9,12 @@
 //! Each round also measures a floor: the two keys every pair must create (the claim and the
 //! result, `SET NX PX` each, no script, no check, no publish) on a pool of the same size,
 //! unbatched: what writing those keys costs with no logic at all, for scale.
+//!
+//! Throughput on two shared cores moves by ±15 % from round to round, so each round also prints
+//! what the server itself spent per pair and per floor pair (µs, from `INFO commandstats`
+//! before and after): a figure that does not depend on how busy the client was. Then 2000 pairs
+//! one at a time, beside two bare `SET`s one at a time: the latency a lone task's claim and
+//! complete add to its round trip.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -17,6 +23,9 @@ use std::time::{Duration, Instant};
 use ferriq::store::{ClaimOutcome, ClaimStore, ResultStatus, ResultStore};
 use ferriq::wire::{TaskId, TaskResult};
 use ferriq_valkey::ValkeyStore;
+use std::collections::HashMap;
+
+use fred::cmd;
 use fred::prelude::{ClientLike, Config, Expiration, KeysInterface, Pool, SetOptions};
 
 const CONCURRENCY: usize = 64;
@@ -60,6 +69,43 @@ where
     count.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
 }
 
+/// `(calls, µs)` per command from the server's `INFO commandstats`: what the server itself
+/// spent, unaffected by how busy the client or the machine was.
+async fn commandstats(pool: &Pool) -> HashMap<String, (u64, u64)> {
+    let info: String = pool
+        .custom(cmd!("INFO"), vec!["commandstats"])
+        .await
+        .unwrap_or_default();
+    let mut stats = HashMap::new();
+    for line in info.lines() {
+        let Some((name, rest)) = line
+            .strip_prefix("cmdstat_")
+            .and_then(|l| l.split_once(':'))
+        else {
+            continue;
+        };
+        let field = |key: &str| {
+            rest.split(',')
+                .find_map(|kv| kv.strip_prefix(key))
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        stats.insert(name.to_owned(), (field("calls="), field("usec=")));
+    }
+    stats
+}
+
+/// Calls and µs of `name` between two [`commandstats`] snapshots.
+fn delta(
+    before: &HashMap<String, (u64, u64)>,
+    after: &HashMap<String, (u64, u64)>,
+    name: &str,
+) -> (u64, u64) {
+    let (c0, u0) = before.get(name).copied().unwrap_or_default();
+    let (c1, u1) = after.get(name).copied().unwrap_or_default();
+    (c1.saturating_sub(c0), u1.saturating_sub(u0))
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
@@ -99,6 +145,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         url_shown = ferriq::SecretUrl::new(url.clone()));
     let (mut pairs, mut raws, mut floors) = (Vec::new(), Vec::new(), Vec::new());
     let mut over_floor = Vec::new();
+    let (mut server_pairs, mut server_floors) = (Vec::new(), Vec::new());
     for round in 1..=rounds {
         let raw = {
             let (store, trivial) = (store.clone(), trivial.clone());
@@ -110,6 +157,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             })
             .await
         };
+        let before_pairs = commandstats(&floor_pool).await;
         let pair = {
             let (store, result, reply_to) = (store.clone(), result.clone(), reply_to.clone());
             measure(secs, move |_| {
@@ -131,6 +179,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             })
             .await
         };
+        let after_pairs = commandstats(&floor_pool).await;
         let floor = {
             let (pool, prefix) = (floor_pool.clone(), prefix.clone());
             measure(secs, move |n| {
@@ -155,12 +204,59 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             })
             .await
         };
+        let after_floor = commandstats(&floor_pool).await;
+        // Every completion flips its claim's state byte with one SETRANGE: the pairs' count.
+        let (completed, _) = delta(&before_pairs, &after_pairs, "setrange");
+        let (_, script_us) = delta(&before_pairs, &after_pairs, "evalsha");
+        let (sets, set_us) = delta(&after_pairs, &after_floor, "set");
+        let pair_us = script_us as f64 / completed.max(1) as f64;
+        let floor_us = 2.0 * set_us as f64 / sets.max(1) as f64;
+        println!("round {round}: server µs per pair {pair_us:.2} (scripts), per floor pair {floor_us:.2} (two SETs)");
+        server_pairs.push(pair_us);
+        server_floors.push(floor_us);
         println!("round {round}: raw EVALSHA {raw:>9.0}/s   claim+complete {pair:>9.0} pairs/s   ratio {:.3}   floor (2 × SET NX PX) {floor:>9.0} pairs/s   ratio {:.3}   pairs ÷ floor {:.3}", pair / raw, floor / raw, pair / floor);
         over_floor.push(pair / floor);
         raws.push(raw);
         pairs.push(pair);
         floors.push(floor);
     }
+
+    // One pair at a time: what a lone task's claim and complete add to its round trip, beside
+    // two bare SETs one at a time on the floor's pool.
+    let (mut lone_pair, mut lone_floor) = (Vec::new(), Vec::new());
+    for n in 0..2000u64 {
+        let id = TaskId::random();
+        let t = Instant::now();
+        let ClaimOutcome::Run { token, .. } = store
+            .claim(&id, "bench", Duration::from_secs(30), None)
+            .await?
+        else {
+            panic!("fresh task not runnable")
+        };
+        store
+            .complete(&id, token, Some(&result), Some(&reply_to))
+            .await?;
+        lone_pair.push(t.elapsed().as_secs_f64() * 1e6);
+        let t = Instant::now();
+        for kind in ["claim", "result"] {
+            let _: Option<String> = floor_pool
+                .set(
+                    format!("{prefix}:lone:{kind}:{n}"),
+                    "1",
+                    Some(Expiration::PX(120_000)),
+                    Some(SetOptions::NX),
+                    false,
+                )
+                .await?;
+        }
+        lone_floor.push(t.elapsed().as_secs_f64() * 1e6);
+    }
+    lone_pair.sort_by(|a, b| a.total_cmp(b));
+    lone_floor.sort_by(|a, b| a.total_cmp(b));
+    println!(
+        "one pair at a time: claim+complete p50 {:.0} µs, p99 {:.0} µs; two SETs p50 {:.0} µs, p99 {:.0} µs (n=2000)",
+        lone_pair[1000], lone_pair[1980], lone_floor[1000], lone_floor[1980]
+    );
 
     // Wake-up latency of wait(): complete, then time until the waiter returns.
     let mut wake = Vec::new();
@@ -198,6 +294,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "floor_pairs_per_s={floor:.0} floor_ratio={:.3} (two key writes, nothing else) median_pairs_over_floor={:.3} (per round)",
         floor / raw,
         median(over_floor)
+    );
+    println!(
+        "server_us_per_pair={:.2} server_us_per_floor_pair={:.2} (median per round, from INFO commandstats)",
+        median(server_pairs),
+        median(server_floors)
     );
     println!(
         "claim_complete_per_s={pair:.0} raw_evalsha_per_s={raw:.0} ratio={:.3}",
