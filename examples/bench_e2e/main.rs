@@ -263,7 +263,9 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
             let rss = peak_rss_mib(world.pid);
             world.stop_worker().await;
             let raw = raw_lapin(&format!("fqbench.{tag}.raw"), n, CONCURRENCY as u16).await;
-            let raw_rtt = raw_lapin_round_trips(&format!("fqbench.{tag}.rtt"), lat_n).await;
+            let raw_rtt = raw_lapin_round_trips(&format!("fqbench.{tag}.rtt"), lat_n, false).await;
+            let raw_rtt_apart =
+                raw_lapin_round_trips(&format!("fqbench.{tag}.rtt"), lat_n, true).await;
             if let Some(steady) = &figures.steady {
                 let secs = arg("--steady", "0").parse().unwrap_or(0);
                 let (cpu_before, busy) = (meter.read(), MachineBusy::start());
@@ -301,9 +303,11 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
                 );
             }
             println!(
-                "raw RabbitMQ round trip (publish, confirm, deliver, ack; no store) p50 / p99: {:.2} / {:.2} ms",
+                "raw RabbitMQ round trip (publish, confirm, deliver, ack; no store) p50 / p99: {:.2} / {:.2} ms; consumer on a connection of its own (as a worker is): {:.2} / {:.2} ms",
                 percentile(&raw_rtt, 50.0),
-                percentile(&raw_rtt, 99.0)
+                percentile(&raw_rtt, 99.0),
+                percentile(&raw_rtt_apart, 50.0),
+                percentile(&raw_rtt_apart, 99.0)
             );
             world.remove().await;
             (figures, raw, rss, "RabbitMQ quorum queue (confirms, persistent) + Redis claims/results, worker in its own process")

@@ -131,7 +131,8 @@ pub(super) async fn amqp_rounds(
     let lat_ms = round_trips(&world.client, lat_n).await;
     let rss = peak_rss_mib(world.pid);
     world.stop_worker().await;
-    let raw_rtt = raw_lapin_round_trips(&format!("fqbench.{tag}.rtt"), lat_n).await;
+    let raw_rtt = raw_lapin_round_trips(&format!("fqbench.{tag}.rtt"), lat_n, false).await;
+    let raw_rtt_apart = raw_lapin_round_trips(&format!("fqbench.{tag}.rtt"), lat_n, true).await;
     world.remove().await;
     let median = |v: &mut Vec<f64>| {
         v.sort_by(|a, b| a.total_cmp(b));
@@ -147,12 +148,15 @@ pub(super) async fn amqp_rounds(
             ("raw pipelined + store floor", &floor_cpu, false),
         ],
     );
+    let apart = |q| percentile(&raw_rtt_apart, q);
     println!(
-        "round trip p50 / p99: ferriq {:.2} / {:.2} ms, raw RabbitMQ (publish, confirm, deliver, ack) {:.2} / {:.2} ms",
+        "round trip p50 / p99: ferriq {:.2} / {:.2} ms, raw RabbitMQ (publish, confirm, deliver, ack) {:.2} / {:.2} ms, raw with the consumer on a connection of its own (as a worker is) {:.2} / {:.2} ms",
         p(50.0),
         p(99.0),
         raw_p(50.0),
-        raw_p(99.0)
+        raw_p(99.0),
+        apart(50.0),
+        apart(99.0)
     );
     println!(
         "median_e2e_tasks_per_s={:.0} median_ratio={:.3} min_ratio={:.3} max_ratio={:.3} median_ratio_pipelined={:.3} median_ratio_pipelined_floor={:.3} p50_ms={:.2} p99_ms={:.2} raw_rtt_p50_ms={:.2} rss_mib={rss:.1} cpu_us_per_task={:.1} raw_cpu_us_per_msg={:.1} floor_cpu_us_per_msg={:.1}",

@@ -43,10 +43,23 @@ struct RawRig {
 
 impl RawRig {
     async fn open(queue: &str, prefetch: u16) -> Self {
+        Self::open_on(queue, prefetch, None).await
+    }
+
+    /// As [`RawRig::open`], with the consumer on `consumer_conn` when given.
+    async fn open_on(
+        queue: &str,
+        prefetch: u16,
+        consumer_conn: Option<&lapin::Connection>,
+    ) -> Self {
         use lapin::options::{BasicConsumeOptions, BasicQosOptions, ConfirmSelectOptions};
         use lapin::types::FieldTable;
         let (conn, ch) = quorum_queue(queue).await;
-        let consumer_ch = conn.create_channel().await.unwrap();
+        let consumer_ch = consumer_conn
+            .unwrap_or(&conn)
+            .create_channel()
+            .await
+            .unwrap();
         consumer_ch
             .basic_qos(prefetch, BasicQosOptions::default())
             .await
@@ -229,16 +242,28 @@ async fn delete_floor_keys(pool: &fred::clients::Pool, prefix: &str, n: u64) {
 
 /// Raw lapin round trips on a fresh quorum queue: `n` times, one persistent message published
 /// and its confirm awaited, then its delivery awaited and acked. Milliseconds, sorted: the
-/// broker's share of a task's round trip, with no store.
-pub async fn raw_lapin_round_trips(queue: &str, n: usize) -> Vec<f64> {
+/// broker's share of a task's round trip, with no store. `apart`: the consumer on a connection
+/// of its own, as a producer and a worker are (RabbitMQ takes longer to hand a message from
+/// one connection to another than within one).
+pub async fn raw_lapin_round_trips(queue: &str, n: usize, apart: bool) -> Vec<f64> {
     use lapin::options::{BasicAckOptions, BasicPublishOptions};
     use lapin::BasicProperties;
+    let consumer_conn = if apart {
+        let props = lapin::ConnectionProperties::default();
+        Some(
+            lapin::Connection::connect(&amqp_url(), props)
+                .await
+                .unwrap(),
+        )
+    } else {
+        None
+    };
     // Prefetch 0: unlimited (one message is in flight at a time anyway).
     let RawRig {
         conn,
         ch,
         mut consumer,
-    } = RawRig::open(queue, 0).await;
+    } = RawRig::open_on(queue, 0, consumer_conn.as_ref()).await;
     let body = TaskMessage::new("bench.noop").to_json().unwrap();
     let props = BasicProperties::default().with_delivery_mode(2);
     let mut lat = Vec::with_capacity(n);
@@ -261,6 +286,9 @@ pub async fn raw_lapin_round_trips(queue: &str, n: usize) -> Vec<f64> {
     }
     lat.sort_by(|a, b| a.total_cmp(b));
     remove(conn, ch, queue).await;
+    if let Some(c) = consumer_conn {
+        let _ = c.close(200, "".into()).await;
+    }
     lat
 }
 
