@@ -12,15 +12,19 @@ use futures_util::StreamExt;
 
 use crate::amqp_url;
 
+/// A connection to the test RabbitMQ.
+async fn connect() -> lapin::Connection {
+    lapin::Connection::connect(&amqp_url(), lapin::ConnectionProperties::default())
+        .await
+        .unwrap()
+}
+
 /// A connection to the test RabbitMQ and a channel on it, with `queue` declared as a durable
 /// quorum queue.
 async fn quorum_queue(queue: &str) -> (lapin::Connection, lapin::Channel) {
     use lapin::options::QueueDeclareOptions;
     use lapin::types::{AMQPValue, FieldTable};
-    use lapin::{Connection, ConnectionProperties};
-    let conn = Connection::connect(&amqp_url(), ConnectionProperties::default())
-        .await
-        .unwrap();
+    let conn = connect().await;
     let ch = conn.create_channel().await.unwrap();
     let mut args = FieldTable::default();
     args.insert(
@@ -248,16 +252,7 @@ async fn delete_floor_keys(pool: &fred::clients::Pool, prefix: &str, n: u64) {
 pub async fn raw_lapin_round_trips(queue: &str, n: usize, apart: bool) -> Vec<f64> {
     use lapin::options::{BasicAckOptions, BasicPublishOptions};
     use lapin::BasicProperties;
-    let consumer_conn = if apart {
-        let props = lapin::ConnectionProperties::default();
-        Some(
-            lapin::Connection::connect(&amqp_url(), props)
-                .await
-                .unwrap(),
-        )
-    } else {
-        None
-    };
+    let consumer_conn = if apart { Some(connect().await) } else { None };
     // Prefetch 0: unlimited (one message is in flight at a time anyway).
     let RawRig {
         conn,

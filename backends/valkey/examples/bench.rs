@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ferriq::store::{ClaimOutcome, ClaimStore, ResultStatus, ResultStore};
+use ferriq::store::{ClaimOutcome, ClaimStore, ResultStatus, ResultStore, StoreError, Token};
 use ferriq::wire::{TaskId, TaskResult};
 use ferriq_valkey::ValkeyStore;
 use std::collections::HashMap;
@@ -106,6 +106,31 @@ fn delta(
     (c1.saturating_sub(c0), u1.saturating_sub(u0))
 }
 
+/// Claims a task nobody has claimed; its fencing token.
+async fn claim_fresh(store: &ValkeyStore, id: &TaskId) -> Result<Token, StoreError> {
+    match store
+        .claim(id, "bench", Duration::from_secs(30), None)
+        .await?
+    {
+        ClaimOutcome::Run { token, .. } => Ok(token),
+        other => panic!("fresh task not runnable: {other:?}"),
+    }
+}
+
+/// One bare `SET key value NX PX 120000`: what the floor writes per key.
+async fn set_nx(pool: &Pool, key: String, value: &str) -> Result<(), fred::error::Error> {
+    let _: Option<String> = pool
+        .set(
+            key,
+            value,
+            Some(Expiration::PX(120_000)),
+            Some(SetOptions::NX),
+            false,
+        )
+        .await?;
+    Ok(())
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
@@ -164,13 +189,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 let (store, result, reply_to) = (store.clone(), result.clone(), reply_to.clone());
                 async move {
                     let id = TaskId::random();
-                    let ClaimOutcome::Run { token, .. } = store
-                        .claim(&id, "bench", Duration::from_secs(30), None)
-                        .await
-                        .expect("claim")
-                    else {
-                        panic!("fresh task not runnable")
-                    };
+                    let token = claim_fresh(&store, &id).await.expect("claim");
                     store
                         .complete(&id, token, Some(&result), Some(&reply_to))
                         .await
@@ -189,16 +208,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                         ("claim", "r 1764430000000000 1764430030000000 0 0 0 bench"),
                         ("result", r#"{"is_err":false,"log":null,"return_value":1,"execution_time":0.0,"labels":{},"error":null}"#),
                     ] {
-                        let _: Option<String> = pool
-                            .set(
-                                format!("{prefix}:floor:{kind}:{n}"),
-                                value,
-                                Some(Expiration::PX(120_000)),
-                                Some(SetOptions::NX),
-                                false,
-                            )
-                            .await
-                            .expect("floor SET");
+                        set_nx(&pool, format!("{prefix}:floor:{kind}:{n}"), value).await.expect("floor SET");
                     }
                 }
             })
@@ -227,27 +237,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     for n in 0..2000u64 {
         let id = TaskId::random();
         let t = Instant::now();
-        let ClaimOutcome::Run { token, .. } = store
-            .claim(&id, "bench", Duration::from_secs(30), None)
-            .await?
-        else {
-            panic!("fresh task not runnable")
-        };
+        let token = claim_fresh(&store, &id).await?;
         store
             .complete(&id, token, Some(&result), Some(&reply_to))
             .await?;
         lone_pair.push(t.elapsed().as_secs_f64() * 1e6);
         let t = Instant::now();
         for kind in ["claim", "result"] {
-            let _: Option<String> = floor_pool
-                .set(
-                    format!("{prefix}:lone:{kind}:{n}"),
-                    "1",
-                    Some(Expiration::PX(120_000)),
-                    Some(SetOptions::NX),
-                    false,
-                )
-                .await?;
+            set_nx(&floor_pool, format!("{prefix}:lone:{kind}:{n}"), "1").await?;
         }
         lone_floor.push(t.elapsed().as_secs_f64() * 1e6);
     }
@@ -262,12 +259,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut wake = Vec::new();
     for _ in 0..200 {
         let id = TaskId::random();
-        let ClaimOutcome::Run { token, .. } = store
-            .claim(&id, "bench", Duration::from_secs(30), None)
-            .await?
-        else {
-            panic!("fresh task not runnable")
-        };
+        let token = claim_fresh(&store, &id).await?;
         let waiter = {
             let (store, id) = (store.clone(), id.clone());
             tokio::spawn(async move {
