@@ -7,6 +7,8 @@ pub(super) struct Figures {
     pub(super) enqueue_per_s: f64,
     pub(super) e2e_per_s: f64,
     pub(super) lat_ms: Vec<f64>,
+    /// What each metered process spent per sequential round trip.
+    pub(super) round_trip_cost: Vec<Cost>,
     /// CPU µs per task this process spent over the bulk run (for `--broker memory`, the
     /// whole engine: client, broker, worker and store).
     pub(super) bench_cpu_us: f64,
@@ -334,6 +336,45 @@ pub(super) async fn bulk(client: &Client, n: u64) -> (Duration, Duration) {
     (enqueued, start.elapsed())
 }
 
+/// What one process spent per task over a phase: its name, CPU µs and context switches.
+pub(super) type Cost = (&'static str, f64, f64);
+
+/// Runs `phase` of `tasks` tasks, and what each process of `meter` spent per task on it.
+pub(super) async fn metered<T>(
+    meter: &Meter,
+    tasks: usize,
+    phase: impl std::future::Future<Output = T>,
+) -> (T, Vec<Cost>) {
+    let (cpu, switches) = (meter.read(), meter.read_switches());
+    let out = phase.await;
+    let tasks = tasks.max(1) as u64;
+    let cpu = meter.per_task_us(&cpu, tasks);
+    let switches = meter.switches_per_task(&switches, tasks);
+    let names = meter.names().into_iter();
+    let cost = names
+        .zip(cpu.into_iter().zip(switches))
+        .map(|(name, (cpu, switches))| (name, cpu, switches))
+        .collect();
+    (out, cost)
+}
+
+/// `cost` with the process `from` named `to` (the bench process is the raw client when the
+/// raw baselines run).
+pub(super) fn renamed(cost: Vec<Cost>, from: &str, to: &'static str) -> Vec<Cost> {
+    cost.into_iter()
+        .map(|(name, us, switches)| (if name == from { to } else { name }, us, switches))
+        .collect()
+}
+
+/// `name N µs, S switches; …` (processes not found are left out).
+pub(super) fn fmt_cost(cost: &[Cost]) -> String {
+    cost.iter()
+        .filter(|(_, us, _)| us.is_finite())
+        .map(|(name, us, switches)| format!("{name} {us:.0} µs, {switches:.1} switches"))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
 /// `lat_n` sequential round trips (enqueue one, await its result), in ms, sorted.
 pub(super) async fn round_trips(client: &Client, lat_n: usize) -> Vec<f64> {
     let mut lat_ms = Vec::with_capacity(lat_n);
@@ -359,7 +400,7 @@ pub(super) async fn drive(client: &Client, n: u64, lat_n: usize, meter: &Meter) 
     let cpu_before = cpu_seconds(std::process::id()).unwrap_or(f64::NAN);
     let (enqueued, e2e) = bulk(client, n).await;
     let cpu_after = cpu_seconds(std::process::id()).unwrap_or(f64::NAN);
-    let lat_ms = round_trips(client, lat_n).await;
+    let (lat_ms, round_trip_cost) = metered(meter, lat_n, round_trips(client, lat_n)).await;
     let steady_secs: u64 = arg("--steady", "0").parse().unwrap_or(0);
     let (singles_per_s, steady) = if steady_secs > 0 {
         let singles_per_s = singles(client, n, SINGLES_IN_FLIGHT).await;
@@ -381,6 +422,7 @@ pub(super) async fn drive(client: &Client, n: u64, lat_n: usize, meter: &Meter) 
         enqueue_per_s: n as f64 / enqueued.as_secs_f64(),
         e2e_per_s: n as f64 / e2e.as_secs_f64(),
         lat_ms,
+        round_trip_cost,
         bench_cpu_us: (cpu_after - cpu_before) * 1e6 / n as f64,
     }
 }
@@ -426,6 +468,10 @@ pub(super) fn report(figures: &Figures, raw: f64, rss: f64, what: &str, n: u64, 
         p(90.0),
         p(99.0),
         p(100.0)
+    );
+    println!(
+        "| per sequential round trip: CPU, context switches | {} |",
+        fmt_cost(&figures.round_trip_cost)
     );
     println!("| worker peak RSS | {rss:.1} MiB |");
     if let Some(singles) = figures.singles_per_s {

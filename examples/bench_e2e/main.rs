@@ -26,6 +26,8 @@
 //! RabbitMQ's `beam.smp`, `redis-server`) over each bulk run, read from /proc; `--steady`
 //! prints the same per task over the steady load, and how busy the whole machine was, beside
 //! the raw open loop's.
+//! Every run also prints what each process spent per sequential round trip: CPU µs and
+//! context switches (summed over its threads, from /proc), beside the raw round trip's.
 //! `--steady-csv FILE` writes each steady-load task's timing (when it was due, its enqueue
 //! and its result, in ms from due) to FILE.
 //! `--stall-worker MS` stops the worker process (`SIGSTOP`) for MS ms halfway through the
@@ -61,7 +63,10 @@ mod load;
 mod modes;
 mod rounds;
 
-use load::{bulk, drive, fmt_cpu, fmt_runs, report, round_trips, warm_up, Figures};
+use load::{
+    bulk, drive, fmt_cost, fmt_cpu, fmt_runs, metered, renamed, report, round_trips, warm_up,
+    Figures,
+};
 use modes::{compare_middlewares, memory_round, rss_run};
 use rounds::{amqp_rounds, AmqpWorld};
 
@@ -264,8 +269,11 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
             world.stop_worker().await;
             let raw = raw_lapin(&format!("fqbench.{tag}.raw"), n, CONCURRENCY as u16).await;
             let raw_rtt = raw_lapin_round_trips(&format!("fqbench.{tag}.rtt"), lat_n, false).await;
-            let raw_rtt_apart =
-                raw_lapin_round_trips(&format!("fqbench.{tag}.rtt"), lat_n, true).await;
+            let rtt_queue = format!("fqbench.{tag}.rtt");
+            let raw_rtt_apart = raw_lapin_round_trips(&rtt_queue, lat_n, true);
+            // The worker has exited: the producer's figures are raw lapin's publisher and
+            // consumer together.
+            let (raw_rtt_apart, raw_rtt_cost) = metered(&meter, lat_n, raw_rtt_apart).await;
             if let Some(steady) = &figures.steady {
                 let secs = arg("--steady", "0").parse().unwrap_or(0);
                 let (cpu_before, busy) = (meter.read(), MachineBusy::start());
@@ -303,11 +311,12 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
                 );
             }
             println!(
-                "raw RabbitMQ round trip (publish, confirm, deliver, ack; no store) p50 / p99: {:.2} / {:.2} ms; consumer on a connection of its own (as a worker is): {:.2} / {:.2} ms",
+                "raw RabbitMQ round trip (publish, confirm, deliver, ack; no store) p50 / p99: {:.2} / {:.2} ms; consumer on a connection of its own (as a worker is): {:.2} / {:.2} ms, per round trip {}",
                 percentile(&raw_rtt, 50.0),
                 percentile(&raw_rtt, 99.0),
                 percentile(&raw_rtt_apart, 50.0),
-                percentile(&raw_rtt_apart, 99.0)
+                percentile(&raw_rtt_apart, 99.0),
+                fmt_cost(&renamed(raw_rtt_cost, "producer", "raw client"))
             );
             world.remove().await;
             (figures, raw, rss, "RabbitMQ quorum queue (confirms, persistent) + Redis claims/results, worker in its own process")

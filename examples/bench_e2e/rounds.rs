@@ -128,11 +128,13 @@ pub(super) async fn amqp_rounds(
         floored.push(per_s / raw_floor);
     }
     let _ = floor_pool.quit().await;
-    let lat_ms = round_trips(&world.client, lat_n).await;
+    let (lat_ms, cost) = metered(&meter, lat_n, round_trips(&world.client, lat_n)).await;
     let rss = peak_rss_mib(world.pid);
     world.stop_worker().await;
     let raw_rtt = raw_lapin_round_trips(&format!("fqbench.{tag}.rtt"), lat_n, false).await;
-    let raw_rtt_apart = raw_lapin_round_trips(&format!("fqbench.{tag}.rtt"), lat_n, true).await;
+    let rtt_queue = format!("fqbench.{tag}.rtt");
+    let raw_rtt_apart = raw_lapin_round_trips(&rtt_queue, lat_n, true);
+    let (raw_rtt_apart, raw_cost) = metered(&meter, lat_n, raw_rtt_apart).await;
     world.remove().await;
     let median = |v: &mut Vec<f64>| {
         v.sort_by(|a, b| a.total_cmp(b));
@@ -157,6 +159,11 @@ pub(super) async fn amqp_rounds(
         raw_p(99.0),
         apart(50.0),
         apart(99.0)
+    );
+    println!(
+        "per sequential round trip, CPU and context switches: ferriq {}; raw with the consumer apart {}",
+        fmt_cost(&cost),
+        fmt_cost(&renamed(raw_cost, "bench process", "raw client"))
     );
     println!(
         "median_e2e_tasks_per_s={:.0} median_ratio={:.3} min_ratio={:.3} max_ratio={:.3} median_ratio_pipelined={:.3} median_ratio_pipelined_floor={:.3} p50_ms={:.2} p99_ms={:.2} raw_rtt_p50_ms={:.2} rss_mib={rss:.1} cpu_us_per_task={:.1} raw_cpu_us_per_msg={:.1} floor_cpu_us_per_msg={:.1}",

@@ -34,6 +34,33 @@ pub fn cpu_seconds(pid: u32) -> Option<f64> {
     Some((utime + stime) / TICKS_PER_SEC)
 }
 
+/// Context switches the threads of a process have made so far, voluntary and involuntary
+/// (summed over `/proc/<pid>/task/*/status`, so threads that already exited are not
+/// counted); `None` once it is gone. Each is a thread going to sleep or being preempted: on a
+/// small virtual machine waking a sleeping thread costs tens of µs, which is most of what a
+/// lone task's round trip spends outside the broker.
+///
+/// ```
+/// let switches = ferriq_examples::cpu::context_switches(std::process::id());
+/// assert!(switches.is_some());
+/// ```
+pub fn context_switches(pid: u32) -> Option<u64> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    let mut total = 0;
+    for task in tasks.flatten() {
+        // A thread may exit between the listing and the read: it then counts as gone.
+        let Ok(status) = std::fs::read_to_string(task.path().join("status")) else {
+            continue;
+        };
+        total += status
+            .lines()
+            .filter(|l| l.contains("ctxt_switches:"))
+            .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+            .sum::<u64>();
+    }
+    Some(total)
+}
+
 /// Named processes whose CPU a benchmark phase is charged to.
 ///
 /// ```
@@ -81,6 +108,27 @@ impl Meter {
             .iter()
             .zip(before)
             .map(|(after, before)| (after - before) * 1e6 / tasks as f64)
+            .collect()
+    }
+
+    /// Each process's [`context_switches`] so far (NaN: not found).
+    pub fn read_switches(&self) -> Vec<f64> {
+        self.processes
+            .iter()
+            .map(|(_, pid)| {
+                pid.and_then(context_switches)
+                    .map_or(f64::NAN, |n| n as f64)
+            })
+            .collect()
+    }
+
+    /// Context switches per task each process made since `before` (from
+    /// [`read_switches`](Meter::read_switches)), over `tasks` tasks.
+    pub fn switches_per_task(&self, before: &[f64], tasks: u64) -> Vec<f64> {
+        self.read_switches()
+            .iter()
+            .zip(before)
+            .map(|(after, before)| (after - before) / tasks as f64)
             .collect()
     }
 }
