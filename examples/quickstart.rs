@@ -19,8 +19,9 @@ struct Inventory {
     calls: AtomicU32,
 }
 
-/// A flaky task: its first attempt fails with a retryable error, the retry succeeds.
-#[ferriq::task(name = "quickstart.reserve", max_attempts = 3, backoff_initial = 0.2)]
+/// A flaky task: its first attempt fails with a retryable error, the retry (1 s later)
+/// succeeds. A retry never waits less than the worker's `min_defer` (1 s by default).
+#[ferriq::task(name = "quickstart.reserve", max_attempts = 3, backoff_initial = 1.0)]
 async fn reserve(
     ctx: TaskContext,
     stock: State<Inventory>,
@@ -38,12 +39,7 @@ async fn reserve(
 }
 
 /// A task that takes longer than its timeout on every attempt.
-#[ferriq::task(
-    name = "quickstart.slow_report",
-    timeout = 0.3,
-    max_attempts = 2,
-    backoff_initial = 0.1
-)]
+#[ferriq::task(name = "quickstart.slow_report", timeout = 0.3, max_attempts = 2)]
 async fn slow_report(pages: u32) -> u32 {
     tokio::time::sleep(Duration::from_secs(10)).await;
     pages
