@@ -548,6 +548,17 @@ async fn while_completions_flow_a_wait_expecting_one_rereads_only_as_the_safety_
         took >= Duration::from_secs(1) && took < recheck * 3,
         "found by the re-read at recheck_interval ({recheck:?}), not at 100 ms: took {took:?}"
     );
+
+    // A wait shorter than `recheck_interval` whose announcement never comes still reads once
+    // at its deadline: it returns what was stored, late, not Pending.
+    let short = TaskId::random();
+    store.reply_channel_for(&short).expect("a reply channel");
+    store_unannounced(&raw, &store, &short, json!(4)).await;
+    let timeout = Duration::from_millis(700);
+    let start = Instant::now();
+    let r = store.wait(&short, timeout).await.unwrap();
+    assert_eq!(r, ResultStatus::Ready(ok(json!(4))), "read at the deadline");
+    assert!(start.elapsed() < timeout + Duration::from_secs(1));
     flowing.abort();
     fred::prelude::ClientLike::quit(&raw).await.unwrap();
 }
