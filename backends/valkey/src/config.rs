@@ -38,6 +38,10 @@ pub struct ValkeyStoreBuilder {
 /// The claim TTL unless results are kept longer: past SQS's 14-day retention.
 const DEFAULT_CLAIM_TTL: Duration = Duration::from_secs(15 * 24 * 3600);
 
+/// The longest claim (and result) TTL: far past any broker's retention, and far from the
+/// numbers a server's Lua (doubles, 64-bit `%d`) can no longer add exactly.
+const MAX_TTL: Duration = Duration::from_secs(10 * 365 * 86_400);
+
 impl ValkeyStoreBuilder {
     pub(crate) fn new(url: impl Into<SecretUrl>) -> Self {
         ValkeyStoreBuilder {
@@ -79,15 +83,15 @@ impl ValkeyStoreBuilder {
         self
     }
 
-    /// How long results are kept (default 7 days; `None` keeps them until deleted). Unless
-    /// [`claim_ttl`](Self::claim_ttl) is set, claims are then kept a day longer than results
-    /// (and never less than 15 days).
+    /// How long results are kept (default 7 days, at most 10 years; `None` keeps them until
+    /// deleted). Unless [`claim_ttl`](Self::claim_ttl) is set, claims are then kept a day
+    /// longer than results (never less than 15 days, never more than 10 years).
     pub fn result_ttl(mut self, ttl: Option<Duration>) -> Self {
         self.result_ttl = ttl;
         if !self.claim_ttl_set {
             let day = Duration::from_secs(24 * 3600);
             self.claim_ttl = ttl.map_or(DEFAULT_CLAIM_TTL, |t| {
-                DEFAULT_CLAIM_TTL.max(t.saturating_add(day))
+                DEFAULT_CLAIM_TTL.max(t.saturating_add(day)).min(MAX_TTL)
             });
         }
         self
@@ -145,9 +149,10 @@ impl ValkeyStoreBuilder {
             ));
         }
         if let Some(ttl) = self.result_ttl {
-            if ttl < Duration::from_secs(1) {
+            if ttl < Duration::from_secs(1) || ttl > MAX_TTL {
                 return Err(ValkeyError::Setting(
-                    "result_ttl must be at least 1 s".into(),
+                    "result_ttl must be between 1 s and 10 years (None keeps results until deleted)"
+                        .into(),
                 ));
             }
             if self.claim_ttl < ttl {
@@ -157,10 +162,7 @@ impl ValkeyStoreBuilder {
                 )));
             }
         }
-        // Ten years: far past any broker's retention, and far from the numbers a server's Lua
-        // (doubles, 64-bit `%d`) can no longer add exactly.
-        let ten_years = Duration::from_secs(10 * 365 * 86_400);
-        if self.claim_ttl < Duration::from_secs(60) || self.claim_ttl > ten_years {
+        if self.claim_ttl < Duration::from_secs(60) || self.claim_ttl > MAX_TTL {
             return Err(ValkeyError::Setting(
                 "claim_ttl must be between 60 s and 10 years".into(),
             ));
@@ -250,6 +252,20 @@ mod tests {
             .result_ttl(Some(DAY * 30));
         let e = b.validate().unwrap_err().to_string();
         assert!(e.contains("raise claim_ttl"), "{e}");
+    }
+
+    #[test]
+    fn results_kept_up_to_ten_years_need_no_claim_ttl_and_longer_is_refused_as_result_ttl() {
+        // Before, a day over the result TTL took the claim TTL it derived past its own bound:
+        // refused as "claim_ttl must be between 60 s and 10 years", a setting never made.
+        for ttl in [MAX_TTL - DAY / 2, MAX_TTL] {
+            let b = ValkeyStore::builder("redis://127.0.0.1:6379").result_ttl(Some(ttl));
+            assert_eq!(b.claim_ttl, MAX_TTL);
+            assert!(b.validate().is_ok(), "{ttl:?}");
+        }
+        let b = ValkeyStore::builder("redis://127.0.0.1:6379").result_ttl(Some(MAX_TTL + DAY));
+        let e = b.validate().unwrap_err().to_string();
+        assert!(e.contains("result_ttl must be between"), "{e}");
     }
 
     #[test]
