@@ -292,6 +292,17 @@ pub(crate) fn vhost_as_pika_reads_it(url: &str) -> String {
 /// split into several frames, as they are at any size.
 pub(crate) const FRAME_MAX: u32 = 32 * 1024;
 
+/// How many publisher channels a connection may have: the configured number, never more than
+/// the server allows on one connection (`channel_max`, 0: no limit; one kept spare), and at
+/// least one. Channels past the eager ones open on demand, so an enqueue waits for a free
+/// channel instead of failing to open one past the server's limit.
+pub(crate) fn publisher_slots(configured: usize, channel_max: u16) -> usize {
+    match usize::from(channel_max) {
+        0 => configured,
+        max => configured.min(max.saturating_sub(1).max(1)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -330,5 +341,14 @@ mod tests {
         assert_eq!(b.tier_for(s(30 * 86_400)), (s(86_400), None));
         let short = Duration::from_millis(300);
         assert_eq!(b.tier_for(short), (s(1), Some(short)));
+    }
+
+    #[test]
+    fn publisher_channels_stay_below_the_servers_channel_max() {
+        assert_eq!(publisher_slots(32, 0), 32, "0: the server sets no limit");
+        assert_eq!(publisher_slots(32, 2047), 32);
+        assert_eq!(publisher_slots(32, 16), 15, "one channel kept spare");
+        assert_eq!(publisher_slots(32, 2), 1);
+        assert_eq!(publisher_slots(32, 1), 1, "never none");
     }
 }

@@ -223,13 +223,10 @@ impl Shared {
                 ));
             }
         };
-        // Channels past the eager ones open on demand: never more than the server allows on
-        // one connection (0: no limit; one kept spare), so an enqueue waits for a free channel
-        // instead of failing to open one.
-        let publisher_slots = match usize::from(connection.configuration().channel_max()) {
-            0 => config.publisher_channels,
-            max => config.publisher_channels.min(max.saturating_sub(1).max(1)),
-        };
+        let publisher_slots = crate::config::publisher_slots(
+            config.publisher_channels,
+            connection.configuration().channel_max(),
+        );
         let generation = self.generation.fetch_add(1, Ordering::SeqCst) + 1;
         let session = Arc::new(Session {
             generation,
