@@ -268,8 +268,8 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
             let rss = peak_rss_mib(world.pid);
             world.stop_worker().await;
             let raw = raw_lapin(&format!("fqbench.{tag}.raw"), n, CONCURRENCY as u16).await;
-            let raw_rtt = raw_lapin_round_trips(&format!("fqbench.{tag}.rtt"), lat_n, false).await;
             let rtt_queue = format!("fqbench.{tag}.rtt");
+            let raw_rtt = raw_lapin_round_trips(&rtt_queue, lat_n, false).await;
             let raw_rtt_apart = raw_lapin_round_trips(&rtt_queue, lat_n, true);
             // The worker has exited: the producer's figures are raw lapin's publisher and
             // consumer together.

@@ -131,8 +131,8 @@ pub(super) async fn amqp_rounds(
     let (lat_ms, cost) = metered(&meter, lat_n, round_trips(&world.client, lat_n)).await;
     let rss = peak_rss_mib(world.pid);
     world.stop_worker().await;
-    let raw_rtt = raw_lapin_round_trips(&format!("fqbench.{tag}.rtt"), lat_n, false).await;
     let rtt_queue = format!("fqbench.{tag}.rtt");
+    let raw_rtt = raw_lapin_round_trips(&rtt_queue, lat_n, false).await;
     let raw_rtt_apart = raw_lapin_round_trips(&rtt_queue, lat_n, true);
     let (raw_rtt_apart, raw_cost) = metered(&meter, lat_n, raw_rtt_apart).await;
     world.remove().await;
