@@ -358,11 +358,19 @@ pub(super) async fn metered<T>(
     (out, cost)
 }
 
-/// `cost` with the process `from` named `to` (the bench process is the raw client when the
-/// raw baselines run).
-pub(super) fn renamed(cost: Vec<Cost>, from: &str, to: &'static str) -> Vec<Cost> {
+/// The name of the bench process while the raw baselines run: then it is raw lapin's
+/// publisher and consumer together (the worker has exited). Other names stay.
+pub(super) fn raw_client_name(name: &'static str) -> &'static str {
+    match name {
+        "producer" | "bench process" => "raw client",
+        other => other,
+    }
+}
+
+/// `cost` of a raw baseline, the bench process named as its raw client.
+pub(super) fn as_raw_client(cost: Vec<Cost>) -> Vec<Cost> {
     cost.into_iter()
-        .map(|(name, us, switches)| (if name == from { to } else { name }, us, switches))
+        .map(|(name, us, switches)| (raw_client_name(name), us, switches))
         .collect()
 }
 

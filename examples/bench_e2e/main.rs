@@ -64,8 +64,8 @@ mod modes;
 mod rounds;
 
 use load::{
-    bulk, drive, fmt_cost, fmt_cpu, fmt_runs, metered, renamed, report, round_trips, warm_up,
-    Figures,
+    as_raw_client, bulk, drive, fmt_cost, fmt_cpu, fmt_runs, metered, raw_client_name, report,
+    round_trips, warm_up, Figures,
 };
 use modes::{compare_middlewares, memory_round, rss_run};
 use rounds::{amqp_rounds, AmqpWorld};
@@ -271,8 +271,6 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
             let rtt_queue = format!("fqbench.{tag}.rtt");
             let raw_rtt = raw_lapin_round_trips(&rtt_queue, lat_n, false).await;
             let raw_rtt_apart = raw_lapin_round_trips(&rtt_queue, lat_n, true);
-            // The worker has exited: the producer's figures are raw lapin's publisher and
-            // consumer together.
             let (raw_rtt_apart, raw_rtt_cost) = metered(&meter, lat_n, raw_rtt_apart).await;
             if let Some(steady) = &figures.steady {
                 let secs = arg("--steady", "0").parse().unwrap_or(0);
@@ -290,18 +288,10 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
                     q(99.9),
                     q(100.0)
                 );
-                // The worker has exited: the producer's figure is raw lapin's publisher and
-                // consumer together.
                 let cpu: Vec<_> = meter
                     .names()
                     .into_iter()
-                    .map(|name| {
-                        if name == "producer" {
-                            "raw client"
-                        } else {
-                            name
-                        }
-                    })
+                    .map(raw_client_name)
                     .zip(cpu_us)
                     .collect();
                 println!(
@@ -316,7 +306,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
                 percentile(&raw_rtt, 99.0),
                 percentile(&raw_rtt_apart, 50.0),
                 percentile(&raw_rtt_apart, 99.0),
-                fmt_cost(&renamed(raw_rtt_cost, "producer", "raw client"))
+                fmt_cost(&as_raw_client(raw_rtt_cost))
             );
             world.remove().await;
             (figures, raw, rss, "RabbitMQ quorum queue (confirms, persistent) + Redis claims/results, worker in its own process")

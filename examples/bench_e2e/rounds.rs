@@ -163,7 +163,7 @@ pub(super) async fn amqp_rounds(
     println!(
         "per sequential round trip, CPU and context switches: ferriq {}; raw with the consumer apart {}",
         fmt_cost(&cost),
-        fmt_cost(&renamed(raw_cost, "bench process", "raw client"))
+        fmt_cost(&as_raw_client(raw_cost))
     );
     println!(
         "median_e2e_tasks_per_s={:.0} median_ratio={:.3} min_ratio={:.3} max_ratio={:.3} median_ratio_pipelined={:.3} median_ratio_pipelined_floor={:.3} p50_ms={:.2} p99_ms={:.2} raw_rtt_p50_ms={:.2} rss_mib={rss:.1} cpu_us_per_task={:.1} raw_cpu_us_per_msg={:.1} floor_cpu_us_per_msg={:.1}",

@@ -104,11 +104,7 @@ impl Meter {
 
     /// CPU µs per task each process spent since `before`, over `tasks` tasks.
     pub fn per_task_us(&self, before: &[f64], tasks: u64) -> Vec<f64> {
-        self.read()
-            .iter()
-            .zip(before)
-            .map(|(after, before)| (after - before) * 1e6 / tasks as f64)
-            .collect()
+        per_task(self.read(), before, 1e6 / tasks as f64)
     }
 
     /// Each process's [`context_switches`] so far (NaN: not found).
@@ -125,12 +121,17 @@ impl Meter {
     /// Context switches per task each process made since `before` (from
     /// [`read_switches`](Meter::read_switches)), over `tasks` tasks.
     pub fn switches_per_task(&self, before: &[f64], tasks: u64) -> Vec<f64> {
-        self.read_switches()
-            .iter()
-            .zip(before)
-            .map(|(after, before)| (after - before) / tasks as f64)
-            .collect()
+        per_task(self.read_switches(), before, 1.0 / tasks as f64)
     }
+}
+
+/// Each process's growth from `before` to `after`, times `scale`.
+fn per_task(after: Vec<f64>, before: &[f64], scale: f64) -> Vec<f64> {
+    after
+        .iter()
+        .zip(before)
+        .map(|(after, before)| (after - before) * scale)
+        .collect()
 }
 
 /// Busy and total CPU time of the whole machine so far, in ticks (`/proc/stat`'s first

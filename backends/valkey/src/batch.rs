@@ -3,8 +3,8 @@
 //! While a batch is on the wire, new calls queue up; the next batch takes all of them (up to a
 //! limit). Under load this turns many round trips into few, which is what the server spends most
 //! of its time on. A lone call (no batch on the wire, nothing queued) goes out from its
-//! caller's own task: handing it to the batching task and back would cost two wake-ups of other threads,
-//! tens of µs each, on every task's claim and complete.
+//! caller's own task: handing it to the batching task and back would cost two wake-ups of
+//! other threads, tens of µs each, on every task's claim and complete.
 
 use std::future::Future;
 use std::pin::Pin;
