@@ -76,6 +76,21 @@ async fn a_worker_from_the_environment_needs_its_urls() {
 }
 
 #[test]
+fn a_number_out_of_range_is_refused_with_the_range() {
+    for (name, value, range) in [
+        ("FERRIQ_CONCURRENCY", "0", "from 1 to 100000"),
+        ("FERRIQ_CONCURRENCY", "ten", "from 1 to 100000"),
+        ("FERRIQ_MAX_PAYLOAD_BYTES", "100", "from 1024 to 1073741824"),
+        ("FERRIQ_LEASE_SECS", "0.1", "from 0.3 to 86400"),
+        ("FERRIQ_GRACE_SECS", "-1", "from 0 to 86400"),
+    ] {
+        let err = WorkerConfig::from_vars([(name, value)]).expect_err(name);
+        let text = err.to_string();
+        assert!(text.contains(name) && text.contains(range), "{text}");
+    }
+}
+
+#[test]
 fn settings_never_show_urls_or_secrets_in_debug() {
     let config = WorkerConfig::from_vars([
         ("FERRIQ_BROKER_URL", "amqp://app:s3cret@rabbit/%2f"),

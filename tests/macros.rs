@@ -84,6 +84,43 @@ async fn context_state_and_result_aliases_work_on_a_worker() {
     w.stop().await;
 }
 
+#[ferriq::task(name = "macros.unstored", store_result = false)]
+async fn unstored() -> u8 {
+    1
+}
+
+/// A task that stores no result reads as finished, and a wait for it says why no value comes
+/// instead of "may still be running".
+#[tokio::test]
+async fn a_task_without_a_stored_result_reads_as_finished_and_its_wait_says_so() {
+    use ferriq::{TaskStatus, WaitError};
+    let env = TestEnv::new();
+    let registry = Registry::from_inventory()
+        .unwrap()
+        .only(&[unstored::NAME])
+        .unwrap();
+    let w = env.spawn_worker(env.worker().registry(registry));
+    let handle = unstored::kiq(&env.client).await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match handle.status().await.unwrap() {
+            TaskStatus::FinishedWithoutResult => break,
+            other => assert!(
+                tokio::time::Instant::now() < deadline,
+                "still {other:?} after 10 s"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    match handle.wait(Duration::from_millis(20)).await {
+        Err(e @ WaitError::NoResult { .. }) => {
+            assert!(e.to_string().contains("store_result = false"), "{e}")
+        }
+        other => panic!("{other:?}"),
+    }
+    w.stop().await;
+}
+
 #[test]
 fn a_worker_refuses_to_start_without_the_state_its_tasks_take() {
     let env = TestEnv::new();

@@ -23,7 +23,7 @@ Examples:
   ferriq dlq list --reason retries_exhausted
   ferriq dlq redrive --reason retries_exhausted --older-than 10m
   ferriq dlq purge --task reports.render --yes
-  ferriq task status 0b6c4f1e-7a7e-4c1a-9f55-2f4d2f6a0c11";
+  ferriq task status 0b6c4f1e7a7e4c1a9f552f4d2f6a0c11";
 
 /// Operate ferriq: queues, workers, dead letters and tasks.
 #[derive(Debug, Parser)]
@@ -134,7 +134,8 @@ pub(crate) enum TaskCommand {
         /// The task id.
         id: String,
     },
-    /// The stored result: the return value, or the error (exit 3 while there is none).
+    /// The stored result: the return value, or the error (exit 3 while there is none, 1 when
+    /// the task failed).
     Result {
         /// The task id.
         id: String,

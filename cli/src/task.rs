@@ -19,6 +19,7 @@ fn status_name(status: &TaskStatus) -> &'static str {
         TaskStatus::Started { .. } => "started",
         TaskStatus::Succeeded => "succeeded",
         TaskStatus::Failed(_) => "failed",
+        TaskStatus::FinishedWithoutResult => "finished without a stored result",
         _ => "unknown",
     }
 }
@@ -115,10 +116,12 @@ async fn status(client: &Client, out: &Output, id: &TaskId) -> Result<(), Failur
 async fn result(client: &Client, out: &Output, id: &TaskId) -> Result<(), Failure> {
     let info = client.ops().task(id).await?;
     let Some(r) = info.result else {
-        return Err(Failure::NotFound(format!(
-            "task {id} has no result yet ({})",
-            status_name(&info.status)
-        )));
+        return Err(Failure::NotFound(match info.status {
+            TaskStatus::FinishedWithoutResult => format!(
+                "task {id} finished without a stored result (store_result = false, or it expired)"
+            ),
+            other => format!("task {id} has no result yet ({})", status_name(&other)),
+        }));
     };
     if out.json {
         out.json(&result_json(&r));
@@ -135,6 +138,10 @@ async fn result(client: &Client, out: &Output, id: &TaskId) -> Result<(), Failur
             "{}",
             serde_json::to_string_pretty(&r.return_value).unwrap_or_default()
         );
+    }
+    // A script must tell a failed task from a value by the exit code, not by parsing.
+    if r.is_err {
+        return Err(Failure::Failed(format!("task {id} failed")));
     }
     Ok(())
 }

@@ -239,6 +239,10 @@ async fn dead_letters_are_listed_shown_redriven_and_purged_from_the_command_line
     let failed = fatal_handles[0].task_id().to_string();
     let status = setup.json(&["task", "status", &failed]).await;
     assert_eq!(status["status"], "failed");
+    // A failed task's result is shown, and the exit code tells a script it failed.
+    let out = setup.run(&["task", "result", &failed], None).await;
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(text(&out).0.starts_with("error: "), "{out:?}");
 
     // `dlq purge --task` with `--yes`: exactly those.
     let purged = setup

@@ -30,6 +30,9 @@ pub enum TaskStatus {
     Succeeded,
     /// Finished with an error.
     Failed(TaskFailure),
+    /// Finished, but no result is stored: its task does not store results
+    /// (`store_result = false`), or the result outlived its TTL.
+    FinishedWithoutResult,
 }
 
 /// A handle on one enqueued task, typed by its output.
@@ -75,6 +78,15 @@ impl<T: DeserializeOwned> TaskHandle<T> {
     }
 
     async fn timed_out(&self, waited: Duration) -> WaitError {
+        // A finished task whose result is not stored never gives one: say so rather than
+        // "may still be running" (a store error here leaves the plain timeout).
+        if let Ok(Some(c)) = self.store.claim_info(&self.task_id).await {
+            if c.state == ClaimState::Done {
+                return WaitError::NoResult {
+                    task_id: self.task_id.clone(),
+                };
+            }
+        }
         let Some((broker, queue)) = &self.sent_to else {
             return WaitError::TimedOut(waited);
         };
@@ -88,8 +100,8 @@ impl<T: DeserializeOwned> TaskHandle<T> {
         }
     }
 
-    /// The status now, without waiting: finished, started (with the worker and start time)
-    /// or pending.
+    /// The status now, without waiting: finished (with or without a stored result), started
+    /// (with the worker and start time) or pending.
     pub async fn status(&self) -> Result<TaskStatus, StoreError> {
         if let ResultStatus::Ready(r) = self.store.get(&self.task_id).await? {
             return Ok(match r.failure_details() {
@@ -102,6 +114,7 @@ impl<T: DeserializeOwned> TaskHandle<T> {
                 worker: c.holder,
                 started_at_ms: c.started_at_ms,
             },
+            Some(c) if c.state == ClaimState::Done => TaskStatus::FinishedWithoutResult,
             _ => TaskStatus::Pending,
         })
     }

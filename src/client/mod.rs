@@ -76,6 +76,16 @@ pub enum WaitError {
         /// How long the caller waited.
         waited: Duration,
     },
+    /// The task finished but has no stored result: its task does not store results
+    /// (`store_result = false`), or the result outlived its TTL. Waiting longer will not help.
+    #[error(
+        "task {task_id} finished but has no stored result: its task has store_result = false, \
+         or the result expired (FERRIQ_RESULT_TTL_SECS)"
+    )]
+    NoResult {
+        /// The task.
+        task_id: TaskId,
+    },
     /// The task failed; its error is here.
     #[error(transparent)]
     Failed(#[from] TaskFailure),

@@ -19,6 +19,16 @@ pub enum ConfigError {
         /// What is expected.
         reason: &'static str,
     },
+    /// A numeric environment variable that does not parse or is out of its range.
+    #[error("environment variable {name}={value:?} is invalid: expected {expected}")]
+    InvalidNumber {
+        /// The variable.
+        name: &'static str,
+        /// Its value.
+        value: String,
+        /// What is expected, with the range.
+        expected: String,
+    },
     /// A required environment variable is not set.
     #[error("environment variable {0} is not set")]
     Missing(&'static str),
@@ -236,10 +246,10 @@ impl WorkerConfig {
 fn parse_num(name: &'static str, value: &str, min: u64, max: u64) -> Result<u64, ConfigError> {
     match value.trim().parse::<u64>() {
         Ok(n) if (min..=max).contains(&n) => Ok(n),
-        _ => Err(ConfigError::InvalidVar {
+        _ => Err(ConfigError::InvalidNumber {
             name,
             value: value.to_owned(),
-            reason: "expected a whole number in the allowed range",
+            expected: format!("a whole number from {min} to {max}"),
         }),
     }
 }
@@ -247,10 +257,10 @@ fn parse_num(name: &'static str, value: &str, min: u64, max: u64) -> Result<u64,
 fn parse_secs(name: &'static str, value: &str, min: f64) -> Result<Duration, ConfigError> {
     match value.trim().parse::<f64>() {
         Ok(s) if s.is_finite() && s >= min && s <= 86_400.0 => Ok(Duration::from_secs_f64(s)),
-        _ => Err(ConfigError::InvalidVar {
+        _ => Err(ConfigError::InvalidNumber {
             name,
             value: value.to_owned(),
-            reason: "expected seconds (a number up to 86400, not below the minimum)",
+            expected: format!("seconds, a number from {min} to 86400"),
         }),
     }
 }

@@ -5,7 +5,10 @@
 //! `FERRIQ_AMQP_EXCHANGE` (default `taskiq`), `FERRIQ_AMQP_PREFETCH` (default: the worker's
 //! concurrency), `FERRIQ_AMQP_PUBLISHER_CHANNELS` (1 to 64, default 32: see
 //! [`AmqpBrokerBuilder::publisher_channels`](crate::AmqpBrokerBuilder::publisher_channels)), `FERRIQ_AMQP_PUBLISH_TO_LANES_DIRECTLY` (on or off as `FERRIQ_SCHEDULER`, default off:
-//! see [`AmqpBrokerBuilder::publish_to_lanes_directly`](crate::AmqpBrokerBuilder::publish_to_lanes_directly)).
+//! see [`AmqpBrokerBuilder::publish_to_lanes_directly`](crate::AmqpBrokerBuilder::publish_to_lanes_directly)),
+//! `FERRIQ_AMQP_DELIVERY_LIMIT` (the lanes' `x-delivery-limit`, 1 or more, default none: see
+//! [`AmqpBrokerBuilder::delivery_limit`](crate::AmqpBrokerBuilder::delivery_limit); every
+//! process declaring a lane must use the same value, or RabbitMQ refuses the declare).
 
 use std::sync::Arc;
 
@@ -46,6 +49,9 @@ fn connect(options: ConnectOptions) -> ConnectFuture<Arc<dyn Broker>> {
             })?;
             builder = builder.prefetch(n);
         }
+        if let Some(limit) = options.setting("FERRIQ_AMQP_DELIVERY_LIMIT") {
+            builder = builder.delivery_limit(Some(delivery_limit(&limit)?));
+        }
         let broker = builder
             .connect()
             .await
@@ -54,7 +60,37 @@ fn connect(options: ConnectOptions) -> ConnectFuture<Arc<dyn Broker>> {
     })
 }
 
+/// The lanes' `x-delivery-limit` from its setting.
+fn delivery_limit(setting: &str) -> Result<u32, ConnectError> {
+    setting
+        .trim()
+        .parse::<u32>()
+        .ok()
+        .filter(|n| *n >= 1)
+        .ok_or_else(|| {
+            ConnectError::Backend(format!(
+                "FERRIQ_AMQP_DELIVERY_LIMIT={setting:?} is invalid: expected a whole number of \
+                 deliveries, 1 or more (unset it for no limit)"
+            ))
+        })
+}
+
 ferriq::inventory::submit!(BrokerConnector {
     schemes: &["amqp", "amqps"],
     connect,
 });
+
+#[cfg(test)]
+mod tests {
+    use super::delivery_limit;
+
+    #[test]
+    fn a_delivery_limit_is_a_positive_whole_number() {
+        assert_eq!(delivery_limit("50").unwrap(), 50);
+        assert_eq!(delivery_limit(" 7 ").unwrap(), 7);
+        for bad in ["0", "-1", "ten", "", "1.5"] {
+            let e = delivery_limit(bad).unwrap_err().to_string();
+            assert!(e.contains("FERRIQ_AMQP_DELIVERY_LIMIT"), "{e}");
+        }
+    }
+}

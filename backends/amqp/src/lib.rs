@@ -49,9 +49,9 @@
 //!   outlives the timeout fails instead of looping. Raise `consumer_timeout` for long tasks.
 //! - The lane's `x-delivery-limit` backstop is off by default, because taskiq-aio-pika declares
 //!   the queue without it and RabbitMQ refuses a declare with different arguments. Set
-//!   [`AmqpBrokerBuilder::delivery_limit`] for queues only ferriq declares, or set it for shared
-//!   queues with a policy (`rabbitmqctl set_policy … '{"delivery-limit":50}'`), which does not
-//!   conflict. ferriq's own attempt limit lives in the claim store either way.
+//!   [`AmqpBrokerBuilder::delivery_limit`] (or `FERRIQ_AMQP_DELIVERY_LIMIT`) for queues only
+//!   ferriq declares, or set it for shared queues with a policy
+//!   (`rabbitmqctl set_policy … '{"delivery-limit":50}'`), which does not conflict. ferriq's own attempt limit lives in the claim store either way.
 
 mod acks;
 mod broker;
