@@ -2,8 +2,10 @@
 //!
 //! ```text
 //! cargo run --example sqs        # on the fauxqs emulator (scripts/sqs-emulator.sh starts it)
-//! FERRIQ_SQS_ENDPOINT=http://127.0.0.1:4566 cargo run --example sqs
+//! FERRIQ_SQS_ENDPOINT=$(bash scripts/sqs-emulator.sh | tail -n1) cargo run --example sqs
 //! ```
+//!
+//! Claims and results go to Redis/Valkey on 127.0.0.1:6379.
 //!
 //! On AWS, a worker pod is configured by its environment instead:
 //! `FERRIQ_BROKER_URL=sqs://jobs?region=eu-west-1 FERRIQ_STORE_URL=rediss://…` and the usual

@@ -83,11 +83,14 @@ fn a_number_out_of_range_is_refused_with_the_range() {
         ("FERRIQ_MAX_PAYLOAD_BYTES", "100", "from 1024 to 1073741824"),
         ("FERRIQ_LEASE_SECS", "0.1", "from 0.3 to 86400"),
         ("FERRIQ_GRACE_SECS", "-1", "from 0 to 86400"),
+        ("FERRIQ_MAX_TAKEOVERS", "0", "from 1 to 1000"),
     ] {
         let err = WorkerConfig::from_vars([(name, value)]).expect_err(name);
         let text = err.to_string();
         assert!(text.contains(name) && text.contains(range), "{text}");
     }
+    let config = WorkerConfig::from_vars([("FERRIQ_MAX_TAKEOVERS", "20")]).unwrap();
+    assert_eq!(config.max_takeovers, 20);
 }
 
 #[test]

@@ -84,7 +84,8 @@ pub struct WorkerConfig {
     pub max_pending_results: usize,
     /// Runs of one task that ended without finishing — their worker crashed or stalled past
     /// its lease, or the broker took the delivery back mid-run — before the task is failed
-    /// (`RetriesExhausted`) instead of run again: ends crash loops (default 5).
+    /// (`RetriesExhausted`) instead of run again: ends crash loops (default 5,
+    /// `FERRIQ_MAX_TAKEOVERS`).
     pub max_takeovers: u32,
     /// The broker URL (`FERRIQ_BROKER_URL`: `memory://`, `amqp://…`, `sqs://…`); read by the
     /// backend that connects, never logged whole.
@@ -172,6 +173,9 @@ impl WorkerConfig {
                 }
                 "FERRIQ_LEASE_SECS" => c.lease = parse_secs("FERRIQ_LEASE_SECS", value, 0.3)?,
                 "FERRIQ_GRACE_SECS" => c.grace = parse_secs("FERRIQ_GRACE_SECS", value, 0.0)?,
+                "FERRIQ_MAX_TAKEOVERS" => {
+                    c.max_takeovers = parse_num("FERRIQ_MAX_TAKEOVERS", value, 1, 1000)? as u32
+                }
                 "FERRIQ_MAX_UNROUTABLE_RECEIVES" => {
                     c.max_unroutable_receives =
                         parse_num("FERRIQ_MAX_UNROUTABLE_RECEIVES", value, 1, 1000)? as u32

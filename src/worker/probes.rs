@@ -37,7 +37,7 @@ impl Worker {
     /// Serves the worker's probes on `addr` until the returned server is dropped:
     ///
     /// - `GET /livez`: 200 while the process answers;
-    /// - `GET /readyz`: 200 when the broker is healthy, else 503 with the reason;
+    /// - `GET /readyz`: 200 when the broker and the store both answer, else 503 with the reason;
     /// - `GET /metrics`: Prometheus text: deliveries by outcome, runs started, runs in
     ///   flight, a run-duration histogram and the queue depth (the autoscaling signal).
     ///

@@ -38,7 +38,11 @@
 //!   authority.
 //! - **FIFO queues**: `MessageGroupId` from the `group_id` label (taskiq-aio-sqs's) or the task
 //!   name, `MessageDeduplicationId` the task id. FIFO queues take no per-message delay and
-//!   releases always change the visibility.
+//!   releases always change the visibility. So on a FIFO queue a delayed, deferred or
+//!   backing-off task holds its group (by default every task of its name) until it runs, and
+//!   a wait longer than 12 hours costs one receive per 12 hours against `maxReceiveCount`:
+//!   give tasks their own `group_id` label when order within a name does not matter, and use a
+//!   standard queue for long delays.
 //!
 //! ## Connecting
 //!
@@ -61,7 +65,7 @@
 //!
 //! ## Operating notes
 //! - Every lane needs a dead-letter queue: ferriq parks poison there rather than delete it.
-//!   Give the source queue a RedrivePolicy with `maxReceiveCount` of at least 10: it is a
+//!   Give the source queue a RedrivePolicy with `maxReceiveCount` of at least 50: it is a
 //!   backstop for crash loops, ferriq counts attempts in its claim store.
 //! - The queue's `VisibilityTimeout` matters little: each receive asks for the worker's lease,
 //!   and heartbeats extend it every third of that.

@@ -59,12 +59,13 @@ impl Queue {
         }
         let policy = attributes.get(&QueueAttributeName::RedrivePolicy);
         if let Some(limit) = policy.and_then(|p| json_field(p, "maxReceiveCount")) {
-            if limit.parse::<u32>().is_ok_and(|n| n < 10) {
+            if limit.parse::<u32>().is_ok_and(|n| n < 50) {
                 tracing::warn!(
                     queue = %resolved.name,
                     max_receive_count = %limit,
-                    "the queue's maxReceiveCount is below 10: SQS may park messages that were \
-                     only deferred (ferriq counts attempts itself; keep the backstop high)"
+                    "the queue's maxReceiveCount is below 50: SQS may park messages that were \
+                     only deferred or whose receiver crashed, without a result (ferriq counts \
+                     attempts itself; keep the backstop high)"
                 );
             }
         }
