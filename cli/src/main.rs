@@ -81,6 +81,10 @@ async fn connect(cli: &Cli) -> Result<Client, Failure> {
     if let Some(queues) = &cli.queues {
         settings.insert("FERRIQ_QUEUES", queues.clone());
     }
+    // Looking at a deployment must not change it: a mistyped lane is an error, not new queues.
+    if settings.get("FERRIQ_AMQP_DECLARE_TOPOLOGY").is_none() {
+        settings.insert("FERRIQ_AMQP_DECLARE_TOPOLOGY", "0".to_owned());
+    }
     if settings.get("FERRIQ_BROKER_URL").is_none() {
         return Err(Failure::Usage(
             "no broker: pass --broker URL or set FERRIQ_BROKER_URL (amqp://…, sqs://…)".into(),

@@ -68,6 +68,8 @@ async fn help_is_complete_and_mistakes_exit_with_two() {
         let out = setup.run(sub, None).await;
         assert!(out.status.success(), "{sub:?}");
     }
+    // The command checks these after connecting, and only connects to lanes that exist.
+    let _client = setup.client().await;
     // A redrive must say which dead letters.
     let out = setup.run(&["dlq", "redrive"], None).await;
     assert_eq!(out.status.code(), Some(2), "{:?}", text(&out));
@@ -106,6 +108,36 @@ async fn a_refused_connection_exits_with_one_and_names_what_to_check_without_the
     let (_, err) = text(&out);
     assert!(err.contains("check the URL"), "{err}");
     assert!(!err.contains("s3cret-pass"), "the password leaked: {err}");
+}
+
+/// Looking at a deployment does not change it: a lane or exchange nobody declared is an error
+/// naming it, and no queue is created for it.
+#[tokio::test]
+async fn a_lane_nobody_declared_is_named_and_not_created() {
+    let setup = Setup::new();
+    let out = setup.run(&["queues"], None).await;
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let (_, err) = text(&out);
+    assert!(err.contains(&setup.exchange), "{err}");
+
+    let _client = setup.client().await; // declares the exchange and the lane
+    let typo = format!("{}.typo", setup.lane);
+    let out = setup.run(&["--queues", &typo, "queues"], None).await;
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let (_, err) = text(&out);
+    assert!(err.contains(&typo) && err.contains("--queues"), "{err}");
+    let conn = lapin::Connection::connect(&common::amqp_url(), Default::default())
+        .await
+        .unwrap();
+    let channel = conn.create_channel().await.unwrap();
+    let passive = lapin::options::QueueDeclareOptions::default().passive();
+    let found = channel
+        .queue_declare(typo.as_str().into(), passive, Default::default())
+        .await;
+    assert!(found.is_err(), "the mistyped lane was created");
+    // The declared lane is listed as before.
+    let lanes = setup.json(&["queues"]).await;
+    assert_eq!(lanes[0]["name"], setup.lane.as_str(), "{lanes}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -38,6 +38,7 @@ pub struct AmqpBrokerBuilder {
     pub(crate) publisher_channels: usize,
     pub(crate) connection_name: String,
     pub(crate) publish_to_lanes_directly: bool,
+    pub(crate) declare_topology: bool,
 }
 
 impl AmqpBrokerBuilder {
@@ -58,6 +59,7 @@ impl AmqpBrokerBuilder {
             publisher_channels: DEFAULT_PUBLISHER_CHANNELS,
             connection_name: "ferriq".into(),
             publish_to_lanes_directly: false,
+            declare_topology: true,
         }
     }
 
@@ -98,6 +100,20 @@ impl AmqpBrokerBuilder {
     /// Longest wait for a publish to be confirmed, reconnects included (default 30 s).
     pub fn publish_timeout(mut self, timeout: Duration) -> Self {
         self.publish_timeout = timeout;
+        self
+    }
+
+    /// Whether connecting declares the exchange and the lanes' queues (default `true`: every
+    /// worker and client can start first). With `false` it only checks that the exchange and
+    /// the lanes exist, and fails naming the missing one: for tools that inspect a deployment
+    /// (the `ferriq` command), where a mistyped lane must not create queues.
+    ///
+    /// ```
+    /// let builder = ferriq_amqp::AmqpBroker::builder("amqp://127.0.0.1:5672/%2f")
+    ///     .declare_topology(false);
+    /// ```
+    pub fn declare_topology(mut self, declare: bool) -> Self {
+        self.declare_topology = declare;
         self
     }
 

@@ -8,7 +8,9 @@
 //! see [`AmqpBrokerBuilder::publish_to_lanes_directly`](crate::AmqpBrokerBuilder::publish_to_lanes_directly)),
 //! `FERRIQ_AMQP_DELIVERY_LIMIT` (the lanes' `x-delivery-limit`, 1 or more, default none: see
 //! [`AmqpBrokerBuilder::delivery_limit`](crate::AmqpBrokerBuilder::delivery_limit); every
-//! process declaring a lane must use the same value, or RabbitMQ refuses the declare).
+//! process declaring a lane must use the same value, or RabbitMQ refuses the declare),
+//! `FERRIQ_AMQP_DECLARE_TOPOLOGY` (on or off, default on: see
+//! [`AmqpBrokerBuilder::declare_topology`](crate::AmqpBrokerBuilder::declare_topology)).
 
 use std::sync::Arc;
 
@@ -49,8 +51,11 @@ fn connect(options: ConnectOptions) -> ConnectFuture<Arc<dyn Broker>> {
             })?;
             builder = builder.prefetch(n);
         }
+        if let Some(on) = options.flag("FERRIQ_AMQP_DECLARE_TOPOLOGY")? {
+            builder = builder.declare_topology(on);
+        }
         if let Some(limit) = options.setting("FERRIQ_AMQP_DELIVERY_LIMIT") {
-            builder = builder.delivery_limit(Some(delivery_limit(&limit)?));
+            builder = builder.delivery_limit(Some(delivery_limit(limit)?));
         }
         let broker = builder
             .connect()

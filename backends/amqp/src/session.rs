@@ -193,7 +193,10 @@ impl Shared {
         let connection = self.open_connection("publisher").await?;
         let events = connection.events_listener();
         let setup = async {
-            let channel = connection.create_channel().await?;
+            let channel = connection
+                .create_channel()
+                .await
+                .map_err(|e| format!("opening a channel failed: {e}"))?;
             topology::declare(&channel, config).await?;
             let _ = channel.close(200, "topology declared".into()).await;
             // A few now (a connection that cannot open them fails here, not on the first
@@ -203,17 +206,23 @@ impl Shared {
                 .min(crate::config::EAGER_PUBLISHER_CHANNELS);
             let mut publishers = Vec::with_capacity(eager);
             for _ in 0..eager {
-                let ch = connection.create_channel().await?;
-                ch.confirm_select(ConfirmSelectOptions::default()).await?;
+                let opened = async {
+                    let ch = connection.create_channel().await?;
+                    ch.confirm_select(ConfirmSelectOptions::default()).await?;
+                    Ok::<_, lapin::Error>(ch)
+                };
+                let ch = opened
+                    .await
+                    .map_err(|e| format!("opening the publisher channels failed: {e}"))?;
                 publishers.push(ch);
             }
-            Ok::<_, lapin::Error>(publishers)
+            Ok::<_, String>(publishers)
         };
         let publishers = match tokio::time::timeout(config.connect_timeout, setup).await {
             Ok(Ok(p)) => p,
             Ok(Err(e)) => {
                 let _ = connection.close(200, "setup failed".into()).await;
-                return Err(format!("declaring the topology failed: {e}"));
+                return Err(e);
             }
             Err(_) => {
                 let _ = connection.close(200, "setup timed out".into()).await;

@@ -33,11 +33,58 @@ pub(crate) fn lane_arguments(config: &AmqpBrokerBuilder, queue: &str) -> FieldTa
     args
 }
 
-/// Declares everything; safe to run on every connect and from several processes.
-pub(crate) async fn declare(
-    channel: &Channel,
-    config: &AmqpBrokerBuilder,
-) -> Result<(), lapin::Error> {
+/// Declares everything; safe to run on every connect and from several processes. Without
+/// [`AmqpBrokerBuilder::declare_topology`] it only checks that the exchange and lanes exist.
+pub(crate) async fn declare(channel: &Channel, config: &AmqpBrokerBuilder) -> Result<(), String> {
+    if !config.declare_topology {
+        return check(channel, config).await;
+    }
+    declare_all(channel, config)
+        .await
+        .map_err(|e| format!("declaring the topology failed: {e}"))
+}
+
+/// Passive declares of the exchange and each lane: a missing one is named (RabbitMQ closes the
+/// channel on the first, so one is checked at a time and the check stops there).
+async fn check(channel: &Channel, config: &AmqpBrokerBuilder) -> Result<(), String> {
+    channel
+        .exchange_declare(
+            short(&config.exchange),
+            ExchangeKind::Topic,
+            ExchangeDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .map_err(|e| {
+            format!(
+                "exchange {:?} is not on the broker ({e}): check the exchange name \
+                 (FERRIQ_AMQP_EXCHANGE); workers and clients declare it when they connect",
+                config.exchange
+            )
+        })?;
+    for queue in &config.queues {
+        channel
+            .queue_declare(
+                short(queue),
+                QueueDeclareOptions::default().passive(),
+                FieldTable::default(),
+            )
+            .await
+            .map_err(|e| {
+                format!(
+                    "lane {queue:?} is not on the broker ({e}): check the lane names \
+                     (--queues / FERRIQ_QUEUES); workers and clients declare their lanes when \
+                     they connect"
+                )
+            })?;
+    }
+    Ok(())
+}
+
+async fn declare_all(channel: &Channel, config: &AmqpBrokerBuilder) -> Result<(), lapin::Error> {
     channel
         .exchange_declare(
             short(&config.exchange),
