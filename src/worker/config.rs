@@ -65,7 +65,8 @@ pub struct WorkerConfig {
     /// Longest wait of one receive call (default 1 s; brokers cap it, SQS at 20 s).
     pub receive_wait: Duration,
     /// Bodies above this many bytes are dead-lettered unparsed (`FERRIQ_MAX_PAYLOAD_BYTES`,
-    /// default 262144, SQS's limit).
+    /// default 262144 = 256 KiB, a standard SQS queue's old maximum). Raise it when producers
+    /// send bigger bodies (SQS queues now take up to 1 MiB; RabbitMQ's own limit is higher).
     pub max_payload: usize,
     /// Release delay for a message this worker cannot route yet (newer wire version).
     pub unsupported_release: Duration,
