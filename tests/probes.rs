@@ -292,3 +292,32 @@ async fn a_configured_probe_address_is_served_while_the_worker_runs() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+/// A probe address that cannot be bound stops the worker at `build`, naming the setting,
+/// instead of a worker running without the probes its orchestrator checks.
+#[test]
+fn a_taken_probe_address_is_refused_when_the_worker_is_built() {
+    let env = TestEnv::new();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap();
+    let err = env
+        .worker()
+        .registry(
+            Registry::from_inventory()
+                .unwrap()
+                .only(&[double::NAME])
+                .unwrap(),
+        )
+        .probe_addr(addr)
+        .build()
+        .expect_err("the port is taken");
+    assert!(
+        matches!(err, ferriq::worker::BuildError::Probes { .. }),
+        "{err:?}"
+    );
+    let text = err.to_string();
+    assert!(
+        text.contains("FERRIQ_PROBE_ADDR") && text.contains(&addr.to_string()),
+        "{text}"
+    );
+}

@@ -41,6 +41,17 @@ pub enum BuildError {
     /// A schedule declared on a task is invalid (checked when the worker runs a scheduler).
     #[error(transparent)]
     Schedule(#[from] crate::schedule::ScheduleError),
+    /// The probe address cannot be bound (taken, or not an address of this host).
+    #[error(
+        "cannot serve the probes on {addr} (FERRIQ_PROBE_ADDR): {source}; free the port or \
+         choose another"
+    )]
+    Probes {
+        /// The address asked for.
+        addr: std::net::SocketAddr,
+        /// Why binding it failed.
+        source: std::io::Error,
+    },
 }
 
 /// Builds a [`Worker`].
@@ -240,6 +251,16 @@ impl WorkerBuilder {
                 );
             }
         }
+        // Bound now, so a taken port stops the worker before it starts rather than leaving
+        // it running without the probes its orchestrator checks.
+        let probe_listener = match self.config.probe_addr {
+            Some(addr) => Some(
+                std::net::TcpListener::bind(addr)
+                    .and_then(|l| l.set_nonblocking(true).map(|()| l))
+                    .map_err(|source| BuildError::Probes { addr, source })?,
+            ),
+            None => None,
+        };
         let rng = match self.seed {
             Some(seed) => SmallRng::seed_from_u64(seed),
             None => SmallRng::from_os_rng(),
@@ -269,6 +290,7 @@ impl WorkerBuilder {
                 scheduler,
                 started_at_ms: Default::default(),
                 middleware: self.middleware,
+                probe_listener: Mutex::new(probe_listener),
             }),
         })
     }

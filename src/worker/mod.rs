@@ -52,6 +52,8 @@ pub(crate) struct Inner {
     /// When `run` started (unix ms).
     started_at_ms: std::sync::atomic::AtomicU64,
     middleware: crate::middleware::Chain,
+    /// The probe address, bound by `build` and served by the first `run`.
+    probe_listener: Mutex<Option<std::net::TcpListener>>,
 }
 
 impl Inner {
@@ -268,11 +270,25 @@ impl Worker {
 }
 
 impl Worker {
-    /// The probe server `probe_addr` asks for, if any; a port that cannot be bound is logged,
-    /// and the worker runs without its probes rather than not at all.
+    /// The probe server `probe_addr` asks for, if any, on the address `build` bound. A later
+    /// run binds it again; a port that cannot be bound then is logged, and that run goes on
+    /// without its probes.
     async fn configured_probes(&self) -> Option<ProbeServer> {
         let addr = self.inner.config.probe_addr?;
-        match self.serve_probes(addr).await {
+        let bound = self
+            .inner
+            .probe_listener
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        let served = match bound {
+            Some(listener) => match tokio::net::TcpListener::from_std(listener) {
+                Ok(listener) => self.serve_probes_on(listener),
+                Err(e) => Err(e),
+            },
+            None => self.serve_probes(addr).await,
+        };
+        match served {
             Ok(server) => {
                 tracing::info!(%addr, "serving /livez, /readyz and /metrics");
                 Some(server)

@@ -51,7 +51,11 @@ impl Worker {
     /// # Ok(()) }
     /// ```
     pub async fn serve_probes(&self, addr: SocketAddr) -> std::io::Result<ProbeServer> {
-        let listener = TcpListener::bind(addr).await?;
+        self.serve_probes_on(TcpListener::bind(addr).await?)
+    }
+
+    /// Serves the probes on a bound listener.
+    pub(super) fn serve_probes_on(&self, listener: TcpListener) -> std::io::Result<ProbeServer> {
         let addr = listener.local_addr()?;
         let worker = self.clone();
         let task = tokio::spawn(async move {
