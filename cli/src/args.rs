@@ -134,8 +134,8 @@ pub(crate) enum TaskCommand {
         /// The task id.
         id: String,
     },
-    /// The stored result: the return value, or the error (exit 3 while there is none, 1 when
-    /// the task failed).
+    /// The stored result: the return value, or the error (exit 1 when the task failed; 3 when
+    /// there is none, which lasts for a task that stores no result).
     Result {
         /// The task id.
         id: String,

@@ -98,6 +98,11 @@ async fn connect(cli: &Cli) -> Result<Client, Failure> {
     let connecting = Client::from_settings(&settings);
     match tokio::time::timeout(cli.timeout, connecting).await {
         Ok(Ok(client)) => Ok(client),
+        // The broker answered, but an exchange or lane named is not there (the command
+        // never declares them): not a connection problem.
+        Ok(Err(e)) if e.to_string().contains("is not on the broker") => {
+            Err(Failure::NotFound(e.to_string()))
+        }
         Ok(Err(e)) => Err(Failure::Connect(e.to_string())),
         Err(_) => Err(Failure::Connect(format!(
             "no answer within {:?} (--timeout)",

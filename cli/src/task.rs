@@ -19,7 +19,7 @@ fn status_name(status: &TaskStatus) -> &'static str {
         TaskStatus::Started { .. } => "started",
         TaskStatus::Succeeded => "succeeded",
         TaskStatus::Failed(_) => "failed",
-        TaskStatus::FinishedWithoutResult => "finished without a stored result",
+        TaskStatus::FinishedWithoutResult => "finished_without_result",
         _ => "unknown",
     }
 }
@@ -79,6 +79,9 @@ async fn status(client: &Client, out: &Output, id: &TaskId) -> Result<(), Failur
         match &info.status {
             TaskStatus::Started { worker, .. } => format!("started (on {worker})"),
             TaskStatus::Failed(f) => format!("failed: {} {}", f.exc_type, f.message),
+            TaskStatus::FinishedWithoutResult => {
+                "finished without a stored result (store_result = false, or it expired)".to_owned()
+            }
             other => status_name(other).to_owned(),
         },
     );

@@ -116,14 +116,14 @@ async fn a_refused_connection_exits_with_one_and_names_what_to_check_without_the
 async fn a_lane_nobody_declared_is_named_and_not_created() {
     let setup = Setup::new();
     let out = setup.run(&["queues"], None).await;
-    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
     let (_, err) = text(&out);
     assert!(err.contains(&setup.exchange), "{err}");
 
     let _client = setup.client().await; // declares the exchange and the lane
     let typo = format!("{}.typo", setup.lane);
     let out = setup.run(&["--queues", &typo, "queues"], None).await;
-    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
     let (_, err) = text(&out);
     assert!(err.contains(&typo) && err.contains("--queues"), "{err}");
     let conn = lapin::Connection::connect(&common::amqp_url(), Default::default())
@@ -135,6 +135,16 @@ async fn a_lane_nobody_declared_is_named_and_not_created() {
         .queue_declare(typo.as_str().into(), passive, Default::default())
         .await;
     assert!(found.is_err(), "the mistyped lane was created");
+    // Without lanes named, only the exchange is checked: commands that use no lane work
+    // where the default lane does not exist.
+    let id = ferriq::wire::TaskId::random().to_string();
+    let out = setup
+        .command(&["--json", "task", "status", &id])
+        .env_remove("FERRIQ_QUEUES")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(text(&out).0.contains("\"pending\""), "{out:?}");
     // The declared lane is listed as before.
     let lanes = setup.json(&["queues"]).await;
     assert_eq!(lanes[0]["name"], setup.lane.as_str(), "{lanes}");

@@ -30,7 +30,7 @@ pub enum TaskStatus {
     Succeeded,
     /// Finished with an error.
     Failed(TaskFailure),
-    /// Finished, but no result is stored: its task does not store results
+    /// Finished (or revoked), but no result is stored: its task does not store results
     /// (`store_result = false`), or the result outlived its TTL.
     FinishedWithoutResult,
 }
@@ -73,48 +73,53 @@ impl<T: DeserializeOwned> TaskHandle<T> {
     pub async fn wait(&self, timeout: Duration) -> Result<T, WaitError> {
         match self.store.wait(&self.task_id, timeout).await? {
             ResultStatus::Ready(result) => self.decode(result),
-            _ => Err(self.timed_out(timeout).await),
+            _ => self.timed_out(timeout).await,
         }
     }
 
-    async fn timed_out(&self, waited: Duration) -> WaitError {
+    async fn timed_out(&self, waited: Duration) -> Result<T, WaitError> {
         // A finished task whose result is not stored never gives one: say so rather than
-        // "may still be running" (a store error here leaves the plain timeout).
+        // "may still be running" (a store error here leaves the plain timeout). Read again
+        // first: the result may have been stored since the wait's last read.
         if let Ok(Some(c)) = self.store.claim_info(&self.task_id).await {
-            if c.state == ClaimState::Done {
-                return WaitError::NoResult {
-                    task_id: self.task_id.clone(),
+            if finished(c.state) {
+                return match self.store.get(&self.task_id).await? {
+                    ResultStatus::Ready(result) => self.decode(result),
+                    _ => Err(WaitError::NoResult {
+                        task_id: self.task_id.clone(),
+                    }),
                 };
             }
         }
         let Some((broker, queue)) = &self.sent_to else {
-            return WaitError::TimedOut(waited);
+            return Err(WaitError::TimedOut(waited));
         };
         let asked = tokio::time::timeout(
             Duration::from_secs(2),
             broker.consumer_count(queue.as_deref()),
         );
-        match asked.await {
+        Err(match asked.await {
             Ok(Some((queue, 0))) => WaitError::NoConsumers { queue, waited },
             _ => WaitError::TimedOut(waited),
-        }
+        })
     }
 
     /// The status now, without waiting: finished (with or without a stored result), started
     /// (with the worker and start time) or pending.
     pub async fn status(&self) -> Result<TaskStatus, StoreError> {
         if let ResultStatus::Ready(r) = self.store.get(&self.task_id).await? {
-            return Ok(match r.failure_details() {
-                Some(f) => TaskStatus::Failed(f),
-                None => TaskStatus::Succeeded,
-            });
+            return Ok(finished_with(&r));
         }
         Ok(match self.store.claim_info(&self.task_id).await? {
             Some(c) if c.state == ClaimState::Running => TaskStatus::Started {
                 worker: c.holder,
                 started_at_ms: c.started_at_ms,
             },
-            Some(c) if c.state == ClaimState::Done => TaskStatus::FinishedWithoutResult,
+            // Read again: the result may have been stored between the two reads.
+            Some(c) if finished(c.state) => match self.store.get(&self.task_id).await? {
+                ResultStatus::Ready(r) => finished_with(&r),
+                _ => TaskStatus::FinishedWithoutResult,
+            },
             _ => TaskStatus::Pending,
         })
     }
@@ -141,5 +146,18 @@ impl<T: DeserializeOwned> TaskHandle<T> {
             task_id: self.task_id.clone(),
             reason: e.to_string(),
         })
+    }
+}
+
+/// A claim that says its task will not run again (done, or revoked).
+fn finished(state: ClaimState) -> bool {
+    matches!(state, ClaimState::Done | ClaimState::Revoked)
+}
+
+/// The status a stored result gives.
+fn finished_with(result: &TaskResult) -> TaskStatus {
+    match result.failure_details() {
+        Some(f) => TaskStatus::Failed(f),
+        None => TaskStatus::Succeeded,
     }
 }

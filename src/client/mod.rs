@@ -76,8 +76,9 @@ pub enum WaitError {
         /// How long the caller waited.
         waited: Duration,
     },
-    /// The task finished but has no stored result: its task does not store results
-    /// (`store_result = false`), or the result outlived its TTL. Waiting longer will not help.
+    /// The wait timed out, and the task had finished without a stored result: its task does
+    /// not store results (`store_result = false`), or the result outlived its TTL. Waiting
+    /// again will not help.
     #[error(
         "task {task_id} finished but has no stored result: its task has store_result = false, \
          or the result expired (FERRIQ_RESULT_TTL_SECS)"

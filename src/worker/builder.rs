@@ -43,14 +43,14 @@ pub enum BuildError {
     Schedule(#[from] crate::schedule::ScheduleError),
     /// The probe address cannot be bound (taken, or not an address of this host).
     #[error(
-        "cannot serve the probes on {addr} (FERRIQ_PROBE_ADDR): {source}; free the port or \
+        "cannot serve the probes on {addr} (FERRIQ_PROBE_ADDR): {error}; free the port or \
          choose another"
     )]
     Probes {
         /// The address asked for.
         addr: std::net::SocketAddr,
-        /// Why binding it failed.
-        source: std::io::Error,
+        /// Why binding it failed (in the message, so not also a `source`).
+        error: std::io::Error,
     },
 }
 
@@ -199,7 +199,8 @@ impl WorkerBuilder {
     }
 
     /// Serves `/livez`, `/readyz` and `/metrics` at `addr` while the worker runs (default
-    /// off; `FERRIQ_PROBE_ADDR`).
+    /// off; `FERRIQ_PROBE_ADDR`). [`build`](Self::build) binds it, and fails with
+    /// [`BuildError::Probes`] when it cannot.
     pub fn probe_addr(mut self, addr: std::net::SocketAddr) -> Self {
         self.config.probe_addr = Some(addr);
         self
@@ -257,7 +258,7 @@ impl WorkerBuilder {
             Some(addr) => Some(
                 std::net::TcpListener::bind(addr)
                     .and_then(|l| l.set_nonblocking(true).map(|()| l))
-                    .map_err(|source| BuildError::Probes { addr, source })?,
+                    .map_err(|error| BuildError::Probes { addr, error })?,
             ),
             None => None,
         };

@@ -9,7 +9,7 @@ use crate::SecretUrl;
 #[derive(Debug, Error, PartialEq)]
 #[non_exhaustive]
 pub enum ConfigError {
-    /// An environment variable that does not parse.
+    /// An environment variable that does not parse (numbers and seconds: `InvalidNumber`).
     #[error("environment variable {name}={value:?} is invalid: {reason}")]
     InvalidVar {
         /// The variable.
@@ -103,9 +103,9 @@ pub struct WorkerConfig {
     /// The wall clock due times and deadlines are read from (the system clock; tests inject
     /// one that follows tokio's paused time, or one that is skewed).
     pub clock: Clock,
-    /// Where [`Worker::run_until_signal`](crate::Worker::run_until_signal) serves the probes
-    /// (`/livez`, `/readyz`, `/metrics`) (`FERRIQ_PROBE_ADDR`, e.g. `0.0.0.0:9090`; none by
-    /// default).
+    /// Where [`Worker::run`](crate::Worker::run) (and so `run_until_signal`) serves the
+    /// probes (`/livez`, `/readyz`, `/metrics`) (`FERRIQ_PROBE_ADDR`, e.g. `0.0.0.0:9090`; none
+    /// by default). The worker's `build` binds it.
     pub probe_addr: Option<std::net::SocketAddr>,
 }
 

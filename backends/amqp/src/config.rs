@@ -39,6 +39,8 @@ pub struct AmqpBrokerBuilder {
     pub(crate) connection_name: String,
     pub(crate) publish_to_lanes_directly: bool,
     pub(crate) declare_topology: bool,
+    /// The lanes were set (not the default): without declaring, only named lanes are checked.
+    pub(crate) queues_named: bool,
 }
 
 impl AmqpBrokerBuilder {
@@ -60,6 +62,7 @@ impl AmqpBrokerBuilder {
             connection_name: "ferriq".into(),
             publish_to_lanes_directly: false,
             declare_topology: true,
+            queues_named: false,
         }
     }
 
@@ -73,6 +76,7 @@ impl AmqpBrokerBuilder {
     /// without a `queue_name` label go, and a worker consumes all of them (default `taskiq`).
     pub fn queues<I: IntoIterator<Item = S>, S: Into<String>>(mut self, queues: I) -> Self {
         self.queues = queues.into_iter().map(Into::into).collect();
+        self.queues_named = true;
         self
     }
 
@@ -105,8 +109,10 @@ impl AmqpBrokerBuilder {
 
     /// Whether connecting declares the exchange and the lanes' queues (default `true`: every
     /// worker and client can start first). With `false` it only checks that the exchange and
-    /// the lanes exist, and fails naming the missing one: for tools that inspect a deployment
-    /// (the `ferriq` command), where a mistyped lane must not create queues.
+    /// the lanes set with [`queues`](Self::queues) exist, and fails naming the missing one:
+    /// for tools that inspect a deployment (the `ferriq` command), where a mistyped lane must
+    /// not create queues. Not for workers and clients: their lanes' dead-letter and delay
+    /// queues are neither declared nor checked.
     ///
     /// ```
     /// let builder = ferriq_amqp::AmqpBroker::builder("amqp://127.0.0.1:5672/%2f")

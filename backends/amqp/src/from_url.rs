@@ -4,8 +4,9 @@
 //! Settings read: `FERRIQ_QUEUES` (lanes, comma-separated; the first is the default),
 //! `FERRIQ_AMQP_EXCHANGE` (default `taskiq`), `FERRIQ_AMQP_PREFETCH` (default: the worker's
 //! concurrency), `FERRIQ_AMQP_PUBLISHER_CHANNELS` (1 to 64, default 32: see
-//! [`AmqpBrokerBuilder::publisher_channels`](crate::AmqpBrokerBuilder::publisher_channels)), `FERRIQ_AMQP_PUBLISH_TO_LANES_DIRECTLY` (on or off as `FERRIQ_SCHEDULER`, default off:
-//! see [`AmqpBrokerBuilder::publish_to_lanes_directly`](crate::AmqpBrokerBuilder::publish_to_lanes_directly)),
+//! [`AmqpBrokerBuilder::publisher_channels`](crate::AmqpBrokerBuilder::publisher_channels)),
+//! `FERRIQ_AMQP_PUBLISH_TO_LANES_DIRECTLY` (on or off as `FERRIQ_SCHEDULER`, default off: see
+//! [`AmqpBrokerBuilder::publish_to_lanes_directly`](crate::AmqpBrokerBuilder::publish_to_lanes_directly)),
 //! `FERRIQ_AMQP_DELIVERY_LIMIT` (the lanes' `x-delivery-limit`, 1 or more, default none: see
 //! [`AmqpBrokerBuilder::delivery_limit`](crate::AmqpBrokerBuilder::delivery_limit); every
 //! process declaring a lane must use the same value, or RabbitMQ refuses the declare),

@@ -8,6 +8,7 @@
 //!   arguments (dead-letter exchange `""`, routing key `{queue}.dead_letter`) so Python taskiq
 //!   producers and ferriq workers share it, the dead-letter queue `{queue}.dead_letter`, and
 //!   delay tiers `{queue}.delay.{tier}` whose TTL dead-letters back into the lane (at-least-once).
+//!   [`AmqpBrokerBuilder::declare_topology`]`(false)` only checks it (for inspection tools).
 //! - **Publishing** hands a batch to the connection at once, in order, then waits for every
 //!   publisher confirm; a nack or an unroutable (returned) message is an error, never silent.
 //!   Messages are persistent and carry taskiq-aio-pika's headers (`task_id`, `task_name`,
@@ -51,7 +52,8 @@
 //!   the queue without it and RabbitMQ refuses a declare with different arguments. Set
 //!   [`AmqpBrokerBuilder::delivery_limit`] (or `FERRIQ_AMQP_DELIVERY_LIMIT`) for queues only
 //!   ferriq declares, or set it for shared queues with a policy
-//!   (`rabbitmqctl set_policy … '{"delivery-limit":50}'`), which does not conflict. ferriq's own attempt limit lives in the claim store either way.
+//!   (`rabbitmqctl set_policy … '{"delivery-limit":50}'`), which does not conflict. ferriq's
+//!   own attempt limit lives in the claim store either way.
 
 mod acks;
 mod broker;

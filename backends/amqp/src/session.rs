@@ -227,7 +227,7 @@ impl Shared {
             Err(_) => {
                 let _ = connection.close(200, "setup timed out".into()).await;
                 return Err(format!(
-                    "declaring the topology took over {:?}",
+                    "setting up the connection (topology, publisher channels) took over {:?}",
                     config.connect_timeout
                 ));
             }

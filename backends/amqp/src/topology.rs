@@ -44,9 +44,13 @@ pub(crate) async fn declare(channel: &Channel, config: &AmqpBrokerBuilder) -> Re
         .map_err(|e| format!("declaring the topology failed: {e}"))
 }
 
-/// Passive declares of the exchange and each lane: a missing one is named (RabbitMQ closes the
-/// channel on the first, so one is checked at a time and the check stops there).
+/// Passive declares of the exchange and each lane set by name (the default lane is not
+/// checked: commands that use no lane must work where it does not exist): a missing one is
+/// named (RabbitMQ closes the channel on the first, so the check stops there).
 async fn check(channel: &Channel, config: &AmqpBrokerBuilder) -> Result<(), String> {
+    // A soft error of a passive declare is RabbitMQ's "no such exchange/queue" (404); any
+    // other error is reported as it is.
+    let missing = |e: &lapin::Error| e.is_amqp_soft_error();
     channel
         .exchange_declare(
             short(&config.exchange),
@@ -58,14 +62,20 @@ async fn check(channel: &Channel, config: &AmqpBrokerBuilder) -> Result<(), Stri
             FieldTable::default(),
         )
         .await
-        .map_err(|e| {
-            format!(
+        .map_err(|e| match missing(&e) {
+            true => format!(
                 "exchange {:?} is not on the broker ({e}): check the exchange name \
                  (FERRIQ_AMQP_EXCHANGE); workers and clients declare it when they connect",
                 config.exchange
-            )
+            ),
+            false => format!("checking exchange {:?} failed: {e}", config.exchange),
         })?;
-    for queue in &config.queues {
+    let named = if config.queues_named {
+        &config.queues[..]
+    } else {
+        &[]
+    };
+    for queue in named {
         channel
             .queue_declare(
                 short(queue),
@@ -73,12 +83,13 @@ async fn check(channel: &Channel, config: &AmqpBrokerBuilder) -> Result<(), Stri
                 FieldTable::default(),
             )
             .await
-            .map_err(|e| {
-                format!(
+            .map_err(|e| match missing(&e) {
+                true => format!(
                     "lane {queue:?} is not on the broker ({e}): check the lane names \
                      (--queues / FERRIQ_QUEUES); workers and clients declare their lanes when \
                      they connect"
-                )
+                ),
+                false => format!("checking lane {queue:?} failed: {e}"),
             })?;
     }
     Ok(())
