@@ -151,9 +151,17 @@ async fn result(client: &Client, out: &Output, id: &TaskId) -> Result<(), Failur
 
 async fn revoke(client: &Client, out: &Output, cli: &Cli, id: &TaskId) -> Result<(), Failure> {
     confirm(&format!("Revoke task {id}?"), cli.yes)?;
+    // Whether any worker has seen it: a task still queued has no claim either, so an unknown
+    // id cannot be refused, but the operator is told (a mistyped id revokes nothing real).
+    let seen = client.ops().task(id).await?.claim.is_some();
     let revoked = client.revoke(id).await?;
     if out.json {
-        out.json(&json!({"id": id.to_string(), "revoked": revoked}));
+        out.json(&json!({"id": id.to_string(), "revoked": revoked, "seen": seen}));
+    } else if revoked && !seen {
+        println!(
+            "revoked {id}: no worker has received it yet, so if the id is right it is \
+             cancelled when one does (check the id: an unknown one is revoked all the same)"
+        );
     } else if revoked {
         println!("revoked {id}: it will not start, and a running one stops at its next heartbeat");
     } else {

@@ -298,8 +298,16 @@ async fn dead_letters_are_listed_shown_redriven_and_purged_from_the_command_line
     let pending = ferriq::wire::TaskId::random().to_string();
     let out = setup.run(&["task", "revoke", &pending], Some("no\n")).await;
     assert_eq!(out.status.code(), Some(4));
+    let out = setup
+        .run(&["--yes", "task", "revoke", &pending], None)
+        .await;
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        text(&out).0.contains("no worker has received it"),
+        "{out:?}"
+    );
     let revoked = setup.json(&["--yes", "task", "revoke", &pending]).await;
-    assert_eq!(revoked["revoked"], true);
+    assert_eq!(revoked["revoked"], false, "revoked already");
     let revoked = setup.json(&["--yes", "task", "revoke", &tid]).await;
     assert_eq!(revoked["revoked"], false);
     let status = setup.json(&["task", "status", &pending]).await;
