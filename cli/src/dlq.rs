@@ -73,6 +73,15 @@ fn summary(m: &DeadMessage, now: u64) -> Value {
     })
 }
 
+/// The selection of a redrive or purge, checked before connecting.
+pub(crate) fn check_usage(command: &DlqCommand) -> Result<(), Failure> {
+    match command {
+        DlqCommand::Redrive(selection) => selection_filter("redrive", selection).map(drop),
+        DlqCommand::Purge(selection) => selection_filter("purge", selection).map(drop),
+        DlqCommand::List { .. } | DlqCommand::Show { .. } => Ok(()),
+    }
+}
+
 pub(crate) async fn run(
     client: &Client,
     out: &Output,

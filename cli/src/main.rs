@@ -111,7 +111,18 @@ async fn connect(cli: &Cli) -> Result<Client, Failure> {
     }
 }
 
+/// The command line's own mistakes, found before connecting: they exit 2 whether or not the
+/// broker answers.
+fn check_usage(cli: &Cli) -> Result<(), Failure> {
+    match &cli.command {
+        Command::Dlq(command) => dlq::check_usage(command),
+        Command::Task(command) => task::check_usage(command),
+        Command::Queues | Command::Workers => Ok(()),
+    }
+}
+
 async fn run(cli: Cli) -> Result<(), Failure> {
+    check_usage(&cli)?;
     let client = connect(&cli).await?;
     let out = output::Output::new(cli.json);
     match &cli.command {

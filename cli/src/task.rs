@@ -38,6 +38,15 @@ fn result_json(r: &TaskResult) -> Value {
     serde_json::to_value(r).unwrap_or(Value::Null)
 }
 
+/// The task id, checked before connecting.
+pub(crate) fn check_usage(command: &TaskCommand) -> Result<(), Failure> {
+    match command {
+        TaskCommand::Status { id } | TaskCommand::Result { id } | TaskCommand::Revoke { id } => {
+            task_id(id).map(drop)
+        }
+    }
+}
+
 pub(crate) async fn run(
     client: &Client,
     out: &Output,
