@@ -8,9 +8,11 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::TcpStream;
 use tokio::process::{Child, Command};
+use tokio::sync::mpsc;
 
 /// A free loopback port (bound, then released for the server).
 pub fn free_port() -> u16 {
@@ -114,7 +116,12 @@ pub struct Oracle {
     writes: Arc<Mutex<HashMap<String, Vec<Write>>>>,
     epoch: Arc<std::sync::atomic::AtomicU32>,
     prefix: String,
+    /// The current subscription's writing half and its answers to `PING`, for [`Oracle::flush`].
+    control: Arc<tokio::sync::Mutex<Option<Control>>>,
 }
+
+/// The writing half of the oracle's subscription, and a signal per `PING` answered on it.
+type Control = (OwnedWriteHalf, mpsc::UnboundedReceiver<()>);
 
 fn now_ms() -> u64 {
     std::time::SystemTime::now()
@@ -123,7 +130,7 @@ fn now_ms() -> u64 {
 }
 
 /// Reads one RESP value as a list of bulk strings (arrays flattened; other replies as text).
-async fn read_reply(r: &mut BufReader<TcpStream>) -> std::io::Result<Vec<String>> {
+async fn read_reply<R: AsyncBufRead + Unpin + Send>(r: &mut R) -> std::io::Result<Vec<String>> {
     let mut line = String::new();
     if r.read_line(&mut line).await? == 0 {
         return Err(std::io::ErrorKind::UnexpectedEof.into());
@@ -159,6 +166,7 @@ impl Oracle {
             writes: Arc::default(),
             epoch: Arc::default(),
             prefix: prefix.to_owned(),
+            control: Arc::default(),
         }
     }
 
@@ -172,14 +180,14 @@ impl Oracle {
         let stream = TcpStream::connect(("127.0.0.1", port))
             .await
             .expect("the oracle reaches its redis");
-        let mut reader = BufReader::new(stream);
+        let (read_half, mut write_half) = stream.into_split();
+        let mut reader = BufReader::new(read_half);
         let pattern = format!("__keyspace@0__:{}:*", self.prefix);
         let cmd = format!(
             "*2\r\n$10\r\nPSUBSCRIBE\r\n${}\r\n{pattern}\r\n",
             pattern.len()
         );
-        reader
-            .get_mut()
+        write_half
             .write_all(cmd.as_bytes())
             .await
             .expect("subscribe");
@@ -189,9 +197,15 @@ impl Oracle {
             self.writes.clone(),
             format!("__keyspace@0__:{}:", self.prefix),
         );
+        let (pongs, answers) = mpsc::unbounded_channel();
+        *self.control.lock().await = Some((write_half, answers));
         tokio::spawn(async move {
             // Ends when the server goes away (killed): the next attach starts a new epoch.
             while let Ok(msg) = read_reply(&mut reader).await {
+                if msg.first().map(String::as_str) == Some("pong") {
+                    let _ = pongs.send(());
+                    continue;
+                }
                 // pmessage, pattern, channel, event
                 let (Some(channel), Some(event)) = (msg.get(2), msg.get(3)) else {
                     continue;
@@ -213,6 +227,26 @@ impl Oracle {
                 }
             }
         });
+    }
+
+    /// Returns once every notice the server queued before this call has been read and
+    /// counted: a `PING` on the subscription is answered after them, in order. A scenario that
+    /// cuts the workers off the store (the proxy) and then kills it calls this in between: a
+    /// worker told its write succeeded heard so before the cut, so the write's notice was
+    /// queued before the `PING` and is counted even though the server dies right after.
+    pub async fn flush(&self) {
+        let mut control = self.control.lock().await;
+        let Some((write_half, answers)) = control.as_mut() else {
+            return;
+        };
+        write_half
+            .write_all(b"*1\r\n$4\r\nPING\r\n")
+            .await
+            .expect("the oracle's server answers a PING");
+        tokio::time::timeout(Duration::from_secs(10), answers.recv())
+            .await
+            .expect("PING answered within 10 s")
+            .expect("the oracle's reader is running");
     }
 
     /// Results the restarted server holds whose write the oracle never heard of: a server

@@ -32,6 +32,8 @@ pub(super) async fn store_restart(backend: Backend, size: Size, root: &Path, aof
     }
     // Nothing reaches the new server before the oracle listens to it.
     w.redis_proxy.blackhole();
+    // Every write a worker was told of is counted before the server dies with its notice.
+    w.oracle.flush().await;
     let down_at = now_ms();
     w.redis.kill().await;
     tokio::time::sleep(Duration::from_secs(3)).await;
