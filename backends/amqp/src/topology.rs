@@ -48,28 +48,10 @@ pub(crate) async fn declare(channel: &Channel, config: &AmqpBrokerBuilder) -> Re
 /// checked: commands that use no lane must work where it does not exist): a missing one is
 /// named (RabbitMQ closes the channel on the first, so the check stops there).
 async fn check(channel: &Channel, config: &AmqpBrokerBuilder) -> Result<(), String> {
-    // A soft error of a passive declare is RabbitMQ's "no such exchange/queue" (404); any
-    // other error is reported as it is.
-    let missing = |e: &lapin::Error| e.is_amqp_soft_error();
-    channel
-        .exchange_declare(
-            short(&config.exchange),
-            ExchangeKind::Topic,
-            ExchangeDeclareOptions {
-                passive: true,
-                ..Default::default()
-            },
-            FieldTable::default(),
-        )
+    let exchange = format!("exchange {:?}", config.exchange);
+    declare_exchange(channel, config, true)
         .await
-        .map_err(|e| match missing(&e) {
-            true => format!(
-                "exchange {:?} is not on the broker ({e}): check the exchange name \
-                 (FERRIQ_AMQP_EXCHANGE); workers and clients declare it when they connect",
-                config.exchange
-            ),
-            false => format!("checking exchange {:?} failed: {e}", config.exchange),
-        })?;
+        .map_err(|e| checked(&exchange, e, "the exchange name (FERRIQ_AMQP_EXCHANGE)"))?;
     let named = if config.queues_named {
         &config.queues[..]
     } else {
@@ -83,30 +65,52 @@ async fn check(channel: &Channel, config: &AmqpBrokerBuilder) -> Result<(), Stri
                 FieldTable::default(),
             )
             .await
-            .map_err(|e| match missing(&e) {
-                true => format!(
-                    "lane {queue:?} is not on the broker ({e}): check the lane names \
-                     (--queues / FERRIQ_QUEUES); workers and clients declare their lanes when \
-                     they connect"
-                ),
-                false => format!("checking lane {queue:?} failed: {e}"),
+            .map_err(|e| {
+                checked(
+                    &format!("lane {queue:?}"),
+                    e,
+                    "the lane names (--queues / FERRIQ_QUEUES)",
+                )
             })?;
     }
     Ok(())
 }
 
-async fn declare_all(channel: &Channel, config: &AmqpBrokerBuilder) -> Result<(), lapin::Error> {
+/// What a failed passive declare of `what` says. A soft error is RabbitMQ's "no such
+/// exchange/queue" (404); any other error is reported as it is.
+fn checked(what: &str, e: lapin::Error, names: &str) -> String {
+    if e.is_amqp_soft_error() {
+        format!(
+            "{what} is not on the broker ({e}): check {names}; workers and clients declare \
+             the exchange and their lanes when they connect"
+        )
+    } else {
+        format!("checking {what} failed: {e}")
+    }
+}
+
+/// The durable topic exchange, declared (or with `passive`, only checked).
+async fn declare_exchange(
+    channel: &Channel,
+    config: &AmqpBrokerBuilder,
+    passive: bool,
+) -> Result<(), lapin::Error> {
     channel
         .exchange_declare(
             short(&config.exchange),
             ExchangeKind::Topic,
             ExchangeDeclareOptions {
                 durable: true,
+                passive,
                 ..Default::default()
             },
             FieldTable::default(),
         )
-        .await?;
+        .await
+}
+
+async fn declare_all(channel: &Channel, config: &AmqpBrokerBuilder) -> Result<(), lapin::Error> {
+    declare_exchange(channel, config, false).await?;
     for queue in &config.queues {
         let dead = AmqpBrokerBuilder::dead_letter_queue(queue);
         let mut dead_args = FieldTable::default();
