@@ -12,7 +12,9 @@
 //!
 //! Throughput on two shared cores moves by ±15 % from round to round, so each round also prints
 //! what the server itself spent per pair and per floor pair (µs, from `INFO commandstats`
-//! before and after): a figure that does not depend on how busy the client was. Then 2000 pairs
+//! before and after): a figure that does not depend on how busy the client was — and the server
+//! process's whole CPU time per pair and per floor pair (`INFO cpu`), which adds what
+//! commandstats leaves out: reading requests and writing replies, per round trip. Then 2000 pairs
 //! one at a time, beside two bare `SET`s one at a time: the latency a lone task's claim and
 //! complete add to its round trip.
 //!
@@ -78,10 +80,21 @@ where
 /// spent, unaffected by how busy the client or the machine was.
 async fn commandstats(pool: &Pool) -> HashMap<String, (u64, u64)> {
     let info: String = pool
-        .custom(cmd!("INFO"), vec!["commandstats"])
+        .custom(cmd!("INFO"), vec!["commandstats", "cpu"])
         .await
         .unwrap_or_default();
     let mut stats = HashMap::new();
+    // The server process's CPU time (seconds, µs precision), kept as `cpu` in µs: what it spent
+    // in all, reading and writing its sockets included, which commandstats leaves out.
+    let cpu_us: f64 = info
+        .lines()
+        .filter_map(|l| {
+            l.strip_prefix("used_cpu_user:")
+                .or_else(|| l.strip_prefix("used_cpu_sys:"))
+        })
+        .filter_map(|v| v.trim().parse::<f64>().ok())
+        .sum();
+    stats.insert("cpu".to_owned(), (0, (cpu_us * 1e6) as u64));
     for line in info.lines() {
         let Some((name, rest)) = line
             .strip_prefix("cmdstat_")
@@ -177,6 +190,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (mut pairs, mut raws, mut floors) = (Vec::new(), Vec::new(), Vec::new());
     let mut over_floor = Vec::new();
     let (mut server_pairs, mut server_floors) = (Vec::new(), Vec::new());
+    let (mut server_cpu_pairs, mut server_cpu_floors) = (Vec::new(), Vec::new());
     for round in 1..=rounds {
         let raw = {
             let (store, trivial) = (store.clone(), trivial.clone());
@@ -208,6 +222,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         if !keep_keys {
             store.purge_prefix().await?;
         }
+        // After the purge: its deletes are not the floor's cost.
+        let before_floor = commandstats(&floor_pool).await;
         let floor = {
             let (pool, prefix) = (floor_pool.clone(), prefix.clone());
             measure(secs, move |n| {
@@ -230,11 +246,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         // Every completion flips its claim's state byte with one SETRANGE: the pairs' count.
         let (completed, _) = delta(&before_pairs, &after_pairs, "setrange");
         let (scripts, script_us) = delta(&before_pairs, &after_pairs, "evalsha");
-        let (sets, set_us) = delta(&after_pairs, &after_floor, "set");
+        let (sets, set_us) = delta(&before_floor, &after_floor, "set");
         let pair_us = script_us as f64 / completed.max(1) as f64;
         let floor_us = 2.0 * set_us as f64 / sets.max(1) as f64;
-        println!("round {round}: server µs per pair {pair_us:.2} (scripts; {:.3} script runs per pair), per floor pair {floor_us:.2} (two SETs)",
+        let (_, pair_cpu) = delta(&before_pairs, &after_pairs, "cpu");
+        let (_, floor_cpu) = delta(&before_floor, &after_floor, "cpu");
+        let pair_cpu = pair_cpu as f64 / completed.max(1) as f64;
+        let floor_cpu = 2.0 * floor_cpu as f64 / sets.max(1) as f64;
+        println!("round {round}: server µs per pair {pair_us:.2} (scripts; {:.3} script runs per pair), per floor pair {floor_us:.2} (two SETs); server CPU per pair {pair_cpu:.2}, per floor pair {floor_cpu:.2} (all of it, sockets included)",
             scripts as f64 / completed.max(1) as f64);
+        server_cpu_pairs.push(pair_cpu);
+        server_cpu_floors.push(floor_cpu);
         server_pairs.push(pair_us);
         server_floors.push(floor_us);
         println!("round {round}: raw EVALSHA {raw:>9.0}/s   claim+complete {pair:>9.0} pairs/s   ratio {:.3}   floor (2 × SET NX PX) {floor:>9.0} pairs/s   ratio {:.3}   pairs ÷ floor {:.3}", pair / raw, floor / raw, pair / floor);
@@ -304,6 +326,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "server_us_per_pair={:.2} server_us_per_floor_pair={:.2} (median per round, from INFO commandstats)",
         median(server_pairs),
         median(server_floors)
+    );
+    println!(
+        "server_cpu_us_per_pair={:.2} server_cpu_us_per_floor_pair={:.2} (median per round, from INFO cpu: sockets included)",
+        median(server_cpu_pairs),
+        median(server_cpu_floors)
     );
     println!(
         "claim_complete_per_s={pair:.0} raw_evalsha_per_s={raw:.0} ratio={:.3}",
