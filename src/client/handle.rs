@@ -69,7 +69,9 @@ impl<T: DeserializeOwned> TaskHandle<T> {
 
     /// Waits up to `timeout` for the result (woken by the completion, not by polling). On a
     /// timeout of a task this handle sent, the broker is asked whether anyone consumes its
-    /// queue ([`WaitError::NoConsumers`] when nobody does).
+    /// queue ([`WaitError::NoConsumers`] when nobody does). A task that finished without
+    /// storing a result ends the wait as soon as the store hears of it, with
+    /// [`WaitError::NoResult`].
     pub async fn wait(&self, timeout: Duration) -> Result<T, WaitError> {
         match self.store.wait(&self.task_id, timeout).await? {
             ResultStatus::Ready(result) => self.decode(result),

@@ -76,8 +76,9 @@ pub enum WaitError {
         /// How long the caller waited.
         waited: Duration,
     },
-    /// The wait timed out, and the task had finished without a stored result: its task does
-    /// not store results (`store_result = false`), or the result outlived its TTL. Waiting
+    /// The task finished without a stored result: its task does not store results
+    /// (`store_result = false`), or the result outlived its TTL. The wait ends with this as
+    /// soon as the store hears of the completion (at the latest when it times out). Waiting
     /// again will not help.
     #[error(
         "task {task_id} finished but has no stored result: its task has store_result = false, \

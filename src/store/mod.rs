@@ -193,6 +193,8 @@ pub trait ResultStore: Send + Sync + 'static {
     /// The stored result, if any.
     async fn get(&self, id: &TaskId) -> Result<ResultStatus, StoreError>;
     /// Waits up to `timeout` for the result, woken by the completion, not by polling.
+    /// `Pending` when the timeout passed, or sooner when the store learned that the task
+    /// finished without a stored result (its claim then says so).
     async fn wait(&self, id: &TaskId, timeout: Duration) -> Result<ResultStatus, StoreError>;
     /// Revokes a task: stores `result` (a `Cancelled` error) unless a result exists and marks
     /// the claim revoked, so the task never starts and a running one loses its claim.

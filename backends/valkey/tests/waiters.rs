@@ -77,6 +77,36 @@ async fn a_waiter_that_comes_after_the_completion_gets_the_result_at_once() {
 }
 
 #[tokio::test]
+async fn a_completion_without_a_result_ends_the_wait_at_once() {
+    let waiting = notification_only_store().await;
+    let worker = common::store_at(&common::url(), waiting.prefix(), |b| b).await;
+    let id = TaskId::random();
+    let token = claim(&worker, &id).await;
+    let waiter = {
+        let (waiting, id) = (waiting.clone(), id.clone());
+        tokio::spawn(async move {
+            let r = waiting.wait(&id, Duration::from_secs(60)).await.unwrap();
+            (Instant::now(), r)
+        })
+    };
+    // A task with `store_result = false`: completed, announced, nothing stored.
+    let reply_to = waiting.reply_channel().unwrap();
+    worker
+        .complete(&id, token, None, Some(&reply_to))
+        .await
+        .unwrap();
+    let completed = Instant::now();
+    let (ended, r) = waiter.await.unwrap();
+    assert_eq!(r, ResultStatus::Pending);
+    // Not the 60 s timeout, nor the hour-long re-read: the announcement ended it.
+    assert!(
+        ended.saturating_duration_since(completed) < Duration::from_secs(5),
+        "{:?}",
+        ended.saturating_duration_since(completed)
+    );
+}
+
+#[tokio::test]
 async fn many_waiters_share_one_subscriber_and_all_wake() {
     let store = Arc::new(notification_only_store().await);
     let ids: Vec<TaskId> = (0..500).map(|_| TaskId::random()).collect();

@@ -6,8 +6,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use ferriq::broker::Health;
 use ferriq::store::{
-    ClaimLease, ClaimOutcome, ClaimStore, CompleteOutcome, FailureRecord, ResultStatus,
-    ResultStore, StoreError, Token,
+    ClaimLease, ClaimOutcome, ClaimState, ClaimStore, CompleteOutcome, FailureRecord,
+    ProgressStore, ResultStatus, ResultStore, StoreError, Token,
 };
 use ferriq::wire::{TaskId, TaskResult};
 use fred::prelude::ClientLike;
@@ -190,7 +190,8 @@ impl ResultStore for ValkeyStore {
                     return Ok(ResultStatus::Ready(result));
                 }
             }
-            let read = read_first || guard.was_announced();
+            let announced = guard.was_announced();
+            let read = read_first || announced;
             read_first = true;
             let status = if read {
                 self.get(id).await
@@ -199,6 +200,15 @@ impl ResultStore for ValkeyStore {
             };
             match status {
                 Ok(ResultStatus::Ready(r)) => return Ok(ResultStatus::Ready(r)),
+                // Announced and no result: finished without one (`store_result = false`, or it
+                // expired at once). When its claim agrees, the rest of the wait cannot change
+                // that: `Pending` now, as the memory store answers. (A claim that does not agree
+                // — lost with a failed-over primary — leaves the wait to run on.)
+                Ok(_) if announced => {
+                    if let Some(status) = self.finished_without_result(id).await {
+                        return Ok(status);
+                    }
+                }
                 Ok(_) => {}
                 // A blip of the store is not the end of a long wait: keep trying.
                 Err(StoreError::Unavailable(e)) if Instant::now() < deadline => {
@@ -250,5 +260,20 @@ impl ResultStore for ValkeyStore {
     fn reply_channel_for(&self, id: &TaskId) -> Option<String> {
         self.inner.waiters.announced_here(id.as_str());
         Some(self.inner.reply_channel.clone())
+    }
+}
+
+impl ValkeyStore {
+    /// After a completion was announced and no result was read: what the wait answers now,
+    /// when the task's claim says it will not run again (done or revoked) — the result read
+    /// once more (one stored in between is not reported missing), else `Pending`, for good.
+    /// `None` (wait on) when the claim does not say so, or cannot be read.
+    async fn finished_without_result(&self, id: &TaskId) -> Option<ResultStatus> {
+        match self.claim_info(id).await {
+            Ok(Some(c)) if matches!(c.state, ClaimState::Done | ClaimState::Revoked) => {
+                self.get(id).await.ok()
+            }
+            _ => None,
+        }
     }
 }
