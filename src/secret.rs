@@ -14,6 +14,10 @@ use std::fmt;
 /// // Malformed URLs never show the password either.
 /// assert_eq!(SecretUrl::new("redis://:ab/cd@host:6379").to_string(), "redis://:***@host:6379");
 /// assert_eq!(SecretUrl::new("redis://s3cret@host").to_string(), "redis://***@host");
+/// let unencoded = SecretUrl::new("amqp://guest:pa?ss#w@rd@host:5672/");
+/// assert_eq!(unencoded.to_string(), "amqp://guest:***@host:5672/");
+/// assert!(unencoded.userinfo_hint().is_some());
+/// assert!(url.userinfo_hint().is_none());
 /// ```
 #[derive(Clone, PartialEq, Eq)]
 pub struct SecretUrl(String);
@@ -43,10 +47,10 @@ impl SecretUrl {
         let Some((scheme, rest)) = self.0.split_once("://") else {
             return "***".to_owned();
         };
-        // The user info ends at the last '@' before any query or fragment: a malformed
-        // password may itself contain '/', which would end the authority early.
-        let query_at = rest.find(['?', '#']).unwrap_or(rest.len());
-        let (userinfo, after) = match rest[..query_at].rfind('@') {
+        // The user info ends at the last '@' anywhere: an unencoded password may itself
+        // contain '/', '?', '#' or '@', which would end it early. (An '@' in a query without
+        // user info hides the host and the query before it: more than the password, not less.)
+        let (userinfo, after) = match rest.rfind('@') {
             Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
             None => (None, rest),
         };
@@ -59,6 +63,28 @@ impl SecretUrl {
             None => String::new(),
         };
         format!("{scheme}://{userinfo}{}", redact_query(after))
+    }
+
+    /// What to add to an error about this URL when its user info seems to hold a character
+    /// URLs reserve: an `@` after a `/`, `?` or `#` (which end the host in every URL parser,
+    /// so the parser reports a bad port or host instead).
+    pub fn userinfo_hint(&self) -> Option<&'static str> {
+        let (_, rest) = self.0.split_once("://")?;
+        let last_at = rest.rfind('@')?;
+        let delimiter = rest.find(['/', '?', '#'])?;
+        (delimiter < last_at).then_some(
+            "a user name or password holding '/', '?', '#' or '@' must be percent-encoded \
+             in the URL (%2F, %3F, %23, %40)",
+        )
+    }
+
+    /// `reason`, followed by [`userinfo_hint`](Self::userinfo_hint) when there is one: for
+    /// backends' connection and URL errors.
+    pub fn explain(&self, reason: impl fmt::Display) -> String {
+        match self.userinfo_hint() {
+            Some(hint) => format!("{reason} ({hint})"),
+            None => reason.to_string(),
+        }
     }
 }
 

@@ -107,6 +107,29 @@ async fn a_refused_connection_exits_with_one_and_names_what_to_check_without_the
     let (_, err) = text(&out);
     assert!(err.contains("check the URL"), "{err}");
     assert!(!err.contains("s3cret-pass"), "the password leaked: {err}");
+
+    // A password holding a character URLs reserve, unencoded: the parsers fail on the host or
+    // port; the message hides the password all the same and says to encode it.
+    let _client = setup.client().await; // the exchange and lane the store's command checks
+    let id = ferriq::wire::TaskId::random().to_string();
+    for (var, url, args) in [
+        (
+            "FERRIQ_BROKER_URL",
+            "amqp://guest:s3cret?pass@127.0.0.1:5672/%2f",
+            vec!["queues"],
+        ),
+        (
+            "FERRIQ_STORE_URL",
+            "redis://:s3cret#pass@127.0.0.1:6379",
+            vec!["task", "status", id.as_str()],
+        ),
+    ] {
+        let out = setup.command(&args).env(var, url).output().unwrap();
+        assert_ne!(out.status.code(), Some(0), "{out:?}");
+        let (_, err) = text(&out);
+        assert!(!err.contains("s3cret"), "the password leaked: {err}");
+        assert!(err.contains("percent-encoded"), "{err}");
+    }
 }
 
 /// Looking at a deployment does not change it: a lane or exchange nobody declared is an error

@@ -107,13 +107,14 @@ impl AmqpBroker {
 
     pub(crate) async fn connect(config: AmqpBrokerBuilder) -> Result<Self, AmqpError> {
         let url = config.url.redacted();
+        let secret = config.url.clone();
         let shared = Arc::new(Shared::new(config));
         let first = shared
             .connect_once()
             .await
             .map_err(|reason| AmqpError::Connect {
                 url: url.clone(),
-                reason,
+                reason: secret.explain(reason),
             })?;
         tracing::info!(url = %url, "connected to RabbitMQ");
         tokio::spawn(Arc::clone(&shared).supervise(first));

@@ -206,8 +206,11 @@ impl ValkeyStoreBuilder {
             )));
         }
         // fred's own error text may quote the URL: keep only its kind.
-        let config = Config::from_url(self.url.expose())
-            .map_err(|e| bad(format!("{:?} error while parsing", e.kind())))?;
+        let config = Config::from_url(self.url.expose()).map_err(|e| {
+            bad(self
+                .url
+                .explain(format_args!("{:?} error while parsing", e.kind())))
+        })?;
         let mut builder = Builder::from_config(config);
         let (connect, command) = (self.connect_timeout, self.command_timeout);
         builder

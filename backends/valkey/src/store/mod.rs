@@ -96,7 +96,9 @@ impl ValkeyStore {
         let url = settings.url.redacted();
         let failed = |e: fred::error::Error| ValkeyError::Connect {
             url: url.clone(),
-            reason: format!("{:?}: {}", e.kind(), e.details()),
+            reason: settings
+                .url
+                .explain(format_args!("{:?}: {}", e.kind(), e.details())),
         };
         let pool = builder.build_pool(settings.pool_size).map_err(failed)?;
         let subscriber = builder.build_subscriber_client().map_err(failed)?;
