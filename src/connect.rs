@@ -221,8 +221,21 @@ pub struct StoreConnector {
 inventory::collect!(BrokerConnector);
 inventory::collect!(StoreConnector);
 
-/// Which crate serves a scheme, for the error when it is not linked.
-fn hint(scheme: &str) -> String {
+/// Which crate serves a scheme, for the error when it is not linked — or, for a scheme of the
+/// other kind (a redis URL given as the broker), that the URLs look swapped.
+fn hint(kind: &str, scheme: &str) -> String {
+    let (broker_scheme, store_scheme) = (
+        matches!(scheme, "amqp" | "amqps" | "sqs" | "sqs+http" | "sqs+https"),
+        scheme.starts_with("redis") || scheme.starts_with("valkey"),
+    );
+    if (kind == "broker" && store_scheme) || (kind == "store" && broker_scheme) {
+        let other = if kind == "broker" { "store" } else { "broker" };
+        return format!(
+            "a {scheme}:// URL names a {other}, not a {kind}: are the broker and store URLs \
+             swapped? (FERRIQ_BROKER_URL: amqp://, sqs:// or memory://; FERRIQ_STORE_URL: \
+             redis:// or valkey://, or memory://)"
+        );
+    }
     let krate = match scheme {
         "amqp" | "amqps" => "ferriq-amqp",
         "sqs" | "sqs+http" | "sqs+https" => "ferriq-sqs",
@@ -260,7 +273,7 @@ pub async fn connect_broker_with(options: ConnectOptions) -> Result<Arc<dyn Brok
         Some(c) => (c.connect)(options).await,
         None => Err(ConnectError::UnknownScheme {
             kind: "broker",
-            hint: hint(&scheme),
+            hint: hint("broker", &scheme),
             scheme,
         }),
     }
@@ -281,7 +294,7 @@ pub async fn connect_store_with(options: ConnectOptions) -> Result<Arc<dyn Store
         Some(c) => (c.connect)(options).await,
         None => Err(ConnectError::UnknownScheme {
             kind: "store",
-            hint: hint(&scheme),
+            hint: hint("store", &scheme),
             scheme,
         }),
     }

@@ -64,6 +64,16 @@ async fn an_unknown_scheme_names_the_crate_to_link() {
         text.contains("kafka://") && text.contains("check the URL"),
         "{text}"
     );
+    // A URL of the other kind: swapped, whatever the binary links.
+    for text in [
+        connect_broker("redis://:s3cret@h:6379").await.err(),
+        connect_store("amqp://h:5672/").await.err(),
+    ]
+    .map(|e| e.expect("must fail").to_string())
+    {
+        assert!(text.contains("swapped"), "{text}");
+        assert!(!text.contains("s3cret"), "{text}");
+    }
 }
 
 #[tokio::test]

@@ -211,7 +211,20 @@ impl Inner {
     async fn unknown_task(&self, d: &Delivery, msg: &TaskMessage) -> Outcome {
         let config = &self.config;
         if d.receive_count < config.max_unroutable_receives {
-            tracing::debug!("task not served here: releasing for another lane");
+            // Loud once per message (its first receive here): a task name nobody on this queue
+            // serves is a deployment mistake, and the debug line alone left it silent.
+            if d.receive_count <= 1 {
+                tracing::warn!(
+                    task_name = %msg.task_name,
+                    task_id = %msg.task_id,
+                    queue = %d.queue,
+                    "this worker does not serve the task: handing it back ({} receives before \
+                     it is parked); every worker on a queue must serve every task sent to it",
+                    config.max_unroutable_receives
+                );
+            } else {
+                tracing::debug!("task not served here: releasing for another lane");
+            }
             return self
                 .release(d, config.unknown_task_release, Outcome::Released)
                 .await;
@@ -230,6 +243,12 @@ impl Inner {
                     .await
             }
             Ok(ClaimOutcome::Run { token, .. } | ClaimOutcome::Expired { token }) => {
+                tracing::warn!(
+                    task_name = %msg.task_name,
+                    task_id = %msg.task_id,
+                    queue = %d.queue,
+                    "no worker served the task: parked with an UnknownTask result"
+                );
                 let result = TaskResult::failure(
                     ErrorKind::UnknownTask,
                     detail.clone(),

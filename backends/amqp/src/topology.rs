@@ -39,9 +39,21 @@ pub(crate) async fn declare(channel: &Channel, config: &AmqpBrokerBuilder) -> Re
     if !config.declare_topology {
         return check(channel, config).await;
     }
-    declare_all(channel, config)
-        .await
-        .map_err(|e| format!("declaring the topology failed: {e}"))
+    declare_all(channel, config).await.map_err(|e| {
+        let e = e.to_string();
+        // The usual cause: taskiq-aio-pika declared the lane first with its own dead-letter
+        // queue (`taskiq.dead_letter` whatever the lane), or a process set another limit.
+        let hint = if e.contains("x-dead-letter") {
+            "; every process declaring a lane must agree on its arguments: ferriq names a \
+             lane's dead-letter queue '<lane>.dead_letter', so a taskiq-aio-pika broker on \
+             this lane needs dead_letter_queue=Queue(name=\"<lane>.dead_letter\")"
+        } else if e.contains("x-delivery-limit") {
+            "; every process declaring a lane must set the same FERRIQ_AMQP_DELIVERY_LIMIT"
+        } else {
+            ""
+        };
+        format!("declaring the topology failed: {e}{hint}")
+    })
 }
 
 /// Passive declares of the exchange and each lane set by name (the default lane is not

@@ -533,3 +533,50 @@ async fn publishing_to_lanes_directly_skips_the_exchanges_other_bindings() {
     );
     let _ = conn.close(200, "".into()).await;
 }
+
+/// A lane taskiq-aio-pika declared first with its default dead-letter queue: the refusal says
+/// which argument disagrees and what the Python side must set.
+#[tokio::test]
+async fn a_lane_declared_with_another_dead_letter_queue_says_what_to_set() {
+    use lapin::options::QueueDeclareOptions;
+    use lapin::types::{AMQPValue, FieldTable};
+    let topology = Topology::new();
+    let conn = lapin::Connection::connect(&common::amqp_url(), Default::default())
+        .await
+        .unwrap();
+    let ch = conn.create_channel().await.unwrap();
+    // As taskiq-aio-pika 0.6 declares its queue with default settings (deleted with the
+    // topology when the test ends).
+    let mut args = FieldTable::default();
+    args.insert(
+        "x-queue-type".into(),
+        AMQPValue::LongString("quorum".into()),
+    );
+    args.insert(
+        "x-dead-letter-exchange".into(),
+        AMQPValue::LongString("".into()),
+    );
+    args.insert(
+        "x-dead-letter-routing-key".into(),
+        AMQPValue::LongString("taskiq.dead_letter".into()),
+    );
+    let durable = QueueDeclareOptions {
+        durable: true,
+        ..Default::default()
+    };
+    ch.queue_declare(topology.queue.as_str().into(), durable, args)
+        .await
+        .unwrap();
+    let err = topology
+        .builder(&common::amqp_url())
+        .connect()
+        .await
+        .expect_err("the lane's arguments disagree")
+        .to_string();
+    assert!(
+        err.contains("x-dead-letter-routing-key")
+            && err.contains("<lane>.dead_letter")
+            && err.contains("dead_letter_queue=Queue"),
+        "{err}"
+    );
+}
