@@ -151,7 +151,7 @@ impl Worker {
             tracing::info!("signal received: draining; send it again to stop at once");
             watcher.drain();
             shutdown::wait_for_signal().await;
-            tracing::warn!("second signal: cancelling runs and releasing their messages");
+            tracing::info!("second signal: stopping at once");
             watcher.force();
         });
         self.run(shutdown).await;
@@ -234,27 +234,35 @@ impl Worker {
         }
         tracker.close();
         tracing::info!(in_flight = inner.running.len(), grace = ?inner.config.grace, "draining");
-        tokio::select! {
-            _ = tracker.wait() => {}
-            _ = tokio::time::sleep(inner.config.grace) => {}
-            _ = shutdown.forced() => {}
-        }
+        let forced = tokio::select! {
+            _ = tracker.wait() => false,
+            _ = tokio::time::sleep(inner.config.grace) => false,
+            _ = shutdown.forced() => true,
+        };
         if !tracker.is_empty() {
-            tracing::warn!(
-                left = inner.running.len(),
-                "grace period over: cancelling runs and releasing their messages"
-            );
+            let left = inner.running.len();
+            if forced {
+                tracing::warn!(
+                    left,
+                    "told to stop now: cancelling runs and releasing their messages"
+                );
+            } else {
+                tracing::warn!(
+                    left,
+                    "grace period over: cancelling runs and releasing their messages"
+                );
+            }
             inner.running.stop_all(StopReason::Shutdown);
-            // Handing back is quick (a claim release, a message release); a broker or store
-            // call that hangs must not keep the process from stopping: its message comes back
-            // by itself.
-            let settle_limit = Duration::from_secs(30);
+            // Handing back is quick (a claim release, a message release), and worth waiting
+            // for even when told to stop now: a message released before its channel closes is
+            // back at once and its run counts as handed back. A broker or store call that hangs
+            // must not keep the process from stopping: its message comes back by itself.
+            let settle_limit = Duration::from_secs(if forced { 5 } else { 30 });
             tokio::select! {
                 _ = tracker.wait() => {}
                 _ = tokio::time::sleep(settle_limit) => {
                     tracing::error!(left = inner.running.len(), "deliveries still settling after {settle_limit:?}; stopping anyway");
                 }
-                _ = shutdown.forced() => {}
             }
         }
         heartbeats.stop().await;

@@ -24,7 +24,8 @@ impl Shutdown {
         self.drain.cancel();
     }
 
-    /// Stop now: cancel runs and release their messages (also drains).
+    /// Stop now: cancel runs and release their messages (also drains). The releases are still
+    /// waited for (up to 5 s), so the messages are back in their queue when the worker stops.
     pub fn force(&self) {
         self.drain.cancel();
         self.force.cancel();

@@ -117,6 +117,17 @@ async fn slow(ctx: ferriq::TaskContext) -> u32 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drain_hands_unfinished_runs_back_for_another_worker() {
+    hands_unfinished_runs_back(false).await;
+}
+
+/// Told to stop now (a second signal): the runs are cut off at once, and still handed back
+/// before the channel closes (not nacked on a closing channel).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forced_stop_still_hands_unfinished_runs_back() {
+    hands_unfinished_runs_back(true).await;
+}
+
+async fn hands_unfinished_runs_back(forced: bool) {
     use std::sync::Arc;
     let topology = Topology::new();
     let prefix = topology.queue.replace('.', "_");
@@ -154,7 +165,12 @@ async fn a_drain_hands_unfinished_runs_back_for_another_worker() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let stats = first.worker.clone();
-    first.stop().await;
+    if forced {
+        first.shutdown.force();
+        first.join().await;
+    } else {
+        first.stop().await;
+    }
     assert_eq!(
         stats
             .stats()
