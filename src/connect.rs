@@ -18,10 +18,10 @@
 //! # }
 //! ```
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use thiserror::Error;
@@ -36,16 +36,66 @@ pub use crate::store::Store;
 #[derive(Clone, Default, PartialEq, Eq)]
 pub struct Settings(BTreeMap<String, String>);
 
+/// Every setting name asked for in this process, set or not: the names the linked backends
+/// know, so that a set name nothing asks for (a misspelling) can be pointed out.
+static ASKED: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
+
 impl Settings {
     /// A setting, when set and not empty.
     pub fn get(&self, name: &str) -> Option<&str> {
+        let mut asked = ASKED.lock().unwrap_or_else(|p| p.into_inner());
+        if !asked.contains(name) {
+            asked.insert(name.to_owned());
+        }
+        drop(asked);
         self.0.get(name).map(|v| v.trim()).filter(|v| !v.is_empty())
+    }
+
+    /// The `FERRIQ_*` names set here that neither `known` lists nor anything in this process
+    /// has asked for (call it after connecting), each with the known or asked name it is
+    /// likely a misspelling of. Names starting `FERRIQ_TEST_` are not reported.
+    pub fn unread(&self, known: &[&str]) -> Vec<(String, Option<String>)> {
+        let asked = ASKED.lock().unwrap_or_else(|p| p.into_inner());
+        let read = |name: &str| known.contains(&name) || asked.contains(name);
+        self.0
+            .keys()
+            .filter(|k| k.starts_with("FERRIQ_") && !k.starts_with("FERRIQ_TEST_") && !read(k))
+            .map(|k| {
+                let nearest = known
+                    .iter()
+                    .copied()
+                    .chain(asked.iter().map(String::as_str))
+                    .map(|n| (edit_distance(k, n), n))
+                    .min()
+                    .filter(|(d, _)| *d <= 3)
+                    .map(|(_, n)| n.to_owned());
+                (k.clone(), nearest)
+            })
+            .collect()
     }
 
     /// Sets one.
     pub fn insert(&mut self, name: impl Into<String>, value: impl Into<String>) {
         self.0.insert(name.into(), value.into());
     }
+}
+
+/// Levenshtein distance, for suggesting the setting a misspelt name meant.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let above = row[j + 1];
+            row[j + 1] = (diagonal + usize::from(ca != *cb))
+                .min(above + 1)
+                .min(row[j] + 1);
+            diagonal = above;
+        }
+    }
+    row[b.len()]
 }
 
 impl<K: Into<String>, V: Into<String>> Extend<(K, V)> for Settings {
@@ -199,6 +249,9 @@ pub enum ConnectError {
     /// which and what to check.
     #[error("{0}")]
     Backend(String),
+    /// A URL setting (`FERRIQ_BROKER_URL`, `FERRIQ_STORE_URL`) is not set.
+    #[error("environment variable {0} is not set (the URL to connect to)")]
+    Missing(&'static str),
 }
 
 /// A broker backend's registration: the schemes it serves and how it connects. Backend

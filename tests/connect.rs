@@ -163,3 +163,42 @@ async fn a_memory_store_from_settings_keeps_results_for_the_result_ttl() {
         "kept past FERRIQ_RESULT_TTL_SECS"
     );
 }
+
+#[tokio::test]
+async fn a_client_from_settings_names_the_missing_url() {
+    let mut settings = ferriq::connect::Settings::default();
+    settings.insert("FERRIQ_BROKER_URL", "memory://");
+    let err = Client::from_settings(&settings)
+        .await
+        .expect_err("no store URL");
+    assert!(
+        matches!(err, ConnectError::Missing("FERRIQ_STORE_URL")),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn a_misspelt_setting_is_pointed_out_with_the_name_it_likely_meant() {
+    let mut settings = ferriq::connect::Settings::default();
+    settings.extend([
+        ("FERRIQ_CONCURENCY", "4"),
+        ("FERRIQ_CONCURRENCY", "4"),
+        ("FERRIQ_CONNECT_TEST_LANES", "a"),
+        ("FERRIQ_ZZZZZZZZZZZZZZZZZZZZZZ", "1"),
+        ("FERRIQ_TEST_URL", "internal"),
+        ("HOME", "/root"),
+    ]);
+    // What a backend asks for (set or not) counts as read.
+    let _ = settings.get("FERRIQ_CONNECT_TEST_LANES");
+    let unread = settings.unread(WorkerConfig::SETTINGS);
+    assert_eq!(
+        unread,
+        vec![
+            (
+                "FERRIQ_CONCURENCY".to_owned(),
+                Some("FERRIQ_CONCURRENCY".to_owned())
+            ),
+            ("FERRIQ_ZZZZZZZZZZZZZZZZZZZZZZ".to_owned(), None),
+        ]
+    );
+}

@@ -193,15 +193,13 @@ impl Client {
     /// `settings`, with the backends' settings from the rest (a worker's
     /// [`WorkerConfig::settings`](crate::WorkerConfig::settings), for one).
     pub async fn from_settings(settings: &Settings) -> Result<Self, ConnectError> {
-        let missing =
-            |name: &str| ConnectError::Backend(format!("setting {name} is not set (a URL)"));
         let broker = settings
             .get("FERRIQ_BROKER_URL")
-            .ok_or_else(|| missing("FERRIQ_BROKER_URL"))?;
+            .ok_or(ConnectError::Missing("FERRIQ_BROKER_URL"))?;
         let store = settings
             .get("FERRIQ_STORE_URL")
             .or_else(|| settings.get("FERRIQ_VALKEY_URL"))
-            .ok_or_else(|| missing("FERRIQ_STORE_URL"))?;
+            .ok_or(ConnectError::Missing("FERRIQ_STORE_URL"))?;
         let options = |url: &str| {
             let mut options = ConnectOptions::new(url);
             options.settings = settings.clone();

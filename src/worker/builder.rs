@@ -125,6 +125,15 @@ impl WorkerBuilder {
         };
         let broker = connect_broker_with(options(&config.broker_url, "FERRIQ_BROKER_URL")?).await?;
         let store = connect_store_with(options(&config.store_url, "FERRIQ_STORE_URL")?).await?;
+        // A misspelt setting is otherwise silently ignored.
+        for (name, nearest) in config.settings.unread(WorkerConfig::SETTINGS) {
+            match nearest {
+                Some(meant) => tracing::warn!(
+                    "{name} is set but nothing in this worker reads it: did you mean {meant}?"
+                ),
+                None => tracing::warn!("{name} is set but nothing in this worker reads it"),
+            }
+        }
         Ok(WorkerBuilder::default()
             .config(config)
             .broker(broker)

@@ -151,6 +151,24 @@ fn default_worker_id() -> String {
 }
 
 impl WorkerConfig {
+    /// The `FERRIQ_*` variables the worker itself reads (backends read their own).
+    pub const SETTINGS: &'static [&'static str] = &[
+        "FERRIQ_WORKER_ID",
+        "FERRIQ_CONCURRENCY",
+        "FERRIQ_LEASE_SECS",
+        "FERRIQ_GRACE_SECS",
+        "FERRIQ_MAX_TAKEOVERS",
+        "FERRIQ_MAX_UNROUTABLE_RECEIVES",
+        "FERRIQ_UNKNOWN_TASK_RELEASE_SECS",
+        "FERRIQ_UNSUPPORTED_RELEASE_SECS",
+        "FERRIQ_MAX_PAYLOAD_BYTES",
+        "FERRIQ_BROKER_URL",
+        "FERRIQ_STORE_URL",
+        "FERRIQ_VALKEY_URL",
+        "FERRIQ_SCHEDULER",
+        "FERRIQ_PROBE_ADDR",
+    ];
+
     /// Reads `FERRIQ_*` variables from the process environment over the defaults.
     pub fn from_env() -> Result<Self, ConfigError> {
         Self::from_vars(std::env::vars())

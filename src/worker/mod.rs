@@ -189,6 +189,7 @@ impl Worker {
         tracing::info!(
             worker = %inner.config.worker_id,
             concurrency = inner.config.concurrency,
+            queues = ?inner.broker.lanes(),
             tasks = ?inner.registry,
             "worker started, serving {} task(s)",
             inner.registry.len()
