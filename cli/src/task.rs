@@ -115,7 +115,7 @@ async fn status(client: &Client, out: &Output, id: &TaskId) -> Result<(), Failur
             field(
                 "attempts",
                 format!(
-                    "{} started, {} failed, {} taken over",
+                    "{} started, {} failed and retried, {} taken over",
                     c.starts, c.failures, c.takeovers
                 ),
             );
