@@ -84,7 +84,7 @@ pub(crate) enum DlqCommand {
     },
     /// Show one dead letter with its arguments.
     Show {
-        /// The dead letter's id (from `dlq list`).
+        /// The dead letter's id (from `dlq list`), or the id of the task it carries.
         id: String,
         /// The lane (default: the first of --queues, else the broker's default).
         #[arg(long)]

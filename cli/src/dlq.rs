@@ -153,13 +153,26 @@ async fn show(
     id: &str,
 ) -> Result<(), Failure> {
     let lane = lane(client, queue)?;
-    let found = client
-        .ops()
-        .dead_letters_matching(&lane, &DeadFilter::all().id(id), 0, 1)
-        .await?;
-    let Some(m) = found.into_iter().next() else {
+    let first = |filter: DeadFilter| {
+        let lane = lane.clone();
+        async move {
+            let found = client
+                .ops()
+                .dead_letters_matching(&lane, &filter, 0, 1)
+                .await?;
+            Ok::<_, Failure>(found.into_iter().next())
+        }
+    };
+    // The dead letter's own id, or else the id of the task it carries (the two look alike).
+    let mut found = first(DeadFilter::all().id(id)).await?;
+    if found.is_none() {
+        if let Ok(task_id) = ferriq::wire::TaskId::parse(id) {
+            found = first(DeadFilter::all().task_id(task_id)).await?;
+        }
+    }
+    let Some(m) = found else {
         return Err(Failure::NotFound(format!(
-            "no dead letter {id} in {lane} (see `ferriq dlq list`)"
+            "no dead letter and no dead-lettered task {id} in {lane} (see `ferriq dlq list`)"
         )));
     };
     let now = now_ms();

@@ -245,6 +245,11 @@ async fn dead_letters_are_listed_shown_redriven_and_purged_from_the_command_line
     let shown = setup.json(&["dlq", "show", id]).await;
     assert_eq!(shown["id"], id);
     assert!(shown["message"]["args"].is_array(), "{shown}");
+    // By the id of the task it carries, too.
+    let by_task = setup
+        .json(&["dlq", "show", one["task_id"].as_str().unwrap()])
+        .await;
+    assert_eq!(by_task["id"], id);
     let out = setup.run(&["dlq", "show", "no-such-letter"], None).await;
     assert_eq!(out.status.code(), Some(3));
 
