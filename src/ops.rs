@@ -99,6 +99,9 @@ pub struct RedriveReport {
     pub kept: u64,
     /// Left parked: a run holds the task now.
     pub running: u64,
+    /// Left parked: parked again while this redrive ran (its task was redriven by it already,
+    /// and failed again).
+    pub parked_again: u64,
 }
 
 /// What a purge did.
@@ -256,7 +259,9 @@ impl Ops {
     }
 
     /// Sends back every dead letter of `lane` matching `filter`, each reset first so it runs
-    /// again with a fresh attempt budget. `progress` hears after each one.
+    /// again with a fresh attempt budget. `progress` hears after each one. A task is sent back
+    /// once per call: one that fails again and is parked again while the redrive goes on stays
+    /// parked (`parked_again`) rather than being chased round the loop.
     pub async fn redrive(
         &self,
         lane: &str,
@@ -269,6 +274,8 @@ impl Ops {
         let mut report = RedriveReport::default();
         let mut kept = Vec::new();
         let mut seen = 0;
+        // What this call sent back: its task id, or its body when it has none (unreadable).
+        let mut redriven = std::collections::HashSet::new();
         let outcome: Result<(), OpsError> = async {
             loop {
                 let batch = dlq.take_dead(lane, BATCH).await?;
@@ -286,6 +293,15 @@ impl Ops {
                         kept.push(m);
                         continue;
                     }
+                    let key = match &m.task_id {
+                        Some(id) => id.as_str().as_bytes().to_vec(),
+                        None => m.body.clone(),
+                    };
+                    if redriven.contains(&key) {
+                        report.parked_again += 1;
+                        kept.push(m);
+                        continue;
+                    }
                     if let Some(id) = &m.task_id {
                         if store.reset_for_redrive(id, &m.id).await? == RedriveReset::Running {
                             report.running += 1;
@@ -295,6 +311,7 @@ impl Ops {
                     }
                     let body = fresh_body(&m.body, self.client.clock().now_unix());
                     dlq.redrive_dead(&m, body).await?;
+                    redriven.insert(key);
                     report.redriven += 1;
                     progress(Progress {
                         seen,

@@ -28,6 +28,19 @@ async fn dead_letters_are_listed_redriven_and_purged() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redrive_sends_each_task_back_once() {
+    let env = TestEnv::new();
+    let healed = Arc::new(ops_suite::Healed::default());
+    let worker = ops_suite::worker(
+        Arc::new(env.broker.clone()),
+        Arc::new(env.store.clone()),
+        healed,
+    );
+    ops_suite::a_redrive_sends_each_task_back_once(&env.client, "taskiq").await;
+    worker.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn workers_report_themselves_and_their_runs() {
     let env = TestEnv::new();
     let healed = Arc::new(ops_suite::Healed::default());

@@ -240,6 +240,27 @@ fn selection_filter(verb: &str, selection: &Selection) -> Result<DeadFilter, Fai
     Ok(filter)
 }
 
+/// A selection by ID names the dead letter, or else the task it carries (as `dlq show`): the
+/// filter by task id when no dead letter has that id and the ID is a task id.
+async fn by_letter_or_task_id(
+    client: &Client,
+    lane: &str,
+    filter: DeadFilter,
+) -> Result<DeadFilter, Failure> {
+    let Some(id) = filter.id.clone() else {
+        return Ok(filter);
+    };
+    let Ok(task_id) = ferriq::wire::TaskId::parse(&id) else {
+        return Ok(filter);
+    };
+    if client.ops().count_dead_letters(lane, &filter).await? > 0 {
+        return Ok(filter);
+    }
+    let mut by_task = filter;
+    by_task.id = None;
+    Ok(by_task.task_id(task_id))
+}
+
 /// How many match, asked unless `--yes`; `None` when nothing matches.
 async fn count_and_confirm(
     client: &Client,
@@ -274,13 +295,14 @@ async fn redrive(
 ) -> Result<(), Failure> {
     let filter = selection_filter("redrive", selection)?;
     let lane = lane(client, selection.filter.queue.as_ref())?;
+    let filter = by_letter_or_task_id(client, &lane, filter).await?;
     let Some(total) = count_and_confirm(client, cli, "Redrive", &lane, &filter, selection).await?
     else {
         return nothing(
             out,
             &lane,
             selection,
-            json!({"redriven": 0, "kept": 0, "running": 0}),
+            json!({"redriven": 0, "kept": 0, "running": 0, "parked_again": 0}),
         );
     };
     let mut progress = Progress::new("redriven", (total > 0).then_some(total));
@@ -295,6 +317,7 @@ async fn redrive(
             "redriven": report.redriven,
             "kept": report.kept,
             "running": report.running,
+            "parked_again": report.parked_again,
         }));
     } else {
         println!("redriven {} dead letter(s) to {lane}", report.redriven);
@@ -304,8 +327,20 @@ async fn redrive(
                 report.running
             );
         }
+        if report.parked_again > 0 {
+            println!(
+                "left {} parked: their tasks failed again and were parked again while this \
+                 redrive ran (each task is redriven once per command)",
+                report.parked_again
+            );
+        }
     }
-    unseen_note(client, &lane, report.kept + report.running).await;
+    unseen_note(
+        client,
+        &lane,
+        report.kept + report.running + report.parked_again,
+    )
+    .await;
     if selection.id.is_some() && report.redriven == 0 && report.running == 0 {
         return Err(Failure::NotFound(format!(
             "no dead letter {} in {lane}",
@@ -323,6 +358,7 @@ async fn purge(
 ) -> Result<(), Failure> {
     let filter = selection_filter("purge", selection)?;
     let lane = lane(client, selection.filter.queue.as_ref())?;
+    let filter = by_letter_or_task_id(client, &lane, filter).await?;
     let Some(total) = count_and_confirm(client, cli, "Purge", &lane, &filter, selection).await?
     else {
         return nothing(

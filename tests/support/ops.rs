@@ -80,6 +80,27 @@ async fn eventually_parked(client: &Client, lane: &str, n: usize) {
     }
 }
 
+/// A redrive sends each task back once: a task that fails again at once and is parked again
+/// while the redrive goes on is left parked, not chased round (a redrive on SQS did so until
+/// it was killed). `client`'s broker and store are shared with a worker of [`worker`].
+pub async fn a_redrive_sends_each_task_back_once(client: &Client, lane: &str) {
+    let handles = client
+        .enqueue_batch((0..30).map(fatal::call))
+        .await
+        .unwrap();
+    for h in &handles {
+        assert!(matches!(h.wait(WAIT).await, Err(WaitError::Failed(_))));
+    }
+    eventually_parked(client, lane, 30).await;
+    let report = tokio::time::timeout(WAIT, client.ops().redrive(lane, &DeadFilter::all(), |_| {}))
+        .await
+        .expect("the redrive ends")
+        .unwrap();
+    assert_eq!(report.redriven, 30, "{report:?}");
+    // Each failed again and is parked again: 30 in all, each once.
+    eventually_parked(client, lane, 30).await;
+}
+
 /// The scenario on `client` (whose broker and store the worker shares), lane `lane`;
 /// `ordered`: the broker keeps its dead letters in order (listing twice gives the same order).
 pub async fn dead_letters_are_listed_redriven_and_purged(

@@ -25,6 +25,17 @@ async fn dead_letters_are_listed_redriven_and_purged() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redrive_sends_each_task_back_once() {
+    let queues = Queues::create(QueueOptions::default()).await;
+    let broker = Arc::new(queues.broker().await);
+    let store = Arc::new(common::store(&common::unique("ops")).await);
+    let worker = ops_suite::worker(broker.clone(), store.clone(), Default::default());
+    let client = Client::new(broker, store);
+    ops_suite::a_redrive_sends_each_task_back_once(&client, &queues.name).await;
+    worker.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_worker_from_before_a_redrive_cannot_write_over_the_new_result() {
     let queues = Queues::create(QueueOptions::default()).await;
     let brokers: [Arc<dyn ferriq::broker::Broker>; 2] = [
