@@ -466,6 +466,11 @@ pub trait Broker: Send + Sync + 'static {
     fn prepare_consumer(&self, consumer: &ConsumerSettings) {
         let _ = consumer;
     }
+    /// The worker has begun to drain and will not call `receive` again: a broker that fetches
+    /// ahead (long polls in the background) stops fetching, and hands back what its open
+    /// fetches still bring. Deliveries already taken are settled as usual. The default does
+    /// nothing.
+    fn drain_started(&self) {}
     /// The worker has drained (every delivery it took is settled) and will not call `receive`
     /// again: a broker that pushes deliveries gives back the ones it buffered. The default
     /// does nothing (pull brokers hold nothing unasked).

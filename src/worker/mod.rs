@@ -234,6 +234,7 @@ impl Worker {
             }
         }
         tracker.close();
+        inner.broker.drain_started();
         tracing::info!(in_flight = inner.running.len(), grace = ?inner.config.grace, "draining");
         let forced = tokio::select! {
             _ = tracker.wait() => false,

@@ -326,6 +326,10 @@ impl Broker for SqsBroker {
         );
     }
 
+    fn drain_started(&self) {
+        self.shared.receiver.stop_polling();
+    }
+
     async fn stop_receiving(&self) {
         self.shared.receiver.stop(&self.shared).await;
     }

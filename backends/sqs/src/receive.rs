@@ -57,6 +57,8 @@ struct Credits {
     asked: usize,
     /// Most a single poll takes, so one idle lane does not hold every credit.
     fair_share: usize,
+    /// The worker is draining: no poll starts, and what open polls bring is handed back.
+    stopping: bool,
 }
 
 /// The pollers and the buffer between them and `receive`.
@@ -67,6 +69,8 @@ pub(crate) struct Receiver {
     rx: tokio::sync::Mutex<mpsc::UnboundedReceiver<Delivery>>,
     buffered: AtomicUsize,
     pollers: Mutex<Vec<JoinHandle<()>>>,
+    /// Told whenever a poll ends.
+    settled: Notify,
 }
 
 impl Receiver {
@@ -79,6 +83,7 @@ impl Receiver {
             rx: tokio::sync::Mutex::new(rx),
             buffered: AtomicUsize::new(0),
             pollers: Mutex::new(Vec::new()),
+            settled: Notify::new(),
         }
     }
 
@@ -141,16 +146,46 @@ impl Receiver {
         }
     }
 
-    /// Stops the pollers and hands back every buffered delivery, visible at once.
+    /// The worker is draining: no poll starts any more, and what the open ones bring is
+    /// handed back as it comes (another worker takes it at once).
+    pub(crate) fn stop_polling(&self) {
+        let mut c = self.lock();
+        c.stopping = true;
+        c.available = 0;
+    }
+
+    fn is_stopping(&self) -> bool {
+        self.lock().stopping
+    }
+
+    /// Stops the pollers and hands back every buffered delivery, visible at once. Open long
+    /// polls are waited for (up to the poll's wait, plus a margin): one cut off mid-call may
+    /// have taken messages — SQS then hands them to a closed connection, and they come back
+    /// only when their visibility (the lease) runs out.
     pub(crate) async fn stop(&self, shared: &Shared) {
+        self.stop_polling();
+        let deadline = Instant::now() + shared.settings.wait_time + Duration::from_secs(2);
+        loop {
+            let settled = self.settled.notified();
+            tokio::pin!(settled);
+            settled.as_mut().enable();
+            if self.lock().asked == 0 {
+                break;
+            }
+            tokio::select! {
+                _ = settled => {}
+                _ = tokio::time::sleep_until(deadline) => {
+                    tracing::debug!("an SQS poll is still open; stopping without it (its messages come back after the lease)");
+                    break;
+                }
+            }
+        }
         let pollers: Vec<_> = self
             .pollers
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .drain(..)
             .collect();
-        // A poll cut off mid-call may have taken messages SQS will hand out again when
-        // their visibility (the lease) runs out: late, never lost.
         for p in pollers {
             p.abort();
         }
@@ -176,7 +211,7 @@ impl Receiver {
             granted.as_mut().enable();
             {
                 let mut c = self.lock();
-                if c.available > 0 {
+                if c.available > 0 && !c.stopping {
                     let n = c.available.min(c.fair_share.max(1)).min(10);
                     c.available -= n;
                     c.asked += n;
@@ -191,8 +226,11 @@ impl Receiver {
     fn settle(&self, asked: usize, got: usize) {
         let mut c = self.lock();
         c.asked -= asked;
-        c.available += asked.saturating_sub(got);
+        if !c.stopping {
+            c.available += asked.saturating_sub(got);
+        }
         drop(c);
+        self.settled.notify_waiters();
         if got < asked {
             self.wake.notify_waiters();
         }
@@ -227,6 +265,18 @@ async fn poll(shared: Arc<Shared>, lane: Arc<Queue>) {
             answer = call => answer,
         };
         match answer {
+            Ok(out) if receiver.is_stopping() => {
+                // Brought after the worker began to drain: straight back, for another worker.
+                let messages = out.messages.unwrap_or_default();
+                for m in messages {
+                    if let Some(d) = delivery(&shared, &lane, m, received_at) {
+                        if let Err(e) = shared.change_visibility(&d.handle, 0).await {
+                            tracing::debug!(error = %e, "handing back a message polled while draining failed; it returns with its visibility");
+                        }
+                    }
+                }
+                receiver.settle(asked, asked);
+            }
             Ok(out) => {
                 backoff = Duration::from_millis(100);
                 let messages = out.messages.unwrap_or_default();

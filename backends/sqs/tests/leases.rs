@@ -146,3 +146,54 @@ async fn copies_of_a_held_task_are_deferred_without_being_redriven() {
     }
     holder.stop().await;
 }
+
+/// A worker that stops waits for its open long poll to end: cut off, the poll's connection
+/// closes, and a message the queue hands to it anyway stays invisible for a whole lease (10
+/// minutes here) instead of going to the next worker at once — a rolling restart's tasks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_worker_leaves_no_message_to_its_closed_poll() {
+    let queues = Queues::create(QueueOptions::default()).await;
+    let store = Arc::new(MemoryStore::new());
+    let runs = Arc::new(Runs::default());
+    let worker = |wait: u64| {
+        let (queues, store, runs) = (&queues, store.clone(), Arc::clone(&runs));
+        async move {
+            let broker = queues
+                .builder()
+                .wait_time(Duration::from_secs(wait))
+                .connect()
+                .await
+                .unwrap();
+            RunningWorker::spawn(
+                Worker::builder()
+                    .broker(Arc::new(broker))
+                    .store(store)
+                    .registry(
+                        Registry::from_inventory()
+                            .unwrap()
+                            .only(&[slow::NAME])
+                            .unwrap(),
+                    )
+                    .state(runs)
+                    .lease(Duration::from_secs(600))
+                    .build()
+                    .unwrap(),
+            )
+        }
+    };
+    let client = Client::new(Arc::new(queues.broker().await), store.clone());
+    let first = worker(5).await;
+    // A task run proves the first worker polls; its poller is back in a 5 s long poll after.
+    let h = slow::kiq(&client, 0).await.unwrap();
+    assert_eq!(h.wait(Duration::from_secs(30)).await.unwrap(), 0);
+    first.stop().await;
+    // Sent after the first worker stopped: the next worker runs it at once.
+    let second = worker(1).await;
+    let h = slow::kiq(&client, 0).await.unwrap();
+    assert_eq!(
+        h.wait(Duration::from_secs(20)).await.unwrap(),
+        0,
+        "held by the stopped worker's poll"
+    );
+    second.stop().await;
+}
