@@ -321,3 +321,91 @@ fn a_taken_probe_address_is_refused_when_the_worker_is_built() {
         "{text}"
     );
 }
+
+/// A broker whose queue-depth call never answers (an unreachable SQS endpoint retrying).
+struct DepthHangs(ferriq::memory::MemoryBroker);
+
+#[async_trait::async_trait]
+impl ferriq::broker::Broker for DepthHangs {
+    async fn publish(
+        &self,
+        batch: Vec<ferriq::broker::OutgoingMessage>,
+    ) -> Result<(), ferriq::broker::BrokerError> {
+        self.0.publish(batch).await
+    }
+    async fn receive(
+        &self,
+        max: usize,
+        wait: Duration,
+    ) -> Result<Vec<ferriq::broker::Delivery>, ferriq::broker::BrokerError> {
+        self.0.receive(max, wait).await
+    }
+    async fn ack(
+        &self,
+        d: &ferriq::broker::DeliveryHandle,
+    ) -> Result<(), ferriq::broker::BrokerError> {
+        self.0.ack(d).await
+    }
+    async fn release(
+        &self,
+        d: &ferriq::broker::DeliveryHandle,
+        after: Duration,
+    ) -> Result<(), ferriq::broker::BrokerError> {
+        self.0.release(d, after).await
+    }
+    async fn extend(
+        &self,
+        d: &[ferriq::broker::DeliveryHandle],
+        lease: Duration,
+    ) -> Result<Vec<ferriq::broker::LeaseStatus>, ferriq::broker::BrokerError> {
+        self.0.extend(d, lease).await
+    }
+    async fn dead_letter(
+        &self,
+        d: &ferriq::broker::Delivery,
+        why: &ferriq::broker::DeadLetter,
+    ) -> Result<(), ferriq::broker::BrokerError> {
+        self.0.dead_letter(d, why).await
+    }
+    async fn depth(&self) -> Result<ferriq::broker::QueueDepth, ferriq::broker::BrokerError> {
+        std::future::pending().await
+    }
+    async fn health(&self) -> ferriq::broker::Health {
+        self.0.health().await
+    }
+}
+
+#[tokio::test]
+async fn metrics_answer_while_the_broker_does_not() {
+    let env = TestEnv::new();
+    let worker = ferriq::Worker::builder()
+        .broker(std::sync::Arc::new(DepthHangs(env.broker.clone())))
+        .store(std::sync::Arc::new(env.store.clone()))
+        .registry(
+            Registry::from_inventory()
+                .unwrap()
+                .only(&[double::NAME])
+                .unwrap(),
+        )
+        .build()
+        .unwrap();
+    let probes = worker
+        .serve_probes("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let asked = tokio::time::Instant::now();
+    let answer = tokio::time::timeout(
+        Duration::from_secs(10),
+        get(probes.local_addr(), "/metrics"),
+    )
+    .await
+    .expect("metrics within Prometheus's default scrape timeout");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.contains("ferriq_runs_in_flight"), "{answer}");
+    assert!(!answer.contains("ferriq_queue_messages"), "{answer}");
+    assert!(
+        asked.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        asked.elapsed()
+    );
+}

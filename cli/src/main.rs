@@ -99,8 +99,12 @@ async fn connect(cli: &Cli) -> Result<Client, Failure> {
     match tokio::time::timeout(cli.timeout, connecting).await {
         Ok(Ok(client)) => Ok(client),
         // The broker answered, but an exchange or lane named is not there (the command
-        // never declares them): not a connection problem.
-        Ok(Err(e)) if e.to_string().contains("is not on the broker") => {
+        // never declares them; RabbitMQ's and SQS's wording): not a connection problem.
+        Ok(Err(e))
+            if ["is not on the broker", "does not exist"]
+                .iter()
+                .any(|s| e.to_string().contains(s)) =>
+        {
             Err(Failure::NotFound(e.to_string()))
         }
         Ok(Err(e)) => Err(Failure::Connect(e.to_string())),

@@ -231,7 +231,10 @@ impl Worker {
                 );
             }
         }
-        if let Ok(depth) = self.depth().await {
+        // A broker that does not answer leaves the gauge out, quickly: a scrape must still
+        // get the rest (Prometheus gives up after 10 s by default).
+        let depth = tokio::time::timeout(std::time::Duration::from_secs(2), self.depth()).await;
+        if let Ok(Ok(depth)) = depth {
             header(
                 &mut out,
                 "ferriq_queue_messages",

@@ -85,9 +85,14 @@ pub(crate) fn is_retryable_entry(sender_fault: bool, code: &str) -> bool {
         )
 }
 
-/// A readable description of an SDK error, with its source chain.
-pub(crate) fn describe<E: std::error::Error>(e: &E) -> String {
-    DisplayErrorContext(e).to_string()
+/// A readable description of an SDK error: the service's code and message when it answered
+/// (the full context there repeats the raw HTTP response), else the source chain.
+pub(crate) fn describe<E: std::error::Error + ProvideErrorMetadata>(e: &E) -> String {
+    match (e.code(), e.message()) {
+        (Some(code), Some(message)) => format!("{code}: {message}"),
+        (Some(code), None) => code.to_owned(),
+        _ => DisplayErrorContext(e).to_string(),
+    }
 }
 
 /// An SDK call failure as a broker error: a lost handle is [`BrokerError::DeliveryLost`], a

@@ -152,10 +152,15 @@ async fn attributes(
         .await
         .map_err(|e| SqsError::Queue {
             queue: name.to_owned(),
-            reason: format!(
-                "cannot read its attributes: {} (check the URL and credentials)",
-                describe(&e)
-            ),
+            reason: match code_of(&e) {
+                Some("NonExistentQueue" | "QueueDoesNotExist") => {
+                    "it does not exist (check the URL: its account and name)".to_owned()
+                }
+                _ => format!(
+                    "cannot read its attributes: {} (check the URL and credentials)",
+                    describe(&e)
+                ),
+            },
         })?;
     Ok(out.attributes().cloned().unwrap_or_default())
 }

@@ -326,3 +326,24 @@ async fn an_unknown_task_is_parked_at_the_default_limit_across_copies() {
     }
     worker.stop().await;
 }
+
+#[tokio::test]
+async fn a_queue_that_does_not_exist_is_named_in_a_short_error() {
+    let queues = Queues::create(QueueOptions::default()).await;
+    // By name, and by URL (an SQS URL: the attributes call is the first to fail).
+    for missing in [
+        format!("{}-missing", queues.name),
+        format!("{}-missing", queues.url),
+    ] {
+        let err = ferriq_sqs::SqsBrokerBuilder::new(missing)
+            .endpoint_url(common::endpoint())
+            .region("us-east-1")
+            .credentials("test", "test")
+            .connect()
+            .await
+            .expect_err("no such queue")
+            .to_string();
+        assert!(err.contains("does not exist"), "{err}");
+        assert!(err.len() < 300, "{} characters: {err}", err.len());
+    }
+}
