@@ -4,7 +4,7 @@ use std::time::Duration;
 use ferriq::store::{ClaimOutcome, CompleteOutcome, StoreError};
 use ferriq::wire::TaskId;
 use fred::clients::SubscriberClient;
-use fred::prelude::{ClientLike, PubsubInterface};
+use fred::prelude::{ClientLike, ClientState, Pool, PubsubInterface};
 use tokio::task::JoinHandle;
 
 use crate::batch::Batcher;
@@ -40,6 +40,20 @@ struct Inner {
     background: Vec<JoinHandle<()>>,
 }
 
+/// Closes the connections that are up or coming up. `quit` on a client that never connected,
+/// or whose router already stopped, only logs fred's warnings ("already stopped", "fatal
+/// error sending QUIT"): a failed connect and every process exit printed several.
+async fn quit_connected(pool: &Pool, subscriber: &SubscriberClient) {
+    if subscriber.state() != ClientState::Disconnected {
+        let _ = subscriber.quit().await;
+    }
+    for client in pool.clients() {
+        if client.state() != ClientState::Disconnected {
+            let _ = client.quit().await;
+        }
+    }
+}
+
 /// Calls gathered into one script run at most.
 const MAX_BATCH: usize = 64;
 
@@ -51,10 +65,7 @@ impl Drop for Inner {
         // Close the connections in the background when a runtime is still there.
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             let (pool, subscriber) = (self.core.pool.clone(), self.subscriber.clone());
-            rt.spawn(async move {
-                let _ = subscriber.quit().await;
-                let _ = pool.quit().await;
-            });
+            rt.spawn(async move { quit_connected(&pool, &subscriber).await });
         }
     }
 }
@@ -137,8 +148,7 @@ impl ValkeyStore {
             for task in &background {
                 task.abort();
             }
-            let _ = subscriber.quit().await;
-            let _ = pool.quit().await;
+            quit_connected(&pool, &subscriber).await;
             return Err(e);
         }
         let clustered = pool.next().is_clustered();
@@ -200,8 +210,7 @@ impl ValkeyStore {
 
     /// Closes the connections now (they also close when the last clone is dropped).
     pub async fn close(&self) {
-        let _ = self.inner.subscriber.quit().await;
-        let _ = self.inner.core.pool.quit().await;
+        quit_connected(&self.inner.core.pool, &self.inner.subscriber).await;
     }
 
     /// The key prefix.
