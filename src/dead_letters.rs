@@ -167,6 +167,7 @@ pub trait DeadLetterQueue: Send + Sync {
     async fn redrive_dead(&self, held: &DeadMessage, body: Vec<u8>) -> Result<(), BrokerError>;
     /// Removes a held dead letter for good.
     async fn drop_dead(&self, held: &DeadMessage) -> Result<(), BrokerError>;
-    /// How many dead letters `lane` has (when the broker can count them).
+    /// How many dead letters `lane` has (when the broker can count them). A dead-letter queue
+    /// several lanes share is counted whole (SQS: counting one lane's would mean reading them).
     async fn dead_count(&self, lane: &str) -> Result<u64, BrokerError>;
 }
