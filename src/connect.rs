@@ -232,7 +232,7 @@ impl ConnectOptions {
 }
 
 /// Why a backend could not be connected from its URL.
-#[derive(Debug, Error)]
+#[derive(Error)]
 #[non_exhaustive]
 pub enum ConnectError {
     /// No linked crate serves the URL's scheme.
@@ -434,5 +434,13 @@ pub(crate) fn parse_flag(value: &str) -> Option<bool> {
         "" | "0" | "false" | "no" | "off" => Some(false),
         "1" | "true" | "yes" | "on" => Some(true),
         _ => None,
+    }
+}
+
+/// The message, as `Display` gives it: a `main` returning this error prints its `Debug` form,
+/// and users read that first (`Error: Connect(Backend("…"))` said less, and escaped it).
+impl std::fmt::Debug for ConnectError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
     }
 }

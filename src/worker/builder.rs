@@ -17,7 +17,7 @@ use crate::store::Store;
 use crate::task::AppState;
 
 /// Why a worker could not be built.
-#[derive(Debug, Error)]
+#[derive(Error)]
 #[non_exhaustive]
 pub enum BuildError {
     /// No broker was given.
@@ -330,4 +330,12 @@ fn no_tasks_reason() -> String {
             ""
         }
     )
+}
+
+/// The message, as `Display` gives it: a `main` returning this error prints its `Debug` form,
+/// and users read that first (`Error: Connect(Backend("…"))` said less, and escaped it).
+impl std::fmt::Debug for BuildError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self, f)
+    }
 }
