@@ -123,8 +123,13 @@ impl WorkerBuilder {
             options.settings = config.settings.clone();
             Ok::<_, ConfigError>(options)
         };
-        let broker = connect_broker_with(options(&config.broker_url, "FERRIQ_BROKER_URL")?).await?;
-        let store = connect_store_with(options(&config.store_url, "FERRIQ_STORE_URL")?).await?;
+        // Both URLs checked before connecting either: a missing one is said at once.
+        let (broker, store) = (
+            options(&config.broker_url, "FERRIQ_BROKER_URL")?,
+            options(&config.store_url, "FERRIQ_STORE_URL")?,
+        );
+        let broker = connect_broker_with(broker).await?;
+        let store = connect_store_with(store).await?;
         // A misspelt setting is otherwise silently ignored.
         for (name, nearest) in config.settings.unread(WorkerConfig::SETTINGS) {
             match nearest {

@@ -101,7 +101,9 @@ impl Worker {
             "/livez" => ("200 OK", "ok\n".into()),
             "/readyz" => match self.health().await {
                 crate::broker::Health::Healthy => ("200 OK", "ready\n".into()),
-                other => ("503 Service Unavailable", format!("{other:?}\n")),
+                crate::broker::Health::Unhealthy(why) => {
+                    ("503 Service Unavailable", format!("not ready: {why}\n"))
+                }
             },
             "/metrics" => ("200 OK", self.metrics_text().await),
             _ => ("404 Not Found", "try /livez, /readyz or /metrics\n".into()),
