@@ -250,7 +250,7 @@ pub enum ConnectError {
     #[error("{0}")]
     Backend(String),
     /// A URL setting (`FERRIQ_BROKER_URL`, `FERRIQ_STORE_URL`) is not set.
-    #[error("environment variable {0} is not set (the URL to connect to)")]
+    #[error("setting {0} is not set (the URL to connect to)")]
     Missing(&'static str),
 }
 

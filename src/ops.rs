@@ -99,8 +99,8 @@ pub struct RedriveReport {
     pub kept: u64,
     /// Left parked: a run holds the task now.
     pub running: u64,
-    /// Left parked: parked again while this redrive ran (its task was redriven by it already,
-    /// and failed again).
+    /// Left parked: its task was already redriven by this call (a second dead letter of the
+    /// task, or one parked again after failing while the redrive ran).
     pub parked_again: u64,
 }
 

@@ -14,10 +14,15 @@ use std::fmt;
 /// // Malformed URLs never show the password either.
 /// assert_eq!(SecretUrl::new("redis://:ab/cd@host:6379").to_string(), "redis://:***@host:6379");
 /// assert_eq!(SecretUrl::new("redis://s3cret@host").to_string(), "redis://***@host");
+/// // A '?' or '#' in an unencoded password: where it ends cannot be told, so nothing is shown.
 /// let unencoded = SecretUrl::new("amqp://guest:pa?ss#w@rd@host:5672/");
-/// assert_eq!(unencoded.to_string(), "amqp://guest:***@host:5672/");
+/// assert_eq!(unencoded.to_string(), "amqp://***");
 /// assert!(unencoded.userinfo_hint().is_some());
 /// assert!(url.userinfo_hint().is_none());
+/// // An '@' in a query value is not mistaken for the end of the user info.
+/// let sentinel = SecretUrl::new("redis-sentinel://:pw@s1:26379/0?sentinelUsername=ops@corp&sentinelPassword=s3cret");
+/// assert!(!sentinel.to_string().contains("s3cret") && !sentinel.to_string().contains("pw"));
+/// assert!(sentinel.userinfo_hint().is_none());
 /// ```
 #[derive(Clone, PartialEq, Eq)]
 pub struct SecretUrl(String);
@@ -47,10 +52,15 @@ impl SecretUrl {
         let Some((scheme, rest)) = self.0.split_once("://") else {
             return "***".to_owned();
         };
-        // The user info ends at the last '@' anywhere: an unencoded password may itself
-        // contain '/', '?', '#' or '@', which would end it early. (An '@' in a query without
-        // user info hides the host and the query before it: more than the password, not less.)
-        let (userinfo, after) = match rest.rfind('@') {
+        // An '@' only after a '?' or '#': an unencoded password holding one of them, or an
+        // '@' in the query of a URL without user info. Which one cannot be told: show nothing.
+        if ambiguous_userinfo(rest) {
+            return format!("{scheme}://***");
+        }
+        // The user info ends at the last '@' before any query or fragment: a malformed
+        // password may itself contain '/', which would end the authority early.
+        let query_at = rest.find(['?', '#']).unwrap_or(rest.len());
+        let (userinfo, after) = match rest[..query_at].rfind('@') {
             Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
             None => (None, rest),
         };
@@ -70,9 +80,11 @@ impl SecretUrl {
     /// so the parser reports a bad port or host instead).
     pub fn userinfo_hint(&self) -> Option<&'static str> {
         let (_, rest) = self.0.split_once("://")?;
-        let last_at = rest.rfind('@')?;
-        let delimiter = rest.find(['/', '?', '#'])?;
-        (delimiter < last_at).then_some(
+        let before_query = &rest[..rest.find(['?', '#']).unwrap_or(rest.len())];
+        let slash_in_userinfo = before_query
+            .rfind('@')
+            .is_some_and(|at| before_query[..at].contains('/'));
+        (ambiguous_userinfo(rest) || slash_in_userinfo).then_some(
             "a user name or password holding '/', '?', '#' or '@' must be percent-encoded \
              in the URL (%2F, %3F, %23, %40)",
         )
@@ -85,6 +97,14 @@ impl SecretUrl {
             Some(hint) => format!("{reason} ({hint})"),
             None => reason.to_string(),
         }
+    }
+}
+
+/// Whether the URL (after `scheme://`) has an '@' only after its first '?' or '#'.
+fn ambiguous_userinfo(rest: &str) -> bool {
+    match rest.find(['?', '#']) {
+        Some(q) => !rest[..q].contains('@') && rest[q..].contains('@'),
+        None => false,
     }
 }
 

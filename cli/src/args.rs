@@ -116,7 +116,7 @@ pub(crate) struct Filter {
 /// Which dead letters a redrive or purge touches: an id, a filter, or `--all`.
 #[derive(Debug, Clone, Args)]
 pub(crate) struct Selection {
-    /// One dead letter, by id.
+    /// One dead letter, by its id or the id of the task it carries.
     pub(crate) id: Option<String>,
     /// Which ones.
     #[command(flatten)]

@@ -329,8 +329,8 @@ async fn redrive(
         }
         if report.parked_again > 0 {
             println!(
-                "left {} parked: their tasks failed again and were parked again while this \
-                 redrive ran (each task is redriven once per command)",
+                "left {} parked: their tasks were already redriven by this command (a second \
+                 dead letter of a task, or one that failed again meanwhile)",
                 report.parked_again
             );
         }

@@ -96,6 +96,9 @@ pub struct Worker {
     inner: Arc<Inner>,
 }
 
+/// How long a worker told to stop now (a second signal) still gives each hand-back step.
+const FORCED_LIMIT: Duration = Duration::from_secs(5);
+
 impl Worker {
     /// A builder.
     pub fn builder() -> WorkerBuilder {
@@ -259,12 +262,22 @@ impl Worker {
             // for even when told to stop now: a message released before its channel closes is
             // back at once and its run counts as handed back. A broker or store call that hangs
             // must not keep the process from stopping: its message comes back by itself.
-            let settle_limit = Duration::from_secs(if forced { 5 } else { 30 });
-            tokio::select! {
-                _ = tracker.wait() => {}
-                _ = tokio::time::sleep(settle_limit) => {
-                    tracing::error!(left = inner.running.len(), "deliveries still settling after {settle_limit:?}; stopping anyway");
+            // Told to stop now during the settle: at most 5 s more.
+            let settle_limit = if forced {
+                FORCED_LIMIT
+            } else {
+                Duration::from_secs(30)
+            };
+            let settled = tokio::time::timeout(settle_limit, tracker.wait());
+            tokio::pin!(settled);
+            let finished = tokio::select! {
+                done = &mut settled => done.is_ok(),
+                _ = shutdown.forced(), if !forced => {
+                    tokio::time::timeout(FORCED_LIMIT, settled).await.is_ok_and(|done| done.is_ok())
                 }
+            };
+            if !finished {
+                tracing::error!(left = inner.running.len(), "deliveries still settling; stopping anyway (their messages come back by themselves)");
             }
         }
         heartbeats.stop().await;
@@ -273,8 +286,16 @@ impl Worker {
             let _ = s.await;
         }
         // Every delivery is settled: a broker that pushes deliveries (RabbitMQ) hands the ones
-        // it buffered back to the queue for other workers.
-        inner.broker.stop_receiving().await;
+        // it buffered back to the queue for other workers (SQS waits for its open polls).
+        // Told to stop now: at most 5 s for it.
+        let stopping = inner.broker.stop_receiving();
+        tokio::pin!(stopping);
+        tokio::select! {
+            _ = &mut stopping => {}
+            _ = shutdown.forced() => {
+                let _ = tokio::time::timeout(FORCED_LIMIT, stopping).await;
+            }
+        }
         tracing::info!("worker stopped");
     }
 }

@@ -328,6 +328,9 @@ impl Broker for SqsBroker {
 
     fn drain_started(&self) {
         self.shared.receiver.stop_polling();
+        // What the pollers already buffered goes back now, not after the drain.
+        let shared = Arc::clone(&self.shared);
+        tokio::spawn(async move { shared.receiver.hand_back_buffered(&shared).await });
     }
 
     async fn stop_receiving(&self) {

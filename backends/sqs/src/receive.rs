@@ -102,6 +102,8 @@ impl Receiver {
         let max = max.max(1);
         {
             let mut c = self.lock();
+            // A run that asks again is not draining (a run dropped mid-drain left the flag).
+            c.stopping = false;
             let outstanding = c.available + c.asked + self.buffered.load(Ordering::SeqCst);
             if max > outstanding {
                 c.available += max - outstanding;
@@ -190,12 +192,18 @@ impl Receiver {
             p.abort();
         }
         *self.lock() = Credits::default();
+        self.hand_back_buffered(shared).await;
+    }
+
+    /// Hands back every buffered delivery, visible at once (the worker will not take them).
+    pub(crate) async fn hand_back_buffered(&self, shared: &Shared) {
         let mut rx = self.rx.lock().await;
         let mut buffered = Vec::new();
         while let Ok(d) = rx.try_recv() {
             buffered.push(d);
         }
-        self.buffered.store(0, Ordering::SeqCst);
+        self.buffered.fetch_sub(buffered.len(), Ordering::SeqCst);
+        drop(rx);
         for d in buffered {
             if let Err(e) = shared.change_visibility(&d.handle, 0).await {
                 tracing::debug!(error = %e, "handing back a buffered delivery failed; it returns with its visibility");

@@ -40,9 +40,11 @@ struct Inner {
     background: Vec<JoinHandle<()>>,
 }
 
-/// Closes the connections that are up or coming up. `quit` on a client that never connected,
-/// or whose router already stopped, only logs fred's warnings ("already stopped", "fatal
-/// error sending QUIT"): a failed connect and every process exit printed several.
+/// After a failed connect: closes the clients that are not disconnected. `quit` on a client
+/// that never connected (its router stopped when `init` failed) only logs fred's warning
+/// "attempted to quit client that was already stopped", once per connection. (Not used when a
+/// store is closed or dropped: a disconnected client there may be between reconnect attempts,
+/// and skipping its `quit` would leave it reconnecting for good.)
 async fn quit_connected(pool: &Pool, subscriber: &SubscriberClient) {
     if subscriber.state() != ClientState::Disconnected {
         let _ = subscriber.quit().await;
@@ -65,7 +67,10 @@ impl Drop for Inner {
         // Close the connections in the background when a runtime is still there.
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             let (pool, subscriber) = (self.core.pool.clone(), self.subscriber.clone());
-            rt.spawn(async move { quit_connected(&pool, &subscriber).await });
+            rt.spawn(async move {
+                let _ = subscriber.quit().await;
+                let _ = pool.quit().await;
+            });
         }
     }
 }
@@ -210,7 +215,8 @@ impl ValkeyStore {
 
     /// Closes the connections now (they also close when the last clone is dropped).
     pub async fn close(&self) {
-        quit_connected(&self.inner.core.pool, &self.inner.subscriber).await;
+        let _ = self.inner.subscriber.quit().await;
+        let _ = self.inner.core.pool.quit().await;
     }
 
     /// The key prefix.
