@@ -23,6 +23,9 @@ use std::fmt;
 /// let sentinel = SecretUrl::new("redis-sentinel://:pw@s1:26379/0?sentinelUsername=ops@corp&sentinelPassword=s3cret");
 /// assert!(!sentinel.to_string().contains("s3cret") && !sentinel.to_string().contains("pw"));
 /// assert!(sentinel.userinfo_hint().is_none());
+/// // An '@' in the user name and a '?' in the password, both unencoded: nothing is shown.
+/// assert_eq!(SecretUrl::new("amqp://us@er:pa?x=1@host/").to_string(), "amqp://***");
+/// assert_eq!(SecretUrl::new("redis://[::1]:6379/0").to_string(), "redis://[::1]:6379/0");
 /// ```
 #[derive(Clone, PartialEq, Eq)]
 pub struct SecretUrl(String);
@@ -64,6 +67,12 @@ impl SecretUrl {
             Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
             None => (None, rest),
         };
+        // What follows the user info must be a host with at most a numeric port: anything
+        // else means the split went wrong (say '@' unencoded in the user name and '?' in the
+        // password), and what looks like a host may be part of the password.
+        if !plausible_authority(&after[..after.find(['/', '?', '#']).unwrap_or(after.len())]) {
+            return format!("{scheme}://***");
+        }
         let userinfo = match userinfo {
             // `user:password@` keeps the user; a lone `secret@` may be a password (redis).
             Some(info) => match info.split_once(':') {
@@ -97,6 +106,22 @@ impl SecretUrl {
             Some(hint) => format!("{reason} ({hint})"),
             None => reason.to_string(),
         }
+    }
+}
+
+/// `host`, `host:port` or `[v6]:port`, the port all digits (an empty authority too).
+fn plausible_authority(authority: &str) -> bool {
+    let port = match authority.strip_prefix('[') {
+        Some(v6) => match v6.split_once(']') {
+            Some((_, "")) => return true,
+            Some((_, rest)) => rest.strip_prefix(':'),
+            None => return false,
+        },
+        None => authority.rsplit_once(':').map(|(_, port)| port),
+    };
+    match port {
+        Some(port) => port.bytes().all(|b| b.is_ascii_digit()),
+        None => !authority.contains('@'),
     }
 }
 
