@@ -16,39 +16,23 @@ use ferriq::WaitError;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dead_letters_are_listed_redriven_and_purged() {
     let env = TestEnv::new();
-    let healed = Arc::new(ops_suite::Healed::default());
-    let worker = ops_suite::worker(
-        Arc::new(env.broker.clone()),
-        Arc::new(env.store.clone()),
-        healed.clone(),
-    );
-    ops_suite::dead_letters_are_listed_redriven_and_purged(&env.client, "taskiq", healed, true)
-        .await;
+    let (worker, client, healed) = suite_worker(&env);
+    ops_suite::dead_letters_are_listed_redriven_and_purged(&client, "taskiq", healed, true).await;
     worker.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redrive_sends_each_task_back_once() {
     let env = TestEnv::new();
-    let healed = Arc::new(ops_suite::Healed::default());
-    let worker = ops_suite::worker(
-        Arc::new(env.broker.clone()),
-        Arc::new(env.store.clone()),
-        healed,
-    );
-    ops_suite::a_redrive_sends_each_task_back_once(&env.client, "taskiq").await;
+    let (worker, client, _) = suite_worker(&env);
+    ops_suite::a_redrive_sends_each_task_back_once(&client, "taskiq").await;
     worker.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn workers_report_themselves_and_their_runs() {
     let env = TestEnv::new();
-    let healed = Arc::new(ops_suite::Healed::default());
-    let worker = ops_suite::worker(
-        Arc::new(env.broker.clone()),
-        Arc::new(env.store.clone()),
-        healed,
-    );
+    let (worker, _, _) = suite_worker(&env);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     let workers = loop {
         let w = env.client.ops().workers().await.unwrap();
@@ -145,4 +129,15 @@ async fn purging_a_dead_letter_that_has_no_result_answers_its_caller() {
         }
         other => panic!("the caller was not answered: {other:?}"),
     }
+}
+
+/// The shared suite's worker on the memory backends of `env`, and a client of them.
+fn suite_worker(
+    env: &TestEnv,
+) -> (
+    ferriq::testing::RunningWorker,
+    ferriq::Client,
+    Arc<ops_suite::Healed>,
+) {
+    ops_suite::worker_and_client(Arc::new(env.broker.clone()), Arc::new(env.store.clone()))
 }

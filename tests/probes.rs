@@ -89,13 +89,15 @@ async fn probes_report_liveness_readiness_and_metrics() {
     drop(probes);
 }
 
-#[tokio::test]
-async fn readiness_fails_while_the_store_is_unreachable() {
-    let env = TestEnv::new();
-    let store = ferriq::testing::FaultyStore::new(env.store.clone());
+/// A worker serving `probes.double` on `broker` and `store`, not running, with its probes
+/// served on a free port.
+async fn probed_worker(
+    broker: std::sync::Arc<dyn ferriq::broker::Broker>,
+    store: std::sync::Arc<dyn ferriq::store::Store>,
+) -> (ferriq::Worker, ferriq::worker::ProbeServer) {
     let worker = ferriq::Worker::builder()
-        .broker(std::sync::Arc::new(env.broker.clone()))
-        .store(std::sync::Arc::new(store.clone()))
+        .broker(broker)
+        .store(store)
         .registry(
             Registry::from_inventory()
                 .unwrap()
@@ -108,6 +110,18 @@ async fn readiness_fails_while_the_store_is_unreachable() {
         .serve_probes("127.0.0.1:0".parse().unwrap())
         .await
         .unwrap();
+    (worker, probes)
+}
+
+#[tokio::test]
+async fn readiness_fails_while_the_store_is_unreachable() {
+    let env = TestEnv::new();
+    let store = ferriq::testing::FaultyStore::new(env.store.clone());
+    let (_worker, probes) = probed_worker(
+        std::sync::Arc::new(env.broker.clone()),
+        std::sync::Arc::new(store.clone()),
+    )
+    .await;
     let addr = probes.local_addr();
     assert!(get(addr, "/readyz").await.starts_with("HTTP/1.1 200"));
     store.set_failing(ferriq::testing::StoreOp::Claim, true);
@@ -378,21 +392,11 @@ impl ferriq::broker::Broker for DepthHangs {
 #[tokio::test]
 async fn metrics_answer_while_the_broker_does_not() {
     let env = TestEnv::new();
-    let worker = ferriq::Worker::builder()
-        .broker(std::sync::Arc::new(DepthHangs(env.broker.clone())))
-        .store(std::sync::Arc::new(env.store.clone()))
-        .registry(
-            Registry::from_inventory()
-                .unwrap()
-                .only(&[double::NAME])
-                .unwrap(),
-        )
-        .build()
-        .unwrap();
-    let probes = worker
-        .serve_probes("127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
+    let (_worker, probes) = probed_worker(
+        std::sync::Arc::new(DepthHangs(env.broker.clone())),
+        std::sync::Arc::new(env.store.clone()),
+    )
+    .await;
     let asked = tokio::time::Instant::now();
     let answer = tokio::time::timeout(
         Duration::from_secs(10),

@@ -39,6 +39,17 @@ async fn fatal(healed: State<Arc<Healed>>, n: u32) -> Result<u32, TaskError> {
     Ok(n)
 }
 
+/// The suite's worker on `broker` and `store` (see [`worker`]), a client of the same two,
+/// and the flag that heals the suite's flaky task.
+pub fn worker_and_client(
+    broker: Arc<dyn Broker>,
+    store: Arc<dyn Store>,
+) -> (RunningWorker, Client, Arc<Healed>) {
+    let healed = Arc::new(Healed::default());
+    let worker = worker(broker.clone(), store.clone(), healed.clone());
+    (worker, Client::new(broker, store), healed)
+}
+
 pub const TASKS: [&str; 2] = [flaky::NAME, fatal::NAME];
 
 /// A worker for the suite: unknown names parked after one receive, releases quick.

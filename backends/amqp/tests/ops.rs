@@ -8,16 +8,11 @@ mod ops_suite;
 use std::sync::Arc;
 
 use common::Topology;
-use ferriq::Client;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dead_letters_are_listed_redriven_and_purged() {
     let topology = Topology::new();
-    let broker = Arc::new(topology.broker().await);
-    let store = Arc::new(common::store(&common::unique("ops")).await);
-    let healed = Arc::new(ops_suite::Healed::default());
-    let worker = ops_suite::worker(broker.clone(), store.clone(), healed.clone());
-    let client = Client::new(broker, store);
+    let (worker, client, healed) = suite_worker(&topology).await;
     ops_suite::dead_letters_are_listed_redriven_and_purged(&client, &topology.queue, healed, true)
         .await;
     worker.stop().await;
@@ -26,10 +21,7 @@ async fn dead_letters_are_listed_redriven_and_purged() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redrive_sends_each_task_back_once() {
     let topology = Topology::new();
-    let broker = Arc::new(topology.broker().await);
-    let store = Arc::new(common::store(&common::unique("ops")).await);
-    let worker = ops_suite::worker(broker.clone(), store.clone(), Default::default());
-    let client = Client::new(broker, store);
+    let (worker, client, _) = suite_worker(&topology).await;
     ops_suite::a_redrive_sends_each_task_back_once(&client, &topology.queue).await;
     worker.stop().await;
 }
@@ -53,4 +45,18 @@ async fn a_stale_worker_from_before_a_redrive_cannot_write_over_the_new_result()
         },
     )
     .await;
+}
+
+/// The shared suite's worker on `topology` with a store of its own, and a client of both.
+async fn suite_worker(
+    topology: &Topology,
+) -> (
+    ferriq::testing::RunningWorker,
+    ferriq::Client,
+    Arc<ops_suite::Healed>,
+) {
+    ops_suite::worker_and_client(
+        Arc::new(topology.broker().await),
+        Arc::new(common::store(&common::unique("ops")).await),
+    )
 }

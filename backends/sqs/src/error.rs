@@ -95,6 +95,12 @@ pub(crate) fn describe<E: std::error::Error + ProvideErrorMetadata>(e: &E) -> St
     }
 }
 
+/// Whether an SDK error says the queue itself does not exist (as opposed to the service being
+/// unreachable or refusing the call).
+pub(crate) fn is_missing_queue<E: ProvideErrorMetadata>(e: &E) -> bool {
+    matches!(code_of(e), Some("NonExistentQueue" | "QueueDoesNotExist"))
+}
+
 /// An SDK call failure as a broker error: a lost handle is [`BrokerError::DeliveryLost`], a
 /// missing queue a configuration error, the rest "unavailable" (retried by the worker).
 pub(crate) fn broker_error<E>(e: &E) -> BrokerError
@@ -103,7 +109,7 @@ where
 {
     match code_of(e) {
         Some(code) if is_lost_handle(code, e.message()) => BrokerError::DeliveryLost,
-        Some("NonExistentQueue" | "QueueDoesNotExist") => BrokerError::Config(format!(
+        _ if is_missing_queue(e) => BrokerError::Config(format!(
             "the queue does not exist (deleted?): {}",
             describe(e)
         )),

@@ -3,11 +3,12 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use aws_sdk_sqs::error::ProvideErrorMetadata;
 use aws_sdk_sqs::types::QueueAttributeName;
 use aws_sdk_sqs::Client;
 
 use crate::config::QueueRef;
-use crate::error::{code_of, describe};
+use crate::error::{describe, is_missing_queue};
 use crate::SqsError;
 
 /// A queue ferriq sends to or consumes, as SQS describes it.
@@ -117,17 +118,14 @@ async fn url_of(
             if let Some(account) = owner {
                 call = call.queue_owner_aws_account_id(account);
             }
-            let out = call.send().await.map_err(|e| SqsError::Queue {
-                queue: name.clone(),
-                reason: match code_of(&e) {
-                    Some("NonExistentQueue" | "QueueDoesNotExist") => {
-                        "it does not exist (check the name, region and account)".to_owned()
-                    }
-                    _ => format!(
-                        "cannot look it up: {} (check the endpoint, region and credentials)",
-                        describe(&e)
-                    ),
-                },
+            let out = call.send().await.map_err(|e| {
+                queue_error(
+                    name,
+                    &e,
+                    "check the name, region and account",
+                    "cannot look it up",
+                    "check the endpoint, region and credentials",
+                )
             })?;
             out.queue_url()
                 .map(str::to_owned)
@@ -150,19 +148,36 @@ async fn attributes(
         .attribute_names(QueueAttributeName::All)
         .send()
         .await
-        .map_err(|e| SqsError::Queue {
-            queue: name.to_owned(),
-            reason: match code_of(&e) {
-                Some("NonExistentQueue" | "QueueDoesNotExist") => {
-                    "it does not exist (check the URL: its account and name)".to_owned()
-                }
-                _ => format!(
-                    "cannot read its attributes: {} (check the URL and credentials)",
-                    describe(&e)
-                ),
-            },
+        .map_err(|e| {
+            queue_error(
+                name,
+                &e,
+                "check the URL: its account and name",
+                "cannot read its attributes",
+                "check the URL and credentials",
+            )
         })?;
     Ok(out.attributes().cloned().unwrap_or_default())
+}
+
+/// A failed look-up of `queue` as an error that says whether the queue is missing (and what to
+/// check then) or the call failed (what failed, the service's words, what to check).
+fn queue_error<E: std::error::Error + ProvideErrorMetadata>(
+    queue: &str,
+    e: &E,
+    when_missing: &str,
+    failed: &str,
+    when_failed: &str,
+) -> SqsError {
+    let reason = if is_missing_queue(e) {
+        format!("it does not exist ({when_missing})")
+    } else {
+        format!("{failed}: {} ({when_failed})", describe(e))
+    };
+    SqsError::Queue {
+        queue: queue.to_owned(),
+        reason,
+    }
 }
 
 /// A string or number field of a small JSON object, as SQS writes RedrivePolicy.

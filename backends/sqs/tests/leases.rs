@@ -24,7 +24,15 @@ async fn slow(runs: State<Arc<Runs>>, secs: u64) -> u64 {
     secs
 }
 
-fn spawn(broker: ferriq_sqs::SqsBroker, store: Arc<MemoryStore>, runs: Arc<Runs>) -> RunningWorker {
+/// The lease the heartbeat tests give their workers: shorter than the queue's visibility.
+const SHORT_LEASE: Duration = Duration::from_secs(3);
+
+fn spawn(
+    broker: ferriq_sqs::SqsBroker,
+    store: Arc<MemoryStore>,
+    runs: Arc<Runs>,
+    lease: Duration,
+) -> RunningWorker {
     RunningWorker::spawn(
         Worker::builder()
             .broker(Arc::new(broker))
@@ -37,7 +45,7 @@ fn spawn(broker: ferriq_sqs::SqsBroker, store: Arc<MemoryStore>, runs: Arc<Runs>
             )
             .state(runs)
             .concurrency(4)
-            .lease(Duration::from_secs(3))
+            .lease(lease)
             .build()
             .unwrap(),
     )
@@ -53,8 +61,18 @@ async fn heartbeats_keep_a_twenty_second_run_from_a_second_worker() {
     .await;
     let store = Arc::new(MemoryStore::new());
     let runs = Arc::new(Runs::default());
-    let first = spawn(queues.broker().await, store.clone(), Arc::clone(&runs));
-    let second = spawn(queues.broker().await, store.clone(), Arc::clone(&runs));
+    let first = spawn(
+        queues.broker().await,
+        store.clone(),
+        Arc::clone(&runs),
+        SHORT_LEASE,
+    );
+    let second = spawn(
+        queues.broker().await,
+        store.clone(),
+        Arc::clone(&runs),
+        SHORT_LEASE,
+    );
     let client = Client::new(Arc::new(queues.broker().await), store);
     let h = slow::kiq(&client, 20).await.unwrap();
     assert_eq!(h.wait(Duration::from_secs(60)).await.unwrap(), 20);
@@ -82,7 +100,12 @@ async fn copies_of_a_held_task_are_deferred_without_being_redriven() {
     .await;
     let store = Arc::new(MemoryStore::new());
     let runs = Arc::new(Runs::default());
-    let holder = spawn(queues.broker().await, store.clone(), Arc::clone(&runs));
+    let holder = spawn(
+        queues.broker().await,
+        store.clone(),
+        Arc::clone(&runs),
+        SHORT_LEASE,
+    );
     let client = Client::new(Arc::new(queues.broker().await), store.clone());
     let id = TaskId::random();
     let h = client
@@ -107,6 +130,7 @@ async fn copies_of_a_held_task_are_deferred_without_being_redriven() {
                 queues.broker().await,
                 store.clone(),
                 Arc::clone(&runs),
+                SHORT_LEASE,
             ));
         }
         v
@@ -164,21 +188,7 @@ async fn a_stopping_worker_leaves_no_message_to_its_closed_poll() {
                 .connect()
                 .await
                 .unwrap();
-            RunningWorker::spawn(
-                Worker::builder()
-                    .broker(Arc::new(broker))
-                    .store(store)
-                    .registry(
-                        Registry::from_inventory()
-                            .unwrap()
-                            .only(&[slow::NAME])
-                            .unwrap(),
-                    )
-                    .state(runs)
-                    .lease(Duration::from_secs(600))
-                    .build()
-                    .unwrap(),
-            )
+            spawn(broker, store, runs, Duration::from_secs(600))
         }
     };
     let client = Client::new(Arc::new(queues.broker().await), store.clone());
