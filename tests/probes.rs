@@ -1,6 +1,10 @@
 //! The worker's HTTP probes: liveness, readiness and Prometheus metrics.
 
+mod common;
+
 use std::time::Duration;
+
+use common::{HangingBroker, Hangs};
 
 use ferriq::testing::TestEnv;
 use ferriq::Registry;
@@ -336,64 +340,17 @@ fn a_taken_probe_address_is_refused_when_the_worker_is_built() {
     );
 }
 
-/// A broker whose queue-depth call never answers (an unreachable SQS endpoint retrying).
-struct DepthHangs(ferriq::memory::MemoryBroker);
-
-#[async_trait::async_trait]
-impl ferriq::broker::Broker for DepthHangs {
-    async fn publish(
-        &self,
-        batch: Vec<ferriq::broker::OutgoingMessage>,
-    ) -> Result<(), ferriq::broker::BrokerError> {
-        self.0.publish(batch).await
-    }
-    async fn receive(
-        &self,
-        max: usize,
-        wait: Duration,
-    ) -> Result<Vec<ferriq::broker::Delivery>, ferriq::broker::BrokerError> {
-        self.0.receive(max, wait).await
-    }
-    async fn ack(
-        &self,
-        d: &ferriq::broker::DeliveryHandle,
-    ) -> Result<(), ferriq::broker::BrokerError> {
-        self.0.ack(d).await
-    }
-    async fn release(
-        &self,
-        d: &ferriq::broker::DeliveryHandle,
-        after: Duration,
-    ) -> Result<(), ferriq::broker::BrokerError> {
-        self.0.release(d, after).await
-    }
-    async fn extend(
-        &self,
-        d: &[ferriq::broker::DeliveryHandle],
-        lease: Duration,
-    ) -> Result<Vec<ferriq::broker::LeaseStatus>, ferriq::broker::BrokerError> {
-        self.0.extend(d, lease).await
-    }
-    async fn dead_letter(
-        &self,
-        d: &ferriq::broker::Delivery,
-        why: &ferriq::broker::DeadLetter,
-    ) -> Result<(), ferriq::broker::BrokerError> {
-        self.0.dead_letter(d, why).await
-    }
-    async fn depth(&self) -> Result<ferriq::broker::QueueDepth, ferriq::broker::BrokerError> {
-        std::future::pending().await
-    }
-    async fn health(&self) -> ferriq::broker::Health {
-        self.0.health().await
-    }
-}
-
 #[tokio::test]
 async fn metrics_answer_while_the_broker_does_not() {
     let env = TestEnv::new();
     let (_worker, probes) = probed_worker(
-        std::sync::Arc::new(DepthHangs(env.broker.clone())),
+        std::sync::Arc::new(HangingBroker {
+            inner: env.broker.clone(),
+            hangs: Hangs {
+                depth: true,
+                ..Default::default()
+            },
+        }),
         std::sync::Arc::new(env.store.clone()),
     )
     .await;

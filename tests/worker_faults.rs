@@ -7,7 +7,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{eventually, Gate, Harness};
+use common::{eventually, Gate, HangingBroker, Hangs, Harness};
 use ferriq::broker::{Broker, DeadLetterReason, OutgoingMessage};
 use ferriq::store::{ClaimOutcome, ClaimStore, ResultStore};
 use ferriq::testing::{Oracle, StoreOp};
@@ -123,6 +123,41 @@ async fn an_error_returned_because_of_a_drain_is_a_drain_not_a_failure() {
     };
     assert_eq!(failures, 0);
     let _ = token;
+}
+
+/// A second stop signal while the worker waits for its hand-backs after the grace period cuts
+/// that wait from 30 s to 5 s: a broker call that never answers keeps the process no longer.
+#[tokio::test(start_paused = true)]
+async fn a_forced_stop_during_the_settle_waits_five_seconds_more_not_thirty() {
+    let h = Harness::new();
+    let broker = HangingBroker {
+        inner: h.broker.clone(),
+        hangs: Hangs {
+            release: true,
+            ..Default::default()
+        },
+    };
+    let w = h.start(
+        h.worker(&[polite::NAME])
+            .broker(Arc::new(broker))
+            .grace(Duration::from_secs(1)),
+    );
+    polite::kiq(&h.client).await.unwrap();
+    h.gate.entered.notified().await;
+    let shutdown = w.shutdown.clone();
+    shutdown.drain();
+    // Virtual time: the grace ends at 1 s, the run is cancelled and its release hangs; the
+    // settle would wait until 31 s.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert!(!w.is_finished(), "still waiting for the hanging release");
+    let forced_at = tokio::time::Instant::now();
+    shutdown.force();
+    w.join().await;
+    let waited = forced_at.elapsed();
+    assert!(
+        waited >= Duration::from_secs(5) && waited < Duration::from_secs(6),
+        "stopped {waited:?} after the second signal"
+    );
 }
 
 #[tokio::test(start_paused = true)]

@@ -4,6 +4,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use ferriq::broker::{
+    Broker, BrokerError, DeadLetter, Delivery, DeliveryHandle, Health, LeaseStatus,
+    OutgoingMessage, QueueDepth,
+};
 use ferriq::clock::Clock;
 use ferriq::memory::{MemoryBroker, MemoryStore};
 use ferriq::testing::{FaultyStore, Oracle, RunningWorker};
@@ -56,6 +60,60 @@ impl Harness {
 
     pub fn start(&self, builder: WorkerBuilder) -> RunningWorker {
         RunningWorker::spawn(builder.build().expect("worker builds"))
+    }
+}
+
+/// Which calls of a [`HangingBroker`] never answer.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Hangs {
+    /// `release`: a channel stuck under flow control, an endpoint that stopped answering.
+    pub release: bool,
+    /// `depth`: an unreachable SQS endpoint the SDK keeps retrying.
+    pub depth: bool,
+}
+
+/// A memory broker some of whose calls never answer.
+#[derive(Debug, Clone)]
+pub struct HangingBroker {
+    pub inner: MemoryBroker,
+    pub hangs: Hangs,
+}
+
+#[async_trait::async_trait]
+impl Broker for HangingBroker {
+    async fn publish(&self, batch: Vec<OutgoingMessage>) -> Result<(), BrokerError> {
+        self.inner.publish(batch).await
+    }
+    async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>, BrokerError> {
+        self.inner.receive(max, wait).await
+    }
+    async fn ack(&self, d: &DeliveryHandle) -> Result<(), BrokerError> {
+        self.inner.ack(d).await
+    }
+    async fn release(&self, d: &DeliveryHandle, after: Duration) -> Result<(), BrokerError> {
+        if self.hangs.release {
+            std::future::pending::<()>().await;
+        }
+        self.inner.release(d, after).await
+    }
+    async fn extend(
+        &self,
+        d: &[DeliveryHandle],
+        lease: Duration,
+    ) -> Result<Vec<LeaseStatus>, BrokerError> {
+        self.inner.extend(d, lease).await
+    }
+    async fn dead_letter(&self, d: &Delivery, why: &DeadLetter) -> Result<(), BrokerError> {
+        self.inner.dead_letter(d, why).await
+    }
+    async fn depth(&self) -> Result<QueueDepth, BrokerError> {
+        if self.hangs.depth {
+            std::future::pending::<()>().await;
+        }
+        self.inner.depth().await
+    }
+    async fn health(&self) -> Health {
+        self.inner.health().await
     }
 }
 

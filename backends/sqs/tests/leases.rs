@@ -207,3 +207,50 @@ async fn a_stopping_worker_leaves_no_message_to_its_closed_poll() {
     );
     second.stop().await;
 }
+
+/// Waits until the main queue holds `ready` visible messages and `in_flight` hidden ones.
+async fn counts_reach(queues: &Queues, ready: u64, in_flight: u64, limit: Duration, what: &str) {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        let counts = queues.counts().await;
+        if counts == (ready, in_flight) {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what}: (ready, in flight) = {counts:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Deliveries a poll brought that the worker has not taken when it begins to drain go back at
+/// once, visible to the next worker, instead of after their lease (10 minutes here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deliveries_buffered_when_the_drain_starts_go_back_at_once() {
+    use ferriq::broker::{Broker, ConsumerSettings};
+    let queues = Queues::create(QueueOptions::default()).await;
+    let client = Client::new(
+        Arc::new(queues.broker().await),
+        Arc::new(MemoryStore::new()),
+    );
+    for _ in 0..3 {
+        slow::kiq(&client, 0).await.unwrap();
+    }
+    let broker = queues.broker().await;
+    broker.prepare_consumer(&ConsumerSettings::new(3, Duration::from_secs(600)));
+    // Slots for three offered, with no wait: the pollers bring the messages into the
+    // buffer, where nobody takes them (any taken at once stay with this test).
+    let taken = broker.receive(3, Duration::ZERO).await.unwrap().len() as u64;
+    counts_reach(&queues, 0, 3, Duration::from_secs(20), "polled").await;
+    broker.drain_started();
+    counts_reach(
+        &queues,
+        3 - taken,
+        taken,
+        Duration::from_secs(10),
+        "buffered deliveries handed back",
+    )
+    .await;
+    broker.stop_receiving().await;
+}
