@@ -13,6 +13,16 @@ use thiserror::Error;
 use crate::clock::Clock;
 use crate::wire::{Labels, TaskId, TaskMessage, WireError, MAX_DELAY};
 
+/// A delivery due within this long is held by the worker until it is due, instead of being
+/// released to its broker again: brokers time a delay in whole seconds (SQS) or coarse tiers
+/// (RabbitMQ). A broker may deliver a message with a shorter delay at once, with its due
+/// time (`due_at`, or [`Delivery::not_before`]); the worker holds it for the rest.
+///
+/// ```
+/// assert_eq!(ferriq::broker::HOLD_WINDOW, std::time::Duration::from_secs(1));
+/// ```
+pub const HOLD_WINDOW: Duration = Duration::from_secs(1);
+
 /// A message ready to publish: the taskiq body plus what brokers need to route it.
 #[derive(Debug, Clone)]
 #[non_exhaustive]

@@ -195,7 +195,7 @@ impl Inner {
         if wait.is_zero() {
             return None;
         }
-        if wait < Duration::from_secs(1) {
+        if wait < crate::broker::HOLD_WINDOW {
             tokio::time::sleep(wait).await;
             return None;
         }

@@ -25,7 +25,7 @@ pub(crate) const RECEIVES_HEADER: &str = "x-ferriq-receives";
 /// may hand it back earlier (tiers are coarse); the worker then releases it again.
 pub(crate) const NOT_BEFORE_HEADER: &str = "x-ferriq-not-before";
 
-fn unix_ms_now() -> i64 {
+pub(crate) fn unix_ms_now() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64)

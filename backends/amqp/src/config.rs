@@ -134,6 +134,10 @@ impl AmqpBrokerBuilder {
     /// in the largest tier not longer than it, and comes back for the rest: every message in a
     /// tier has the same TTL, so none waits behind one due later. Delays longer than the
     /// largest tier go round it again; fewer tiers mean more round trips, never a late task.
+    /// A delay under a second goes straight to the queue, and the worker holds it until due.
+    /// Keep a 1 s tier: a delay shorter than the smallest tier waits in it with an expiration
+    /// of its own, which RabbitMQ applies only at the head of the queue, so it can run up to
+    /// that tier's length late.
     pub fn delay_tiers(mut self, tiers: impl IntoIterator<Item = Duration>) -> Self {
         self.delay_tiers = tiers.into_iter().collect();
         self.delay_tiers.sort();

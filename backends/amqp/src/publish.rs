@@ -5,13 +5,14 @@ use std::pin::Pin;
 use std::task::Poll;
 use std::time::Duration;
 
-use ferriq::broker::{BrokerError, OutgoingMessage};
+use ferriq::broker::{BrokerError, OutgoingMessage, HOLD_WINDOW};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use lapin::options::BasicPublishOptions;
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Confirmation};
 use tokio::time::Instant;
 
+use crate::broker::{unix_ms_now, NOT_BEFORE_HEADER};
 use crate::session::Session;
 use crate::{AmqpBroker, AmqpBrokerBuilder};
 
@@ -62,12 +63,24 @@ impl AmqpBroker {
                 headers.insert(name, long(&v));
             }
         }
+        // A delay below the worker's hold window goes straight to the lane, not to a tier
+        // with its own expiration: RabbitMQ expires a message only at the head of its queue,
+        // so it would wait behind the tier's earlier messages, up to a whole tier late. The
+        // worker holds it until due (the body's `due_at`, or this header).
+        let delay = msg.delay.filter(|d| !d.is_zero());
+        let held_by_worker = delay.filter(|d| *d < HOLD_WINDOW);
+        if let Some(d) = held_by_worker {
+            headers.insert(
+                NOT_BEFORE_HEADER.into(),
+                AMQPValue::LongLongInt(unix_ms_now().saturating_add(d.as_millis() as i64)),
+            );
+        }
         let mut properties = persistent(headers).with_message_id(msg.task_id.as_str().into());
         if let Some(p) = msg.priority {
             properties = properties.with_priority(p);
         }
-        Ok(match msg.delay {
-            Some(delay) if !delay.is_zero() => {
+        Ok(match delay {
+            Some(delay) if held_by_worker.is_none() => {
                 self.delayed(lane, delay, msg.body.clone(), properties)
             }
             _ => Publication {
@@ -89,7 +102,8 @@ impl AmqpBroker {
     /// arrived). It comes back to the lane before it is due when `delay` is not a tier's
     /// length; the worker then releases it again for what is left (the message carries its
     /// due time), and holds it for the last second. A delay shorter than every tier waits in
-    /// the smallest tier with its own expiration.
+    /// the smallest tier with its own expiration (a release; an enqueue that short goes
+    /// straight to the lane, see `route`).
     pub(crate) fn delayed(
         &self,
         lane: String,

@@ -109,6 +109,27 @@ async fn a_short_delay_enqueued_after_a_long_one_runs_on_time() {
     s.worker.stop().await;
 }
 
+/// A delay under a second, enqueued behind a second's worth of messages in the 1 s tier:
+/// waiting in that tier with its own expiration, it ran when the messages ahead of it expired
+/// (0.7 s late here); the worker holds it instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delay_under_a_second_does_not_wait_behind_the_one_second_tier() {
+    let s = setup().await;
+    let mut due = Vec::new();
+    for _ in 0..20 {
+        due.push(enqueue(&s, Duration::from_secs(1)).await);
+    }
+    let short = enqueue(&s, Duration::from_millis(300)).await;
+    let late = lateness(&s, &[short], Duration::from_secs(30)).await[0];
+    assert!(
+        (-0.005..0.35).contains(&late),
+        "the 300 ms delay ran {late:.3} s after it was due"
+    );
+    let late = lateness(&s, &due, Duration::from_secs(30)).await;
+    assert!(late.iter().all(|l| (-0.005..1.0).contains(l)), "{late:?}");
+    s.worker.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_hundred_random_delays_enqueued_in_random_order_all_run_on_time() {
     let s = setup().await;

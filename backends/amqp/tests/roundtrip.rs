@@ -413,7 +413,7 @@ async fn a_worker_serves_several_lanes() {
         .enqueue(
             add::call(3, 3)
                 .with_queue(second.queue.as_str())
-                .with_delay(Duration::from_millis(300)),
+                .with_delay(Duration::from_millis(1500)),
         )
         .await
         .unwrap();
