@@ -1,6 +1,7 @@
 //! Schedules on the memory backends with paused time: each tick runs once with several
 //! schedulers (and clocks 5 s apart), a dead leader is replaced within its lease, missed ticks
-//! follow their policy, and run-time schedules are added, listed and removed.
+//! follow their policy, run-time schedules are added, listed and removed, and `no_overlap`
+//! keeps runs apart.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -75,16 +76,33 @@ async fn report(
         .push(at);
 }
 
+/// Runs of the slow task: (start, end) on tokio's clock, seconds since the test began.
+#[derive(Default)]
+struct Spans(Mutex<Vec<(f64, Option<f64>)>>);
+
+#[ferriq::task(name = "sched.slow")]
+async fn slow(spans: State<Arc<Spans>>, start: State<tokio::time::Instant>) {
+    let at = start.elapsed().as_secs_f64();
+    let n = {
+        let mut spans = spans.0.lock().unwrap();
+        spans.push((at, None));
+        spans.len() - 1
+    };
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    spans.0.lock().unwrap()[n].1 = Some(start.elapsed().as_secs_f64());
+}
+
 fn worker(env: &TestEnv, runs: &Arc<Runs>, start: tokio::time::Instant) -> RunningWorker {
     env.spawn_worker(
         env.worker()
             .registry(
                 Registry::from_inventory()
                     .unwrap()
-                    .only(&[every_second::NAME, report::NAME])
+                    .only(&[every_second::NAME, report::NAME, slow::NAME])
                     .unwrap(),
             )
             .state(Arc::clone(runs))
+            .state(Arc::new(Spans::default()))
             .state(start)
             .state(env.clock),
     )
@@ -291,4 +309,84 @@ async fn run_time_schedules_are_added_listed_removed_and_survive_restarts() {
     join.await.unwrap();
     w.stop().await;
     assert_eq!(runs.most(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_overlap_skips_every_tick_while_the_sent_one_runs() {
+    let env = TestEnv::new();
+    let start = tokio::time::Instant::now();
+    let spans = Arc::new(Spans::default());
+    let w = env.spawn_worker(
+        env.worker()
+            .registry(
+                Registry::from_inventory()
+                    .unwrap()
+                    .only(&[slow::NAME])
+                    .unwrap(),
+            )
+            .state(Arc::clone(&spans))
+            .state(start)
+            .concurrency(4),
+    );
+    // Every 2 s, each run 5 s: the ticks in between are skipped — also the one after a
+    // skipped tick, which was never claimed (that one was sent while the run went on).
+    let schedules = env.client.schedules();
+    schedules
+        .add(ScheduleSpec::every("slow", slow::NAME, 2).without_overlap())
+        .await
+        .unwrap();
+    let (stop, join) = spawn(
+        scheduler(&env, "s")
+            .declared_schedules(false)
+            .build()
+            .unwrap(),
+    );
+    tokio::time::sleep(Duration::from_millis(7_500)).await;
+    // Mid-run (the second run started at about 6 s): the listing shows the sent tick's run,
+    // not the skipped tick's (never claimed, so it would read as pending).
+    let listed = schedules.list().await.unwrap();
+    let info = listed.iter().find(|s| s.spec.id == "slow").unwrap();
+    assert!(
+        matches!(
+            info.last_status,
+            Some(ferriq::client::TaskStatus::Started { .. })
+        ),
+        "{:?}",
+        info.last_status
+    );
+    tokio::time::sleep(Duration::from_millis(22_500)).await;
+    stop.drain();
+    join.await.unwrap();
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    w.stop().await;
+    let spans = spans.0.lock().unwrap().clone();
+    // Runs at about 0, 6, 12, 18, 24 s: a new one starts within a tick of the last ending.
+    assert!((4..=6).contains(&spans.len()), "{spans:?}");
+    for pair in spans.windows(2) {
+        let (end, next) = (pair[0].1.expect("finished"), pair[1].0);
+        assert!(next >= end, "overlap: {spans:?}");
+        assert!(next - end <= 2.5, "waited more than a tick: {spans:?}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_overlap_holds_the_next_tick_while_the_sent_one_waits_in_the_queue() {
+    let env = TestEnv::new();
+    env.client
+        .schedules()
+        .add(ScheduleSpec::every("slow", slow::NAME, 2).without_overlap())
+        .await
+        .unwrap();
+    let (stop, join) = spawn(
+        scheduler(&env, "s")
+            .declared_schedules(false)
+            .build()
+            .unwrap(),
+    );
+    // No worker: the first tick waits unclaimed; sending more would queue runs that free
+    // slots start together once workers come.
+    tokio::time::sleep(Duration::from_secs(9)).await;
+    assert_eq!(env.broker.stats().published, 1);
+    stop.drain();
+    join.await.unwrap();
 }

@@ -17,7 +17,8 @@ pub(crate) struct MemSchedules {
     specs: BTreeMap<String, ScheduleSpec>,
     /// Sends announced, until when.
     sending: HashMap<String, Instant>,
-    ticks: HashMap<String, i64>,
+    /// Per schedule: the latest tick handled, the latest sent.
+    ticks: HashMap<String, (i64, Option<i64>)>,
     leader: Option<(String, Instant)>,
 }
 
@@ -70,13 +71,24 @@ impl ScheduleStore for MemoryStore {
     }
 
     async fn last_tick(&self, id: &str) -> Result<Option<i64>, StoreError> {
-        Ok(self.lock().schedules.ticks.get(id).copied())
+        Ok(self.lock().schedules.ticks.get(id).map(|t| t.0))
     }
 
-    async fn record_tick(&self, id: &str, tick: i64) -> Result<(), StoreError> {
+    async fn last_sent_tick(&self, id: &str) -> Result<Option<i64>, StoreError> {
+        Ok(self.lock().schedules.ticks.get(id).and_then(|t| t.1))
+    }
+
+    async fn record_tick(&self, id: &str, tick: i64, sent: bool) -> Result<(), StoreError> {
         let mut state = self.lock();
-        let last = state.schedules.ticks.entry(id.to_owned()).or_insert(tick);
-        *last = (*last).max(tick);
+        let (handled, last_sent) = state
+            .schedules
+            .ticks
+            .entry(id.to_owned())
+            .or_insert((tick, None));
+        *handled = (*handled).max(tick);
+        if sent {
+            *last_sent = Some(last_sent.map_or(tick, |s| s.max(tick)));
+        }
         Ok(())
     }
 

@@ -90,7 +90,7 @@ impl Schedules {
         let mut out = Vec::with_capacity(specs.len());
         for (spec, declared) in specs {
             let next_run = spec.compile().ok().and_then(|c| c.next_after(now));
-            let last_tick = store.last_tick(&spec.id).await?;
+            let last_tick = store.last_sent_tick(&spec.id).await?;
             let last_status = match last_tick {
                 Some(t) => Some(self.client.handle::<()>(spec.tick_id(t)).status().await?),
                 None => None,

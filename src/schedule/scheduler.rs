@@ -9,12 +9,15 @@ use serde_json::Value;
 use super::spec::{Compiled, MissedTicks, ScheduleError, ScheduleSpec, Timing};
 use crate::broker::{Broker, OutgoingMessage};
 use crate::clock::Clock;
-use crate::store::{ClaimState, Store, StoreError};
+use crate::store::{ClaimState, ResultStatus, Store, StoreError};
 use crate::wire::{names, Labels, TaskMessage};
 use crate::Shutdown;
 
 /// A tick due more than this long ago is missed (its schedule's policy decides).
 const GRACE_SECS: f64 = 1.0;
+
+/// How long after its time a tick may still start; workers discard it later.
+const TICK_DEADLINE_SECS: i64 = 86_400;
 
 /// How long a send of run-time ticks may take before a removal stops waiting for it.
 pub(crate) const SENDING_LIMIT: Duration = Duration::from_secs(60);
@@ -284,12 +287,17 @@ impl Scheduler {
         let Some(newest) = newest else {
             return Ok(next);
         };
-        if spec.no_overlap && self.previous_still_runs(spec, last).await? {
-            tracing::info!(schedule = %spec.id, "the previous tick still runs: skipping");
-            send.clear();
+        if spec.no_overlap {
+            if self.previous_still_runs(spec, now).await? {
+                tracing::info!(schedule = %spec.id, "the previous tick still runs: skipping");
+                send.clear();
+            } else {
+                // Ticks sent together start together: of those caught up, only the latest.
+                send.drain(..send.len().saturating_sub(1));
+            }
         }
         if send.is_empty() {
-            inner.store.record_tick(&spec.id, newest).await?;
+            inner.store.record_tick(&spec.id, newest, false).await?;
             return Ok(next);
         }
         if runtime && !inner.store.begin_sending(&spec.id, SENDING_LIMIT).await? {
@@ -301,19 +309,31 @@ impl Scheduler {
             inner.store.end_sending(&spec.id).await?;
         }
         sent?;
-        inner.store.record_tick(&spec.id, newest).await?;
+        inner.store.record_tick(&spec.id, newest, true).await?;
         tracing::debug!(schedule = %spec.id, ticks = send.len(), "ticks sent");
         Ok(next)
     }
 
-    async fn previous_still_runs(
-        &self,
-        spec: &ScheduleSpec,
-        last: Option<i64>,
-    ) -> Result<bool, StoreError> {
-        let Some(last) = last else { return Ok(false) };
-        let claim = self.inner.store.claim_info(&spec.tick_id(last)).await?;
-        Ok(claim.is_some_and(|c| c.state == ClaimState::Running))
+    /// Whether the run of the schedule's latest sent tick has not finished — checked on that
+    /// tick, not on the latest tick handled (which may have been skipped, so never claimed).
+    /// Running, or given back between attempts, counts; so does a tick not started yet (a
+    /// backed-up queue would otherwise hold two ticks that free slots run at once), until a
+    /// stored result says it ended without a claim or its deadline passes (workers discard
+    /// it then).
+    async fn previous_still_runs(&self, spec: &ScheduleSpec, now: f64) -> Result<bool, StoreError> {
+        let store = &self.inner.store;
+        let Some(last) = store.last_sent_tick(&spec.id).await? else {
+            return Ok(false);
+        };
+        let id = spec.tick_id(last);
+        match store.claim_info(&id).await? {
+            Some(claim) => Ok(matches!(
+                claim.state,
+                ClaimState::Running | ClaimState::Released
+            )),
+            None if (last + TICK_DEADLINE_SECS) as f64 <= now => Ok(false),
+            None => Ok(matches!(store.get(&id).await?, ResultStatus::Pending)),
+        }
     }
 
     async fn publish(&self, spec: &ScheduleSpec, ticks: &[i64]) -> Result<(), SendError> {
@@ -323,7 +343,7 @@ impl Scheduler {
             // Always: this scheduler's clock may be ahead of the workers'; they hold the tick
             // until it is due by theirs.
             labels.insert(names::DUE_AT, *tick as f64);
-            labels.insert(names::DEADLINE_AT, tick + 86_400);
+            labels.insert(names::DEADLINE_AT, tick + TICK_DEADLINE_SECS);
             labels.insert(names::SCHEDULE, spec.id.as_str());
             labels.insert(names::TICK, *tick);
             if let Some(q) = &spec.queue {

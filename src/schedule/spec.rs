@@ -44,7 +44,9 @@ pub enum MissedTicks {
     /// runs once when a scheduler is back.
     #[default]
     Latest,
-    /// Run every one of them, the last `max` at most, oldest first.
+    /// Run every one of them, the last `max` at most. They are sent together, oldest first,
+    /// and start as free slots take them — concurrently, unless the schedule has
+    /// `no_overlap` (then only the latest runs).
     CatchUp {
         /// The most missed ticks to run.
         max: u32,
@@ -75,7 +77,8 @@ pub struct ScheduleSpec {
     /// Missed ticks.
     #[serde(default)]
     pub missed: MissedTicks,
-    /// Do not start a tick while the previous tick's run is still going (the tick is skipped).
+    /// Skip every tick while the latest tick sent has not finished (running, waiting for a
+    /// retry, or still queued until its deadline): runs of the schedule never overlap.
     #[serde(default)]
     pub no_overlap: bool,
 }
@@ -196,7 +199,8 @@ impl ScheduleSpec {
         self
     }
 
-    /// Skip a tick while the previous tick's run is still going.
+    /// Skip every tick while the latest tick sent has not finished (running, waiting for a
+    /// retry, or still queued until its deadline): runs of the schedule never overlap.
     pub fn without_overlap(mut self) -> Self {
         self.no_overlap = true;
         self

@@ -24,10 +24,16 @@ pub trait ScheduleStore: Send + Sync + 'static {
     async fn begin_sending(&self, id: &str, limit: Duration) -> Result<bool, StoreError>;
     /// The send that `begin_sending` announced is over.
     async fn end_sending(&self, id: &str) -> Result<(), StoreError>;
-    /// The latest tick (unix seconds) sent and confirmed for schedule `id`.
+    /// The latest tick (unix seconds) handled for schedule `id`: sent, or passed over (missed
+    /// while no scheduler ran, or skipped because the previous run still ran). Schedulers
+    /// carry on after it.
     async fn last_tick(&self, id: &str) -> Result<Option<i64>, StoreError>;
-    /// Records `tick` as sent for schedule `id`, unless a later one is recorded already.
-    async fn record_tick(&self, id: &str, tick: i64) -> Result<(), StoreError>;
+    /// The latest tick (unix seconds) sent for schedule `id`: the one whose run `no_overlap`
+    /// waits for, and whose status listings show.
+    async fn last_sent_tick(&self, id: &str) -> Result<Option<i64>, StoreError>;
+    /// Records `tick` as handled for schedule `id`, and as sent when `sent`; neither mark
+    /// ever moves back (a later one recorded already stays).
+    async fn record_tick(&self, id: &str, tick: i64, sent: bool) -> Result<(), StoreError>;
     /// Takes or keeps the leader lease for `scheduler` for `lease`; `true` when it holds it.
     async fn lead(&self, scheduler: &str, lease: Duration) -> Result<bool, StoreError>;
     /// The scheduler holding the leader lease, if any.

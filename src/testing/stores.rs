@@ -382,9 +382,13 @@ macro_rules! forward_store_traits {
                 let $this = self;
                 $inner.last_tick(id).await
             }
-            async fn record_tick(&self, id: &str, tick: i64) -> Result<(), StoreError> {
+            async fn last_sent_tick(&self, id: &str) -> Result<Option<i64>, StoreError> {
                 let $this = self;
-                $inner.record_tick(id, tick).await
+                $inner.last_sent_tick(id).await
+            }
+            async fn record_tick(&self, id: &str, tick: i64, sent: bool) -> Result<(), StoreError> {
+                let $this = self;
+                $inner.record_tick(id, tick, sent).await
             }
             async fn lead(&self, scheduler: &str, lease: Duration) -> Result<bool, StoreError> {
                 let $this = self;

@@ -1,6 +1,7 @@
-//! Schedules on Valkey: run-time schedules (a hash of JSON specs), the last tick per schedule
-//! (a hash, only ever raised), send markers and the leader lease. Every key shares one hash
-//! tag, so the scripts that touch two of them work in a cluster.
+//! Schedules on Valkey: run-time schedules (a hash of JSON specs), the last tick handled and
+//! the last sent per schedule (two hashes, only ever raised), send markers and the leader
+//! lease. Every key shares one hash tag, so the scripts that touch two of them work in a
+//! cluster.
 
 use std::time::Duration;
 
@@ -23,10 +24,14 @@ redis.call('SET', KEYS[2], '1', 'PX', ARGV[2])
 return 1
 "#;
 
-/// KEYS: ticks. ARGV: id, tick.
+/// KEYS: ticks handled, ticks sent. ARGV: id, tick, '1' when sent. Each mark only rises.
 const RECORD_TICK: &str = r#"
-local cur = redis.call('HGET', KEYS[1], ARGV[1])
-if not cur or tonumber(cur) < tonumber(ARGV[2]) then redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) end
+local last = #KEYS
+if ARGV[3] ~= '1' then last = 1 end
+for k = 1, last do
+  local cur = redis.call('HGET', KEYS[k], ARGV[1])
+  if not cur or tonumber(cur) < tonumber(ARGV[2]) then redis.call('HSET', KEYS[k], ARGV[1], ARGV[2]) end
+end
 return 1
 "#;
 
@@ -45,6 +50,17 @@ fn script(body: &str) -> Script {
 impl ValkeyStore {
     fn schedule_key(&self, name: &str) -> String {
         format!("{}:{{schedules}}:{name}", self.prefix())
+    }
+
+    /// A schedule's tick mark in hash `name`.
+    async fn tick_mark(&self, name: &str, id: &str) -> Result<Option<i64>, StoreError> {
+        let v: Option<String> = self
+            .core()
+            .pool
+            .hget(self.schedule_key(name), id)
+            .await
+            .map_err(store_error)?;
+        Ok(v.and_then(|t| t.parse().ok()))
     }
 
     async fn run_script(
@@ -144,20 +160,19 @@ impl ScheduleStore for ValkeyStore {
     }
 
     async fn last_tick(&self, id: &str) -> Result<Option<i64>, StoreError> {
-        let v: Option<String> = self
-            .core()
-            .pool
-            .hget(self.schedule_key("ticks"), id)
-            .await
-            .map_err(store_error)?;
-        Ok(v.and_then(|t| t.parse().ok()))
+        self.tick_mark("ticks", id).await
     }
 
-    async fn record_tick(&self, id: &str, tick: i64) -> Result<(), StoreError> {
+    async fn last_sent_tick(&self, id: &str) -> Result<Option<i64>, StoreError> {
+        self.tick_mark("sent", id).await
+    }
+
+    async fn record_tick(&self, id: &str, tick: i64, sent: bool) -> Result<(), StoreError> {
+        let sent = if sent { "1" } else { "0" };
         self.run_script(
             RECORD_TICK,
-            vec![self.schedule_key("ticks")],
-            vec![id.to_owned(), tick.to_string()],
+            vec![self.schedule_key("ticks"), self.schedule_key("sent")],
+            vec![id.to_owned(), tick.to_string(), sent.to_owned()],
         )
         .await
         .map(|_| ())

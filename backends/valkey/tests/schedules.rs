@@ -24,9 +24,11 @@ async fn schedules_ticks_and_the_leader_lease_live_in_valkey() {
         std::slice::from_ref(&spec)
     );
     // Ticks only ever rise.
-    store.record_tick(&spec.id, 100).await.unwrap();
-    store.record_tick(&spec.id, 90).await.unwrap();
-    assert_eq!(store.last_tick(&spec.id).await.unwrap(), Some(100));
+    store.record_tick(&spec.id, 100, true).await.unwrap();
+    store.record_tick(&spec.id, 90, true).await.unwrap();
+    store.record_tick(&spec.id, 110, false).await.unwrap();
+    assert_eq!(store.last_tick(&spec.id).await.unwrap(), Some(110));
+    assert_eq!(store.last_sent_tick(&spec.id).await.unwrap(), Some(100));
     // The lease: one holder, renewable by it, free after it runs out.
     let lease = Duration::from_millis(400);
     assert!(store.lead("a", lease).await.unwrap());
