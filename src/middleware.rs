@@ -6,6 +6,12 @@
 //! ([`Client::with_middleware`](crate::Client::with_middleware)) and on the worker
 //! ([`WorkerBuilder::middleware`](crate::WorkerBuilder::middleware)).
 //!
+//! **Workflows.** A chord's callback and a chain's later steps are sent by the worker that
+//! finishes what they wait for, not by the caller: the client runs `before_send` on them when
+//! the chord or chain is enqueued (in the caller's context, so a tenant or trace context it
+//! adds is in them; a refusal enqueues nothing), and `after_send` only for what it publishes
+//! itself.
+//!
 //! **Order.** Hooks that come before something (`before_send`, `before_run`) run in the order
 //! the middleware was registered; hooks that come after (`after_send`, `after_result`,
 //! `on_error`, `on_dead_letter`) run in the reverse order, so the first registered wraps all

@@ -10,6 +10,7 @@ use ferriq::middleware::{AfterError, DeadLettered, Middleware, MiddlewareError, 
 use ferriq::task::AppState;
 use ferriq::testing::TestEnv;
 use ferriq::wire::{TaskMessage, TaskResult};
+use ferriq::workflow::{chord, Chain, Group, Step};
 use ferriq::{EnqueueError, TaskContext, TaskError, WaitError};
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -224,6 +225,15 @@ async fn whose(ctx: TaskContext) -> Result<String, TaskError> {
         .map_or_else(|| "nobody".to_owned(), |t| t.0.clone()))
 }
 
+/// A chain step after `whose`: the previous step's result comes first.
+#[ferriq::task(name = "mw.whose_after")]
+async fn whose_after(ctx: TaskContext, previous: String) -> Result<String, TaskError> {
+    let now = ctx
+        .extension::<Tenant>()
+        .map_or_else(|| "nobody".to_owned(), |t| t.0.clone());
+    Ok(format!("{previous}>{now}"))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn labels_set_on_send_reach_the_task_and_a_refused_message_is_not_published() {
     let env = TestEnv::new();
@@ -233,7 +243,7 @@ async fn labels_set_on_send_reach_the_task_and_a_refused_message_is_not_publishe
             .registry(
                 ferriq::Registry::from_inventory()
                     .unwrap()
-                    .only(&[whose::NAME])
+                    .only(&[whose::NAME, whose_after::NAME])
                     .unwrap(),
             )
             .middleware(Arc::new(TenantContext)),
@@ -243,6 +253,31 @@ async fn labels_set_on_send_reach_the_task_and_a_refused_message_is_not_publishe
         .await
         .unwrap();
     assert_eq!(handle.wait(WAIT).await.unwrap(), "acme");
+
+    // What a worker sends later for the caller — a chord's callback, a chain's next steps —
+    // went through the caller's middleware too.
+    let chord = CURRENT_TENANT
+        .scope(
+            "initech".to_owned(),
+            client.enqueue_chord(chord(Group::new([whose::call()]), whose::call())),
+        )
+        .await
+        .unwrap();
+    assert_eq!(chord.wait(WAIT).await.unwrap(), "initech");
+    let chain = Chain::new(whose::call()).then(Step::new(whose_after::NAME));
+    let chain = CURRENT_TENANT
+        .scope("globex".to_owned(), client.enqueue_chain::<String>(chain))
+        .await
+        .unwrap();
+    assert_eq!(chain.wait(WAIT).await.unwrap(), "globex>globex");
+    // Refused for a stored step too: nothing is written or published.
+    let before = env.broker.depth().await.unwrap();
+    let chain = Chain::new(whose::call()).then(Step::new(whose_after::NAME));
+    assert!(matches!(
+        client.enqueue_chain::<String>(chain).await,
+        Err(EnqueueError::Middleware { .. })
+    ));
+    assert_eq!(before, env.broker.depth().await.unwrap());
 
     // Outside a tenant's scope: refused, with the middleware's reason, and nothing published.
     let before = env.broker.depth().await.unwrap();

@@ -143,8 +143,10 @@ impl Client {
     }
 
     /// The same client with `middleware` added after those already registered: its
-    /// `before_send` and `after_send` hooks run around every message this client publishes
-    /// (see [`crate::middleware`]).
+    /// `before_send` and `after_send` hooks run around every message this client publishes,
+    /// and `before_send` also on the messages a worker sends later for a call of this client
+    /// (a chord's callback, a chain's later steps) when the call is enqueued (see
+    /// [`crate::middleware`]).
     pub fn with_middleware(mut self, middleware: Arc<dyn crate::middleware::Middleware>) -> Self {
         self.middleware = self.middleware.with(middleware);
         self
@@ -236,6 +238,22 @@ impl Client {
             }
         }
         OutgoingMessage::from_message_at(msg, now)
+    }
+
+    /// Runs the `before_send` hooks on a message a worker publishes later for this call (a
+    /// chord's callback, a chain's later steps), so the labels they add (a tenant, a trace
+    /// context) are in it; `after_send` runs only for what this client publishes.
+    pub(crate) async fn before_send_stored(
+        &self,
+        msg: &mut TaskMessage,
+    ) -> Result<(), EnqueueError> {
+        if self.middleware.is_empty() {
+            return Ok(());
+        }
+        self.middleware
+            .before_send(msg)
+            .await
+            .map_err(|(middleware, reason)| EnqueueError::Middleware { middleware, reason })
     }
 
     /// The message as it goes out: middleware first (which may refuse it), then the reply

@@ -161,6 +161,9 @@ impl Client {
             if let Some(channel) = &reply_to {
                 msg.labels.insert(names::REPLY_TO, channel.as_str());
             }
+            if i > 0 {
+                self.before_send_stored(msg).await?;
+            }
         }
         let bodies = messages
             .iter()
@@ -169,13 +172,13 @@ impl Client {
                     .map_err(|e| WireError::NotJson(e.to_string()))
             })
             .collect::<Result<Vec<_>, _>>()?;
+        // Every step through the middleware (which may refuse one) before anything is written.
+        let first = self.prepare(messages.swap_remove(0)).await?;
         self.store()
             .create_chain(&ChainRecord::new(id.clone(), bodies))
             .await
             .map_err(EnqueueError::Store)?;
-        let first = messages.swap_remove(0);
         let last = self.handle(step_id(&id, steps - 1));
-        let first = self.prepare(first).await?;
         self.publish_prepared(vec![first]).await?;
         Ok(ChainHandle {
             id,
