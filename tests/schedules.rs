@@ -390,3 +390,47 @@ async fn no_overlap_holds_the_next_tick_while_the_sent_one_waits_in_the_queue() 
     stop.drain();
     join.await.unwrap();
 }
+
+#[tokio::test(start_paused = true)]
+async fn no_overlap_stops_waiting_for_a_dead_run_at_its_ticks_deadline() {
+    use ferriq::store::{ClaimStore, ScheduleStore};
+    let env = TestEnv::new();
+    env.client
+        .schedules()
+        .add(ScheduleSpec::every("hourly", slow::NAME, 3_600).without_overlap())
+        .await
+        .unwrap();
+    let (stop, join) = spawn(
+        scheduler(&env, "s")
+            .declared_schedules(false)
+            .build()
+            .unwrap(),
+    );
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(3_700);
+    while env.broker.stats().published == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "no first tick");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    // Its run starts and its worker dies: the lease lapses, and (say) the broker parks the
+    // message after too many deliveries, so no one ever takes it over.
+    let tick = env.store.last_sent_tick("hourly").await.unwrap().unwrap();
+    let spec = ScheduleSpec::every("hourly", slow::NAME, 3_600);
+    env.store
+        .claim(&spec.tick_id(tick), "dead", Duration::from_secs(30), None)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(23 * 3_600)).await;
+    assert_eq!(
+        env.broker.stats().published,
+        1,
+        "sent while the run may live"
+    );
+    tokio::time::sleep(Duration::from_secs(2 * 3_600)).await;
+    assert_eq!(
+        env.broker.stats().published,
+        2,
+        "still held after the deadline"
+    );
+    stop.drain();
+    join.await.unwrap();
+}

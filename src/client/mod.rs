@@ -271,6 +271,14 @@ impl Client {
         Ok((Some(msg), out))
     }
 
+    /// Prepared messages that will not be published (a later step of the enqueue failed):
+    /// `after_send` hears they were not sent, as it would of a failed publish.
+    pub(crate) async fn not_sent(&self, prepared: Vec<Prepared>) {
+        for msg in prepared.iter().filter_map(|p| p.0.as_ref()) {
+            self.middleware.after_send(msg, false).await;
+        }
+    }
+
     /// Publishes prepared messages and tells the middleware how it went.
     pub(crate) async fn publish_prepared(&self, sent: Vec<Prepared>) -> Result<(), EnqueueError> {
         let (messages, batch): (Vec<_>, Vec<_>) = sent.into_iter().unzip();

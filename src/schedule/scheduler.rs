@@ -236,21 +236,41 @@ impl Scheduler {
                 .iter()
                 .any(|d| d.spec().id == compiled.spec().id);
             match self.send_due(compiled, now, runtime).await {
-                Ok(Some(next)) => next_due = next_due.min(next as f64),
+                Ok(Some(send_at)) => next_due = next_due.min(send_at),
                 Ok(None) => {}
                 Err(e) => {
                     tracing::warn!(schedule = %compiled.spec().id, error = %e, "sending ticks failed; trying again")
                 }
             }
         }
-        // Wake when the next tick enters the lookahead, and at least every third of the lease.
-        let until_next = next_due - inner.lookahead.as_secs_f64() - inner.clock.now_unix();
+        // Wake when the next tick is to be sent, and at least every third of the lease.
+        let until_next = next_due - inner.clock.now_unix();
         let wake = Duration::from_secs_f64(until_next.clamp(0.01, beat.as_secs_f64()));
         Ok(wake)
     }
 
-    /// Sends a schedule's due ticks; the next tick after those sent.
+    /// Sends a schedule's due ticks; when to send its next one (unix seconds): as it enters
+    /// the lookahead, or when it is due for a schedule without overlap (which sends nothing
+    /// ahead, as it must see the previous run end first).
     async fn send_due(
+        &self,
+        compiled: &Compiled,
+        now: f64,
+        runtime: bool,
+    ) -> Result<Option<f64>, SendError> {
+        let ahead = if compiled.spec().no_overlap {
+            0.0
+        } else {
+            self.inner.lookahead.as_secs_f64()
+        };
+        Ok(self
+            .send_due_ticks(compiled, now, runtime)
+            .await?
+            .map(|next| next as f64 - ahead))
+    }
+
+    /// Sends a schedule's due ticks; the next tick after those sent.
+    async fn send_due_ticks(
         &self,
         compiled: &Compiled,
         now: f64,
@@ -288,8 +308,8 @@ impl Scheduler {
             return Ok(next);
         };
         if spec.no_overlap {
-            if self.previous_still_runs(spec, now).await? {
-                tracing::info!(schedule = %spec.id, "the previous tick still runs: skipping");
+            if let Some(previous) = self.previous_still_runs(spec, now).await? {
+                tracing::info!(schedule = %spec.id, previous, "the previous tick has not finished: skipping");
                 send.clear();
             } else {
                 // Ticks sent together start together: of those caught up, only the latest.
@@ -314,26 +334,40 @@ impl Scheduler {
         Ok(next)
     }
 
-    /// Whether the run of the schedule's latest sent tick has not finished — checked on that
-    /// tick, not on the latest tick handled (which may have been skipped, so never claimed).
-    /// Running, or given back between attempts, counts; so does a tick not started yet (a
-    /// backed-up queue would otherwise hold two ticks that free slots run at once), until a
-    /// stored result says it ended without a claim or its deadline passes (workers discard
-    /// it then).
-    async fn previous_still_runs(&self, spec: &ScheduleSpec, now: f64) -> Result<bool, StoreError> {
+    /// The schedule's latest sent tick when its run has not finished — checked on that tick,
+    /// not on the latest tick handled (which may have been skipped, so never claimed). A run
+    /// holding a live lease counts; until the tick's deadline passes (after which workers
+    /// discard it), so does one whose lease lapsed (its worker died: another takes it over)
+    /// or that waits for a retry, and a tick not started yet, unless a stored result says it
+    /// ended without a claim (a backed-up queue would otherwise hold two ticks that free
+    /// slots start together). Past the deadline a lapsed or unstarted tick no longer holds
+    /// the schedule: one the broker parked (a task that kills its worker) stops it a day at
+    /// most.
+    async fn previous_still_runs(
+        &self,
+        spec: &ScheduleSpec,
+        now: f64,
+    ) -> Result<Option<i64>, StoreError> {
         let store = &self.inner.store;
         let Some(last) = store.last_sent_tick(&spec.id).await? else {
-            return Ok(false);
+            return Ok(None);
         };
         let id = spec.tick_id(last);
-        match store.claim_info(&id).await? {
-            Some(claim) => Ok(matches!(
-                claim.state,
-                ClaimState::Running | ClaimState::Released
-            )),
-            None if (last + TICK_DEADLINE_SECS) as f64 <= now => Ok(false),
-            None => Ok(matches!(store.get(&id).await?, ResultStatus::Pending)),
-        }
+        let live = (last + TICK_DEADLINE_SECS) as f64 > now;
+        let unfinished = match store.claim_info(&id).await? {
+            Some(claim) => match claim.state {
+                ClaimState::Running => {
+                    let lease_live = claim
+                        .lease_until_ms
+                        .is_some_and(|until| until as f64 > now * 1000.0);
+                    lease_live || live
+                }
+                ClaimState::Released => live,
+                _ => false,
+            },
+            None => live && matches!(store.get(&id).await?, ResultStatus::Pending),
+        };
+        Ok(unfinished.then_some(last))
     }
 
     async fn publish(&self, spec: &ScheduleSpec, ticks: &[i64]) -> Result<(), SendError> {

@@ -161,23 +161,29 @@ impl Client {
             if let Some(channel) = &reply_to {
                 msg.labels.insert(names::REPLY_TO, channel.as_str());
             }
-            if i > 0 {
-                self.before_send_stored(msg).await?;
-            }
         }
-        let bodies = messages
-            .iter()
-            .map(|m| {
-                serde_json::from_slice::<Value>(&m.to_json()?)
-                    .map_err(|e| WireError::NotJson(e.to_string()))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        // Every step through the middleware (which may refuse one) before anything is written.
-        let first = self.prepare(messages.swap_remove(0)).await?;
-        self.store()
-            .create_chain(&ChainRecord::new(id.clone(), bodies))
-            .await
-            .map_err(EnqueueError::Store)?;
+        let body = |m: &TaskMessage| {
+            serde_json::from_slice::<Value>(&m.to_json()?)
+                .map_err(|e| WireError::NotJson(e.to_string()))
+        };
+        // Every step through the middleware, in order (a refusal of any writes nothing), then
+        // the record, then the first step.
+        let mut bodies = vec![body(&messages[0])?];
+        let first = self.prepare(messages.remove(0)).await?;
+        let stored = async {
+            for msg in &mut messages {
+                self.before_send_stored(msg).await?;
+                bodies.push(body(msg)?);
+            }
+            self.store()
+                .create_chain(&ChainRecord::new(id.clone(), bodies))
+                .await
+                .map_err(EnqueueError::Store)
+        };
+        if let Err(e) = stored.await {
+            self.not_sent(vec![first]).await;
+            return Err(e);
+        }
         let last = self.handle(step_id(&id, steps - 1));
         self.publish_prepared(vec![first]).await?;
         Ok(ChainHandle {

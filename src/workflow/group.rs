@@ -334,13 +334,19 @@ impl Client {
                 .into_message_at(self.clock())?;
             msg.labels.insert(names::GROUP, id.as_str());
             msg.labels.insert(names::GROUP_INDEX, i as i64);
-            batch.push(self.prepare(msg).await?);
+            match self.prepare(msg).await {
+                Ok(prepared) => batch.push(prepared),
+                Err(e) => {
+                    self.not_sent(batch).await;
+                    return Err(e);
+                }
+            }
         }
         // Written before any member can finish and count.
-        self.store()
-            .create_group(&record)
-            .await
-            .map_err(EnqueueError::Store)?;
+        if let Err(e) = self.store().create_group(&record).await {
+            self.not_sent(batch).await;
+            return Err(EnqueueError::Store(e));
+        }
         if batch.is_empty() {
             // Nothing to wait for: the group is complete now.
             let state = GroupState::new(record, GroupMark::new(0, 0, 0, false));
