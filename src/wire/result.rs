@@ -124,7 +124,9 @@ pub struct TaskFailure {
     pub exc_type: String,
     /// The error message.
     pub message: String,
-    /// Whether the error was retryable (false when unknown).
+    /// Whether the last attempt's error was retryable (false when unknown): `true` beside
+    /// [`ErrorKind::RetriesExhausted`] means the task failed only because its attempts ran
+    /// out, so running it again later (a redrive) may succeed.
     pub retryable: bool,
     /// Attempts made (0 when unknown).
     pub attempts: u32,
