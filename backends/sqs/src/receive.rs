@@ -301,6 +301,11 @@ async fn poll(shared: Arc<Shared>, lane: Arc<Queue>) {
                         receiver.buffered.fetch_sub(1, Ordering::SeqCst);
                     }
                 }
+                if got > 0 && receiver.is_stopping() {
+                    // The drain began between the check above and these landing in the
+                    // buffer, maybe after its hand-back ran: back with them too.
+                    receiver.hand_back_buffered(&shared).await;
+                }
             }
             Err(e) => {
                 receiver.settle(asked, 0);
