@@ -17,7 +17,7 @@ use tokio::time::Instant;
 use crate::client::{self, Clients};
 use crate::config::{QueueRef, SqsBrokerBuilder};
 use crate::error::{broker_error, describe};
-use crate::queue::Queue;
+use crate::queue::{DeadLetters, Queue};
 use crate::receive::{Held, Receiver};
 use crate::settle::{spawn_deleter, unix_ms, Delete};
 use crate::SqsError;
@@ -110,7 +110,7 @@ impl Shared {
             &self.clients.call,
             &QueueRef::Name(name.to_owned()),
             None,
-            false,
+            DeadLetters::Skip,
         )
         .await
         .map_err(|e| BrokerError::Config(e.to_string()))?;
@@ -130,9 +130,14 @@ impl SqsBroker {
         settings.validate()?;
         let clients = client::build(&settings).await?;
         let mut lanes = Vec::new();
+        let dead_letters = if settings.send_only {
+            DeadLetters::IfNamed
+        } else {
+            DeadLetters::Required
+        };
         for lane in &settings.lanes {
-            let q =
-                Queue::resolve(&clients.call, lane, settings.dead_letter.as_ref(), true).await?;
+            let dead_letter = settings.dead_letter.as_ref();
+            let q = Queue::resolve(&clients.call, lane, dead_letter, dead_letters).await?;
             lanes.push(Arc::new(q));
         }
         static NEXT: AtomicU64 = AtomicU64::new(1);
@@ -209,6 +214,14 @@ impl Broker for SqsBroker {
     }
 
     async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>, BrokerError> {
+        if self.shared.settings.send_only {
+            // Checked before anything is taken: what a worker could not park would go round
+            // until SQS's own limit, without a result.
+            return Err(BrokerError::Config(
+                "this SQS broker was connected to send only (SqsBrokerBuilder::send_only, or                  from a URL without a worker's concurrency): a worker's broker needs every lane                  to have a dead-letter queue; connect it with send_only(false)"
+                    .into(),
+            ));
+        }
         self.shared.receiver.receive(&self.shared, max, wait).await
     }
 

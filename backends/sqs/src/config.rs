@@ -77,6 +77,7 @@ pub struct SqsBrokerBuilder {
     pub(crate) connect_timeout: Duration,
     pub(crate) budget_margin: Duration,
     pub(crate) max_batch_bytes: usize,
+    pub(crate) send_only: bool,
 }
 
 impl SqsBrokerBuilder {
@@ -96,6 +97,7 @@ impl SqsBrokerBuilder {
             connect_timeout: Duration::from_secs(3),
             budget_margin: Duration::from_secs(120),
             max_batch_bytes: 1024 * 1024,
+            send_only: false,
         }
     }
 
@@ -212,6 +214,22 @@ impl SqsBrokerBuilder {
     /// RedrivePolicy target).
     pub fn dead_letter_queue(mut self, queue: impl Into<String>) -> Self {
         self.dead_letter = Some(QueueRef::parse(&queue.into()));
+        self
+    }
+
+    /// A broker that only sends (app code enqueuing tasks): `connect` does not require the
+    /// lanes to have a dead-letter queue (one they name is still found, for the
+    /// dead-letter operations), and `receive` refuses — a worker needs the dead-letter queue
+    /// to park what fails for good. Off by default; a client connected from a URL
+    /// ([`ferriq::connect`] without a worker's concurrency) is send-only.
+    ///
+    /// ```
+    /// let builder = ferriq_sqs::SqsBroker::builder("sqs://jobs?region=eu-west-1")
+    ///     .unwrap()
+    ///     .send_only(true);
+    /// ```
+    pub fn send_only(mut self, send_only: bool) -> Self {
+        self.send_only = send_only;
         self
     }
 

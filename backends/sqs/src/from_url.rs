@@ -17,23 +17,47 @@ use crate::SqsBrokerBuilder;
 fn connect(options: ConnectOptions) -> ConnectFuture<Arc<dyn Broker>> {
     Box::pin(async move {
         let backend = |e: crate::SqsError| ConnectError::Backend(e.to_string());
-        let mut builder = SqsBrokerBuilder::from_url(options.url.clone()).map_err(backend)?;
-        if let Some(queues) = options.queues() {
-            builder = builder.queues(queues);
-        }
-        if let Some(dlq) = options.setting("FERRIQ_SQS_DLQ") {
-            builder = builder.dead_letter_queue(dlq);
-        }
-        if let (None, Some(endpoint)) = (&builder.endpoint, options.setting("FERRIQ_SQS_ENDPOINT"))
-        {
-            builder = builder.endpoint_url(endpoint);
-        }
-        let broker = builder.connect().await.map_err(backend)?;
+        let broker = builder_for(&options)
+            .map_err(backend)?
+            .connect()
+            .await
+            .map_err(backend)?;
         Ok(Arc::new(broker) as Arc<dyn Broker>)
     })
+}
+
+/// The builder the options describe.
+fn builder_for(options: &ConnectOptions) -> Result<SqsBrokerBuilder, crate::SqsError> {
+    let mut builder = SqsBrokerBuilder::from_url(options.url.clone())?;
+    if let Some(queues) = options.queues() {
+        builder = builder.queues(queues);
+    }
+    if let Some(dlq) = options.setting("FERRIQ_SQS_DLQ") {
+        builder = builder.dead_letter_queue(dlq);
+    }
+    // A client sends (and runs the dead-letter operations): only a worker, which connects
+    // with its concurrency, needs every lane's dead-letter queue.
+    builder = builder.send_only(options.concurrency.is_none());
+    if let (None, Some(endpoint)) = (&builder.endpoint, options.setting("FERRIQ_SQS_ENDPOINT")) {
+        builder = builder.endpoint_url(endpoint);
+    }
+    Ok(builder)
 }
 
 ferriq::inventory::submit!(BrokerConnector {
     schemes: &["sqs", "sqs+https", "sqs+http"],
     connect,
 });
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_client_from_a_url_only_sends_and_a_worker_does_not() {
+        let client = ConnectOptions::new("sqs://jobs?region=eu-west-1");
+        assert!(builder_for(&client).unwrap().send_only);
+        let worker = ConnectOptions::new("sqs://jobs?region=eu-west-1").concurrency(8);
+        assert!(!builder_for(&worker).unwrap().send_only);
+    }
+}

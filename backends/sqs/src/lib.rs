@@ -64,8 +64,10 @@
 //! `AWS_ENDPOINT_URL`.
 //!
 //! ## Operating notes
-//! - Every lane needs a dead-letter queue: ferriq parks poison there rather than delete it.
-//!   Give the source queue a RedrivePolicy with `maxReceiveCount` of at least 50: it is a
+//! - Every lane a worker consumes needs a dead-letter queue: ferriq parks poison there rather
+//!   than delete it, and a worker's broker refuses to connect without one. A broker that only
+//!   sends (`SqsBrokerBuilder::send_only`; a client connected from a URL) needs none, and
+//!   refuses to receive. Give the source queue a RedrivePolicy with `maxReceiveCount` of at least 50: it is a
 //!   backstop for crash loops, ferriq counts attempts in its claim store.
 //! - The queue's `VisibilityTimeout` matters little: each receive asks for the worker's lease,
 //!   and heartbeats extend it every third of that.
@@ -91,7 +93,8 @@ pub use config::SqsBrokerBuilder;
 pub use error::SqsError;
 
 impl SqsBrokerBuilder {
-    /// Checks the settings, finds the queues (and their dead-letter queues) and connects.
+    /// Checks the settings, finds the queues (and their dead-letter queues: required unless
+    /// [`send_only`](Self::send_only)) and connects.
     /// Receiving starts with the first `receive`, so a client that only sends never takes
     /// messages.
     pub async fn connect(self) -> Result<SqsBroker, SqsError> {

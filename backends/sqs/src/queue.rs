@@ -11,6 +11,18 @@ use crate::config::QueueRef;
 use crate::error::{describe, is_missing_queue};
 use crate::SqsError;
 
+/// What to find of a queue's dead-letter queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DeadLetters {
+    /// A lane a worker consumes: it must have one.
+    Required,
+    /// A lane of a broker that only sends: the one it names, if any (for the dead-letter
+    /// operations).
+    IfNamed,
+    /// Another queue, or a dead-letter queue itself.
+    Skip,
+}
+
 /// A queue ferriq sends to or consumes, as SQS describes it.
 #[derive(Debug)]
 pub(crate) struct Queue {
@@ -27,13 +39,13 @@ pub(crate) struct Queue {
 }
 
 impl Queue {
-    /// A queue's URL and attributes; its dead-letter queue when `with_dead_letter` (the one
+    /// A queue's URL and attributes; its dead-letter queue as `dead_letters` asks (the one
     /// given, else the RedrivePolicy's target).
     pub(crate) async fn resolve(
         client: &Client,
         queue: &QueueRef,
         dead_letter: Option<&QueueRef>,
-        with_dead_letter: bool,
+        dead_letters: DeadLetters,
     ) -> Result<Queue, SqsError> {
         let url = url_of(client, queue, None).await?;
         let attributes = attributes(client, &url, queue.name()).await?;
@@ -55,10 +67,17 @@ impl Queue {
             url,
             dead_letter: None,
         };
-        if !with_dead_letter {
+        if dead_letters == DeadLetters::Skip {
             return Ok(resolved);
         }
         let policy = attributes.get(&QueueAttributeName::RedrivePolicy);
+        let named = dead_letter.is_some()
+            || policy
+                .and_then(|p| json_field(p, "deadLetterTargetArn"))
+                .is_some();
+        if dead_letters == DeadLetters::IfNamed && !named {
+            return Ok(resolved);
+        }
         if let Some(limit) = policy.and_then(|p| json_field(p, "maxReceiveCount")) {
             if limit.parse::<u32>().is_ok_and(|n| n < 50) {
                 tracing::warn!(
@@ -91,7 +110,7 @@ impl Queue {
                 QueueRef::Url(url)
             }
         };
-        let dead = Box::pin(Queue::resolve(client, &target, None, false)).await?;
+        let dead = Box::pin(Queue::resolve(client, &target, None, DeadLetters::Skip)).await?;
         if dead.fifo != resolved.fifo {
             return Err(SqsError::Queue {
                 queue: resolved.name,

@@ -1,6 +1,7 @@
 //! Client → SQS → worker → result on the fauxqs emulator: success, a retry the visibility
 //! really delays, exhausted retries parked with their reason, an unknown task, a malformed
-//! body, and the size limits.
+//! body, the size limits, and a queue without a dead-letter queue (a client may send to it,
+//! a worker may not consume it).
 
 mod common;
 
@@ -346,4 +347,48 @@ async fn a_queue_that_does_not_exist_is_named_in_a_short_error() {
         assert!(err.contains("does not exist"), "{err}");
         assert!(err.len() < 300, "{} characters: {err}", err.len());
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_without_a_dead_letter_queue_takes_sends_but_no_worker() {
+    let endpoint = common::endpoint();
+    let admin = common::admin(&endpoint);
+    let name = common::unique("nodlq");
+    let url = admin
+        .create_queue()
+        .queue_name(&name)
+        .send()
+        .await
+        .unwrap()
+        .queue_url
+        .unwrap();
+    let builder = || {
+        ferriq_sqs::SqsBrokerBuilder::new(name.clone())
+            .endpoint_url(endpoint.clone())
+            .region("us-east-1")
+            .credentials("test", "test")
+            .wait_time(Duration::from_secs(1))
+    };
+    // A worker's broker (the default) refuses at connect, saying what to give it.
+    match builder().connect().await {
+        Err(e @ ferriq_sqs::SqsError::NoDeadLetterQueue { .. }) => {
+            assert!(e.to_string().contains(&name), "{e}")
+        }
+        other => panic!("expected NoDeadLetterQueue, got {:?}", other.map(|_| ())),
+    }
+    // One that only sends connects and sends; it takes nothing.
+    let broker = builder().send_only(true).connect().await.unwrap();
+    let msg = TaskMessage::new("sqs.roundtrip.add");
+    broker
+        .publish(vec![OutgoingMessage::from_message_at(&msg, 0.0).unwrap()])
+        .await
+        .unwrap();
+    match broker.receive(1, Duration::from_secs(1)).await {
+        Err(BrokerError::Config(why)) => assert!(why.contains("send only"), "{why}"),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    let depth = broker.depth().await.unwrap();
+    assert_eq!(depth.ready + depth.in_flight, 1, "{depth:?}");
+    drop(broker);
+    admin.delete_queue().queue_url(url).send().await.unwrap();
 }
