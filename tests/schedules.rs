@@ -12,10 +12,15 @@ use ferriq::testing::{RunningWorker, TestEnv};
 use ferriq::wire::TaskId;
 use ferriq::{Registry, Shutdown, State, TaskContext};
 
-/// Runs per task id, and when (tokio's paused clock, seconds since the test began); and the
-/// ticks run (their `ferriq_tick` label) with when they ran (unix seconds, the env's clock).
+/// Runs per task id, and when (tokio's paused clock, seconds since the test began); the ticks
+/// run (their `ferriq_tick` label) with when they ran (unix seconds, the env's clock); and the
+/// slow task's runs, (start, end) on tokio's clock.
 #[derive(Default)]
-struct Runs(Mutex<HashMap<TaskId, Vec<f64>>>, Mutex<Vec<(i64, f64)>>);
+struct Runs(
+    Mutex<HashMap<TaskId, Vec<f64>>>,
+    Mutex<Vec<(i64, f64)>>,
+    Mutex<Vec<(f64, Option<f64>)>>,
+);
 
 impl Runs {
     fn total(&self) -> usize {
@@ -76,20 +81,16 @@ async fn report(
         .push(at);
 }
 
-/// Runs of the slow task: (start, end) on tokio's clock, seconds since the test began.
-#[derive(Default)]
-struct Spans(Mutex<Vec<(f64, Option<f64>)>>);
-
 #[ferriq::task(name = "sched.slow")]
-async fn slow(spans: State<Arc<Spans>>, start: State<tokio::time::Instant>) {
+async fn slow(runs: State<Arc<Runs>>, start: State<tokio::time::Instant>) {
     let at = start.elapsed().as_secs_f64();
     let n = {
-        let mut spans = spans.0.lock().unwrap();
+        let mut spans = runs.2.lock().unwrap();
         spans.push((at, None));
         spans.len() - 1
     };
     tokio::time::sleep(Duration::from_secs(5)).await;
-    spans.0.lock().unwrap()[n].1 = Some(start.elapsed().as_secs_f64());
+    runs.2.lock().unwrap()[n].1 = Some(start.elapsed().as_secs_f64());
 }
 
 fn worker(env: &TestEnv, runs: &Arc<Runs>, start: tokio::time::Instant) -> RunningWorker {
@@ -102,7 +103,6 @@ fn worker(env: &TestEnv, runs: &Arc<Runs>, start: tokio::time::Instant) -> Runni
                     .unwrap(),
             )
             .state(Arc::clone(runs))
-            .state(Arc::new(Spans::default()))
             .state(start)
             .state(env.clock),
     )
@@ -112,6 +112,23 @@ fn scheduler(env: &TestEnv, id: &str) -> ferriq::schedule::SchedulerBuilder {
     Scheduler::builder(Arc::new(env.broker.clone()), Arc::new(env.store.clone()))
         .clock(env.clock)
         .id(id)
+}
+
+/// A scheduler of the run-time schedules only (none declared on this binary's tasks).
+fn run_time_scheduler(env: &TestEnv, id: &str) -> Scheduler {
+    scheduler(env, id)
+        .declared_schedules(false)
+        .build()
+        .unwrap()
+}
+
+/// Adds `spec` and runs a scheduler of the run-time schedules.
+async fn schedule_alone(
+    env: &TestEnv,
+    spec: ScheduleSpec,
+) -> (Shutdown, tokio::task::JoinHandle<()>) {
+    env.client.schedules().add(spec).await.unwrap();
+    spawn(run_time_scheduler(env, "s"))
 }
 
 fn spawn(s: Scheduler) -> (Shutdown, tokio::task::JoinHandle<()>) {
@@ -217,12 +234,7 @@ async fn missed_ticks_follow_their_policy() {
             .with_args(vec![serde_json::json!("acme")])
             .with_missed(missed);
         env.client.schedules().add(spec).await.unwrap();
-        let s = || {
-            scheduler(&env, "s")
-                .declared_schedules(false)
-                .build()
-                .unwrap()
-        };
+        let s = || run_time_scheduler(&env, "s");
         let (stop, join) = spawn(s());
         tokio::time::sleep(Duration::from_millis(10_500)).await;
         stop.drain();
@@ -275,22 +287,12 @@ async fn run_time_schedules_are_added_listed_removed_and_survive_restarts() {
         .iter()
         .any(|s| s.spec.id == every_second::NAME && s.declared));
 
-    let (stop, join) = spawn(
-        scheduler(&env, "s1")
-            .declared_schedules(false)
-            .build()
-            .unwrap(),
-    );
+    let (stop, join) = spawn(run_time_scheduler(&env, "s1"));
     tokio::time::sleep(Duration::from_secs(10)).await;
     // Every scheduler restarts: the schedule is in the store.
     stop.drain();
     join.await.unwrap();
-    let (stop, join) = spawn(
-        scheduler(&env, "s2")
-            .declared_schedules(false)
-            .build()
-            .unwrap(),
-    );
+    let (stop, join) = spawn(run_time_scheduler(&env, "s2"));
     tokio::time::sleep(Duration::from_secs(10)).await;
     let before_removal = runs.distinct();
     assert!((9..=12).contains(&before_removal), "{before_removal}");
@@ -314,33 +316,13 @@ async fn run_time_schedules_are_added_listed_removed_and_survive_restarts() {
 #[tokio::test(start_paused = true)]
 async fn no_overlap_skips_every_tick_while_the_sent_one_runs() {
     let env = TestEnv::new();
-    let start = tokio::time::Instant::now();
-    let spans = Arc::new(Spans::default());
-    let w = env.spawn_worker(
-        env.worker()
-            .registry(
-                Registry::from_inventory()
-                    .unwrap()
-                    .only(&[slow::NAME])
-                    .unwrap(),
-            )
-            .state(Arc::clone(&spans))
-            .state(start)
-            .concurrency(4),
-    );
+    let runs = Arc::new(Runs::default());
+    let w = worker(&env, &runs, tokio::time::Instant::now());
     // Every 2 s, each run 5 s: the ticks in between are skipped — also the one after a
     // skipped tick, which was never claimed (that one was sent while the run went on).
+    let spec = ScheduleSpec::every("slow", slow::NAME, 2).without_overlap();
+    let (stop, join) = schedule_alone(&env, spec).await;
     let schedules = env.client.schedules();
-    schedules
-        .add(ScheduleSpec::every("slow", slow::NAME, 2).without_overlap())
-        .await
-        .unwrap();
-    let (stop, join) = spawn(
-        scheduler(&env, "s")
-            .declared_schedules(false)
-            .build()
-            .unwrap(),
-    );
     tokio::time::sleep(Duration::from_millis(7_500)).await;
     // Mid-run (the second run started at about 6 s): the listing shows the sent tick's run,
     // not the skipped tick's (never claimed, so it would read as pending).
@@ -359,7 +341,7 @@ async fn no_overlap_skips_every_tick_while_the_sent_one_runs() {
     join.await.unwrap();
     tokio::time::sleep(Duration::from_secs(6)).await;
     w.stop().await;
-    let spans = spans.0.lock().unwrap().clone();
+    let spans = runs.2.lock().unwrap().clone();
     // Runs at about 0, 6, 12, 18, 24 s: a new one starts within a tick of the last ending.
     assert!((4..=6).contains(&spans.len()), "{spans:?}");
     for pair in spans.windows(2) {
@@ -372,17 +354,8 @@ async fn no_overlap_skips_every_tick_while_the_sent_one_runs() {
 #[tokio::test(start_paused = true)]
 async fn no_overlap_holds_the_next_tick_while_the_sent_one_waits_in_the_queue() {
     let env = TestEnv::new();
-    env.client
-        .schedules()
-        .add(ScheduleSpec::every("slow", slow::NAME, 2).without_overlap())
-        .await
-        .unwrap();
-    let (stop, join) = spawn(
-        scheduler(&env, "s")
-            .declared_schedules(false)
-            .build()
-            .unwrap(),
-    );
+    let spec = ScheduleSpec::every("slow", slow::NAME, 2).without_overlap();
+    let (stop, join) = schedule_alone(&env, spec).await;
     // No worker: the first tick waits unclaimed; sending more would queue runs that free
     // slots start together once workers come.
     tokio::time::sleep(Duration::from_secs(9)).await;
@@ -395,17 +368,8 @@ async fn no_overlap_holds_the_next_tick_while_the_sent_one_waits_in_the_queue() 
 async fn no_overlap_stops_waiting_for_a_dead_run_at_its_ticks_deadline() {
     use ferriq::store::{ClaimStore, ScheduleStore};
     let env = TestEnv::new();
-    env.client
-        .schedules()
-        .add(ScheduleSpec::every("hourly", slow::NAME, 3_600).without_overlap())
-        .await
-        .unwrap();
-    let (stop, join) = spawn(
-        scheduler(&env, "s")
-            .declared_schedules(false)
-            .build()
-            .unwrap(),
-    );
+    let spec = ScheduleSpec::every("hourly", slow::NAME, 3_600).without_overlap();
+    let (stop, join) = schedule_alone(&env, spec.clone()).await;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(3_700);
     while env.broker.stats().published == 0 {
         assert!(tokio::time::Instant::now() < deadline, "no first tick");
@@ -414,7 +378,6 @@ async fn no_overlap_stops_waiting_for_a_dead_run_at_its_ticks_deadline() {
     // Its run starts and its worker dies: the lease lapses, and (say) the broker parks the
     // message after too many deliveries, so no one ever takes it over.
     let tick = env.store.last_sent_tick("hourly").await.unwrap().unwrap();
-    let spec = ScheduleSpec::every("hourly", slow::NAME, 3_600);
     env.store
         .claim(&spec.tick_id(tick), "dead", Duration::from_secs(30), None)
         .await

@@ -240,13 +240,11 @@ impl Client {
         OutgoingMessage::from_message_at(msg, now)
     }
 
-    /// Runs the `before_send` hooks on a message a worker publishes later for this call (a
-    /// chord's callback, a chain's later steps), so the labels they add (a tenant, a trace
-    /// context) are in it; `after_send` runs only for what this client publishes.
-    pub(crate) async fn before_send_stored(
-        &self,
-        msg: &mut TaskMessage,
-    ) -> Result<(), EnqueueError> {
+    /// Runs the `before_send` hooks (which may refuse the message). Also for a message a
+    /// worker publishes later for this call (a chord's callback, a chain's later steps), so
+    /// the labels they add (a tenant, a trace context) are in it; `after_send` runs only for
+    /// what this client publishes.
+    pub(crate) async fn before_send(&self, msg: &mut TaskMessage) -> Result<(), EnqueueError> {
         if self.middleware.is_empty() {
             return Ok(());
         }
@@ -262,10 +260,7 @@ impl Client {
         if self.middleware.is_empty() {
             return Ok((None, self.outgoing(&mut msg)?));
         }
-        self.middleware
-            .before_send(&mut msg)
-            .await
-            .map_err(|(middleware, reason)| EnqueueError::Middleware { middleware, reason })?;
+        self.before_send(&mut msg).await?;
         let out = self.outgoing(&mut msg)?;
         // Kept for `after_send`.
         Ok((Some(msg), out))

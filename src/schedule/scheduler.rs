@@ -16,8 +16,9 @@ use crate::Shutdown;
 /// A tick due more than this long ago is missed (its schedule's policy decides).
 const GRACE_SECS: f64 = 1.0;
 
-/// How long after its time a tick may still start; workers discard it later.
-const TICK_DEADLINE_SECS: i64 = 86_400;
+/// How long after its time a tick may still start (a task's default deadline); workers
+/// discard it later.
+const TICK_DEADLINE_SECS: i64 = crate::client::DEFAULT_DEADLINE.as_secs() as i64;
 
 /// How long a send of run-time ticks may take before a removal stops waiting for it.
 pub(crate) const SENDING_LIMIT: Duration = Duration::from_secs(60);
@@ -258,15 +259,20 @@ impl Scheduler {
         now: f64,
         runtime: bool,
     ) -> Result<Option<f64>, SendError> {
-        let ahead = if compiled.spec().no_overlap {
-            0.0
-        } else {
-            self.inner.lookahead.as_secs_f64()
-        };
+        let ahead = self.ahead(compiled.spec());
         Ok(self
             .send_due_ticks(compiled, now, runtime)
             .await?
             .map(|next| next as f64 - ahead))
+    }
+
+    /// How far ahead of their time the schedule's ticks are sent (seconds).
+    fn ahead(&self, spec: &ScheduleSpec) -> f64 {
+        if spec.no_overlap {
+            0.0
+        } else {
+            self.inner.lookahead.as_secs_f64()
+        }
     }
 
     /// Sends a schedule's due ticks; the next tick after those sent.
@@ -278,11 +284,7 @@ impl Scheduler {
     ) -> Result<Option<i64>, SendError> {
         let inner = &self.inner;
         let spec = compiled.spec();
-        let horizon = if spec.no_overlap {
-            now.floor() as i64
-        } else {
-            (now + inner.lookahead.as_secs_f64()).floor() as i64
-        };
+        let horizon = (now + self.ahead(spec)).floor() as i64;
         let last = inner.store.last_tick(&spec.id).await?;
         let from = last.unwrap_or(now.floor() as i64 - 1);
         let ticks = compiled.ticks_between(from, horizon, 100_000);

@@ -172,7 +172,7 @@ impl Client {
         let first = self.prepare(messages.remove(0)).await?;
         let stored = async {
             for msg in &mut messages {
-                self.before_send_stored(msg).await?;
+                self.before_send(msg).await?;
                 bodies.push(body(msg)?);
             }
             self.store()

@@ -293,7 +293,7 @@ impl Client {
         if let Some(channel) = self.store().reply_channel() {
             message.labels.insert(names::REPLY_TO, channel);
         }
-        self.before_send_stored(&mut message).await?;
+        self.before_send(&mut message).await?;
         let callback_message: serde_json::Value = serde_json::from_slice(&message.to_json()?)
             .map_err(|e| WireError::NotJson(e.to_string()))?;
         let size = self
