@@ -243,8 +243,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         if !keep_keys {
             store.purge_prefix().await?;
         }
-        // Every completion flips its claim's state byte with one SETRANGE: the pairs' count.
-        let (completed, _) = delta(&before_pairs, &after_pairs, "setrange");
+        // Every first claim asks once whether the task has a result (EXISTS): the pairs' count.
+        let (completed, _) = delta(&before_pairs, &after_pairs, "exists");
         let (scripts, script_us) = delta(&before_pairs, &after_pairs, "evalsha");
         let (sets, set_us) = delta(&before_floor, &after_floor, "set");
         let pair_us = script_us as f64 / completed.max(1) as f64;
