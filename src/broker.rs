@@ -464,6 +464,12 @@ pub trait Broker: Send + Sync + 'static {
     fn dead_letters(&self) -> Option<&dyn crate::dead_letters::DeadLetterQueue> {
         None
     }
+    /// Why this broker cannot feed a worker, or `None` when it can: a broker connected only
+    /// to send says so here, and [`WorkerBuilder::build`](crate::worker::WorkerBuilder::build)
+    /// refuses it, instead of a worker that starts and consumes nothing. The default can.
+    fn cannot_consume(&self) -> Option<String> {
+        None
+    }
     /// The queues (lanes) this broker consumes, by name; the first is the default. The
     /// default knows none.
     fn lanes(&self) -> Vec<String> {

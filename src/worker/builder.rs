@@ -23,6 +23,9 @@ pub enum BuildError {
     /// No broker was given.
     #[error("no broker: call WorkerBuilder::broker")]
     MissingBroker,
+    /// The broker cannot feed a worker (it was connected only to send).
+    #[error("this broker cannot feed a worker: {0}")]
+    BrokerCannotConsume(String),
     /// No claim or result store was given.
     #[error("no claim/result store: call WorkerBuilder::store")]
     MissingStore,
@@ -242,6 +245,9 @@ impl WorkerBuilder {
     pub fn build(self) -> Result<Worker, BuildError> {
         self.config.validate()?;
         let broker = self.broker.ok_or(BuildError::MissingBroker)?;
+        if let Some(why) = broker.cannot_consume() {
+            return Err(BuildError::BrokerCannotConsume(why));
+        }
         let store = self.store.ok_or(BuildError::MissingStore)?;
         let registry = match self.registry {
             Some(r) => r,

@@ -22,6 +22,11 @@ use crate::receive::{Held, Receiver};
 use crate::settle::{spawn_deleter, unix_ms, Delete};
 use crate::SqsError;
 
+/// Why a broker connected only to send takes nothing.
+const SEND_ONLY: &str = "this SQS broker was connected to send only (SqsBrokerBuilder::send_only, \
+    or from a URL without a worker's concurrency): a worker's broker needs every lane to have a \
+    dead-letter queue; connect it with send_only(false)";
+
 /// An SQS broker for ferriq workers and clients. Cheap to clone; its pollers stop when the
 /// last clone is dropped.
 ///
@@ -217,10 +222,7 @@ impl Broker for SqsBroker {
         if self.shared.settings.send_only {
             // Checked before anything is taken: what a worker could not park would go round
             // until SQS's own limit, without a result.
-            return Err(BrokerError::Config(
-                "this SQS broker was connected to send only (SqsBrokerBuilder::send_only, or                  from a URL without a worker's concurrency): a worker's broker needs every lane                  to have a dead-letter queue; connect it with send_only(false)"
-                    .into(),
-            ));
+            return Err(BrokerError::Config(SEND_ONLY.into()));
         }
         self.shared.receiver.receive(&self.shared, max, wait).await
     }
@@ -323,6 +325,10 @@ impl Broker for SqsBroker {
         *self.shared.health.lock().unwrap_or_else(|p| p.into_inner()) =
             Some((Instant::now(), health.clone()));
         health
+    }
+
+    fn cannot_consume(&self) -> Option<String> {
+        self.shared.settings.send_only.then(|| SEND_ONLY.to_owned())
     }
 
     fn lanes(&self) -> Vec<String> {

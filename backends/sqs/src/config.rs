@@ -220,7 +220,8 @@ impl SqsBrokerBuilder {
     /// A broker that only sends (app code enqueuing tasks): `connect` does not require the
     /// lanes to have a dead-letter queue (one they name is still found, for the
     /// dead-letter operations), and `receive` refuses — a worker needs the dead-letter queue
-    /// to park what fails for good. Off by default; a client connected from a URL
+    /// to park what fails for good, and `WorkerBuilder::build` refuses such a broker
+    /// (`BuildError::BrokerCannotConsume`). Off by default; a client connected from a URL
     /// ([`ferriq::connect`] without a worker's concurrency) is send-only.
     ///
     /// ```

@@ -389,6 +389,17 @@ async fn a_queue_without_a_dead_letter_queue_takes_sends_but_no_worker() {
     }
     let depth = broker.depth().await.unwrap();
     assert_eq!(depth.ready + depth.in_flight, 1, "{depth:?}");
+    // A worker refuses it when built, rather than starting and consuming nothing.
+    let built = Worker::builder()
+        .broker(Arc::new(broker.clone()))
+        .store(Arc::new(MemoryStore::new()))
+        .build();
+    match built {
+        Err(ferriq::worker::BuildError::BrokerCannotConsume(why)) => {
+            assert!(why.contains("send only"), "{why}")
+        }
+        other => panic!("expected a refusal, got {:?}", other.map(|_| ())),
+    }
     drop(broker);
     admin.delete_queue().queue_url(url).send().await.unwrap();
 }
