@@ -67,8 +67,9 @@
 //! - Every lane a worker consumes needs a dead-letter queue: ferriq parks poison there rather
 //!   than delete it, and a worker's broker refuses to connect without one. A broker that only
 //!   sends (`SqsBrokerBuilder::send_only`; a client connected from a URL) needs none, and
-//!   refuses to receive (a worker built with it fails at `build`). Give the source queue a RedrivePolicy with `maxReceiveCount` of at least 50: it is a
-//!   backstop for crash loops, ferriq counts attempts in its claim store.
+//!   refuses to receive (a worker built with it fails at `build`). Give the source queue a
+//!   RedrivePolicy with `maxReceiveCount` of at least 50: it is a backstop for crash loops,
+//!   ferriq counts attempts in its claim store.
 //! - The queue's `VisibilityTimeout` matters little: each receive asks for the worker's lease,
 //!   and heartbeats extend it every third of that.
 //! - A message's retention (`MessageRetentionPeriod`, default 4 days) counts from its send. A
