@@ -447,7 +447,7 @@ async fn an_interrupted_run_counts_with_the_takeovers_and_a_plain_release_does_n
 }
 
 #[tokio::test]
-async fn a_finished_claim_outlives_its_result_and_keeps_its_token() {
+async fn a_finished_claim_lives_as_long_as_its_result_and_keeps_its_token() {
     // A running claim's TTL covers claim_ttl + lease (renewed by heartbeats); complete
     // rewrites the record as done with claim_ttl from then, never shorter than the result's.
     let store = common::store().await;
