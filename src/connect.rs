@@ -249,6 +249,11 @@ pub enum ConnectError {
     /// which and what to check.
     #[error("{0}")]
     Backend(String),
+    /// What the URL or its settings name is not there: an exchange or lane nobody declared
+    /// (a broker that only checks its topology), a queue that does not exist. The message
+    /// names it and the setting to check.
+    #[error("{0}")]
+    NotFound(String),
     /// A URL setting (`FERRIQ_BROKER_URL`, `FERRIQ_STORE_URL`) is not set.
     #[error("setting {0} is not set (the URL to connect to)")]
     Missing(&'static str),

@@ -13,7 +13,7 @@ mod views;
 use std::process::ExitCode;
 
 use clap::Parser;
-use ferriq::connect::Settings;
+use ferriq::connect::{ConnectError, Settings};
 use ferriq::Client;
 
 // Every backend this command can reach: linked so their URL schemes are registered.
@@ -99,14 +99,8 @@ async fn connect(cli: &Cli) -> Result<Client, Failure> {
     match tokio::time::timeout(cli.timeout, connecting).await {
         Ok(Ok(client)) => Ok(client),
         // The broker answered, but an exchange or lane named is not there (the command
-        // never declares them; RabbitMQ's and SQS's wording): not a connection problem.
-        Ok(Err(e))
-            if ["is not on the broker", "does not exist"]
-                .iter()
-                .any(|s| e.to_string().contains(s)) =>
-        {
-            Err(Failure::NotFound(e.to_string()))
-        }
+        // never declares them): not a connection problem.
+        Ok(Err(e @ ConnectError::NotFound(_))) => Err(Failure::NotFound(e.to_string())),
         Ok(Err(e)) => Err(Failure::Connect(e.to_string())),
         Err(_) => Err(Failure::Connect(format!(
             "no answer within {:?} (--timeout)",

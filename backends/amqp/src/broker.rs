@@ -109,13 +109,14 @@ impl AmqpBroker {
         let url = config.url.redacted();
         let secret = config.url.clone();
         let shared = Arc::new(Shared::new(config));
-        let first = shared
-            .connect_once()
-            .await
-            .map_err(|reason| AmqpError::Connect {
-                url: url.clone(),
-                reason: secret.explain(reason),
-            })?;
+        let first = shared.connect_once().await.map_err(|e| {
+            let (url, reason) = (url.clone(), secret.explain(&e));
+            if e.missing {
+                AmqpError::NotDeclared { url, reason }
+            } else {
+                AmqpError::Connect { url, reason }
+            }
+        })?;
         tracing::info!(url = %url, "connected to RabbitMQ");
         tokio::spawn(Arc::clone(&shared).supervise(first));
         // The supervisor publishes the session; wait for it so the first call has one.

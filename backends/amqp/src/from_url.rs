@@ -58,15 +58,21 @@ fn connect(options: ConnectOptions) -> ConnectFuture<Arc<dyn Broker>> {
         if let Some(limit) = options.setting("FERRIQ_AMQP_DELIVERY_LIMIT") {
             builder = builder.delivery_limit(Some(delivery_limit(limit)?));
         }
-        let broker = builder
-            .connect()
-            .await
-            .map_err(|e| ConnectError::Backend(e.to_string()))?;
+        let broker = builder.connect().await.map_err(connect_error)?;
         Ok(Arc::new(broker) as Arc<dyn Broker>)
     })
 }
 
 /// The lanes' `x-delivery-limit` from its setting.
+/// An exchange or lane that is not on the broker is `NotFound` (the `ferriq` command exits 3
+/// for it); the rest are the backend's.
+fn connect_error(e: crate::AmqpError) -> ConnectError {
+    match e {
+        crate::AmqpError::NotDeclared { .. } => ConnectError::NotFound(e.to_string()),
+        e => ConnectError::Backend(e.to_string()),
+    }
+}
+
 fn delivery_limit(setting: &str) -> Result<u32, ConnectError> {
     setting
         .trim()
@@ -88,7 +94,21 @@ ferriq::inventory::submit!(BrokerConnector {
 
 #[cfg(test)]
 mod tests {
-    use super::delivery_limit;
+    use super::{connect_error, delivery_limit, ConnectError};
+
+    #[test]
+    fn a_lane_not_on_the_broker_is_not_found_and_other_errors_are_the_backends() {
+        let missing = crate::AmqpError::NotDeclared {
+            url: "amqp://rabbit:5672/".into(),
+            reason: "lane \"jobs\" is not on the broker".into(),
+        };
+        assert!(matches!(connect_error(missing), ConnectError::NotFound(m) if m.contains("jobs")));
+        let refused = crate::AmqpError::Connect {
+            url: "amqp://rabbit:5672/".into(),
+            reason: "connection refused".into(),
+        };
+        assert!(matches!(connect_error(refused), ConnectError::Backend(_)));
+    }
 
     #[test]
     fn a_delivery_limit_is_a_positive_whole_number() {

@@ -12,7 +12,8 @@ use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use crate::consume::LaneConsumer;
-use crate::{topology, AmqpBrokerBuilder};
+use crate::topology::{self, SetupError};
+use crate::AmqpBrokerBuilder;
 
 /// A live session: a publishing connection with its confirm-mode channels, a consuming
 /// connection opened on the first receive, and a token cancelled when either fails.
@@ -188,7 +189,7 @@ impl Shared {
 
     /// Connects, declares the topology and opens the first publisher channels (the rest open
     /// on demand).
-    pub(crate) async fn connect_once(self: &Arc<Self>) -> Result<Arc<Session>, String> {
+    pub(crate) async fn connect_once(self: &Arc<Self>) -> Result<Arc<Session>, SetupError> {
         let config = &self.config;
         let connection = self.open_connection("publisher").await?;
         let events = connection.events_listener();
@@ -216,7 +217,7 @@ impl Shared {
                     .map_err(|e| format!("opening the publisher channels failed: {e}"))?;
                 publishers.push(ch);
             }
-            Ok::<_, String>(publishers)
+            Ok::<_, SetupError>(publishers)
         };
         let publishers = match tokio::time::timeout(config.connect_timeout, setup).await {
             Ok(Ok(p)) => p,
@@ -229,7 +230,8 @@ impl Shared {
                 return Err(format!(
                     "setting up the connection (topology, publisher channels) took over {:?}",
                     config.connect_timeout
-                ));
+                )
+                .into());
             }
         };
         let publisher_slots = crate::config::publisher_slots(

@@ -6,6 +6,31 @@ use lapin::{Channel, ExchangeKind};
 
 use crate::AmqpBrokerBuilder;
 
+/// Why setting up a connection failed: whether the exchange or a lane named is missing (a
+/// passive declare answered RabbitMQ's 404), or anything else.
+#[derive(Debug)]
+pub(crate) struct SetupError {
+    /// The exchange or a lane is not on the broker.
+    pub(crate) missing: bool,
+    /// What failed and what to check.
+    pub(crate) message: String,
+}
+
+impl From<String> for SetupError {
+    fn from(message: String) -> Self {
+        SetupError {
+            missing: false,
+            message,
+        }
+    }
+}
+
+impl std::fmt::Display for SetupError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
 fn long(s: &str) -> AMQPValue {
     AMQPValue::LongString(LongString::from(s.as_bytes().to_vec()))
 }
@@ -35,7 +60,10 @@ pub(crate) fn lane_arguments(config: &AmqpBrokerBuilder, queue: &str) -> FieldTa
 
 /// Declares everything; safe to run on every connect and from several processes. Without
 /// [`AmqpBrokerBuilder::declare_topology`] it only checks that the exchange and lanes exist.
-pub(crate) async fn declare(channel: &Channel, config: &AmqpBrokerBuilder) -> Result<(), String> {
+pub(crate) async fn declare(
+    channel: &Channel,
+    config: &AmqpBrokerBuilder,
+) -> Result<(), SetupError> {
     if !config.declare_topology {
         return check(channel, config).await;
     }
@@ -52,14 +80,14 @@ pub(crate) async fn declare(channel: &Channel, config: &AmqpBrokerBuilder) -> Re
         } else {
             ""
         };
-        format!("declaring the topology failed: {e}{hint}")
+        SetupError::from(format!("declaring the topology failed: {e}{hint}"))
     })
 }
 
 /// Passive declares of the exchange and each lane set by name (the default lane is not
 /// checked: commands that use no lane must work where it does not exist): a missing one is
 /// named (RabbitMQ closes the channel on the first, so the check stops there).
-async fn check(channel: &Channel, config: &AmqpBrokerBuilder) -> Result<(), String> {
+async fn check(channel: &Channel, config: &AmqpBrokerBuilder) -> Result<(), SetupError> {
     let exchange = format!("exchange {:?}", config.exchange);
     declare_exchange(channel, config, true)
         .await
@@ -90,14 +118,17 @@ async fn check(channel: &Channel, config: &AmqpBrokerBuilder) -> Result<(), Stri
 
 /// What a failed passive declare of `what` says. A soft error is RabbitMQ's "no such
 /// exchange/queue" (404); any other error is reported as it is.
-fn checked(what: &str, e: lapin::Error, names: &str) -> String {
+fn checked(what: &str, e: lapin::Error, names: &str) -> SetupError {
     if e.is_amqp_soft_error() {
-        format!(
-            "{what} is not on the broker ({e}): check {names}; workers and clients declare \
-             the exchange and their lanes when they connect"
-        )
+        SetupError {
+            missing: true,
+            message: format!(
+                "{what} is not on the broker ({e}): check {names}; workers and clients \
+                 declare the exchange and their lanes when they connect"
+            ),
+        }
     } else {
-        format!("checking {what} failed: {e}")
+        SetupError::from(format!("checking {what} failed: {e}"))
     }
 }
 

@@ -33,7 +33,15 @@ pub enum SqsError {
          chain (profiles, IMDS, ECS/EKS, web identity)"
     )]
     NoCredentials,
-    /// A queue does not exist or cannot be read.
+    /// A queue does not exist.
+    #[error("queue {queue}: it does not exist ({hint})")]
+    QueueMissing {
+        /// The queue's name or URL.
+        queue: String,
+        /// What to check.
+        hint: String,
+    },
+    /// A queue cannot be read, or is not usable as it is.
     #[error("queue {queue}: {reason}")]
     Queue {
         /// The queue's name or URL.

@@ -16,14 +16,22 @@ use crate::SqsBrokerBuilder;
 
 fn connect(options: ConnectOptions) -> ConnectFuture<Arc<dyn Broker>> {
     Box::pin(async move {
-        let backend = |e: crate::SqsError| ConnectError::Backend(e.to_string());
         let broker = builder_for(&options)
-            .map_err(backend)?
+            .map_err(connect_error)?
             .connect()
             .await
-            .map_err(backend)?;
+            .map_err(connect_error)?;
         Ok(Arc::new(broker) as Arc<dyn Broker>)
     })
+}
+
+/// A queue that does not exist is `NotFound` (the `ferriq` command exits 3 for it); the rest
+/// are the backend's.
+fn connect_error(e: crate::SqsError) -> ConnectError {
+    match e {
+        crate::SqsError::QueueMissing { .. } => ConnectError::NotFound(e.to_string()),
+        e => ConnectError::Backend(e.to_string()),
+    }
 }
 
 /// The builder the options describe.
@@ -52,6 +60,19 @@ ferriq::inventory::submit!(BrokerConnector {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_missing_queue_is_not_found_and_other_errors_are_the_backends() {
+        let missing = crate::SqsError::QueueMissing {
+            queue: "jobs".into(),
+            hint: "check the name".into(),
+        };
+        assert!(matches!(connect_error(missing), ConnectError::NotFound(m) if m.contains("jobs")));
+        let other = crate::SqsError::NoDeadLetterQueue {
+            queue: "jobs".into(),
+        };
+        assert!(matches!(connect_error(other), ConnectError::Backend(_)));
+    }
 
     #[test]
     fn a_client_from_a_url_only_sends_and_a_worker_does_not() {

@@ -188,14 +188,15 @@ fn queue_error<E: std::error::Error + ProvideErrorMetadata>(
     failed: &str,
     when_failed: &str,
 ) -> SqsError {
-    let reason = if is_missing_queue(e) {
-        format!("it does not exist ({when_missing})")
-    } else {
-        format!("{failed}: {} ({when_failed})", describe(e))
-    };
+    if is_missing_queue(e) {
+        return SqsError::QueueMissing {
+            queue: queue.to_owned(),
+            hint: when_missing.to_owned(),
+        };
+    }
     SqsError::Queue {
         queue: queue.to_owned(),
-        reason,
+        reason: format!("{failed}: {} ({when_failed})", describe(e)),
     }
 }
 

@@ -342,8 +342,12 @@ async fn a_queue_that_does_not_exist_is_named_in_a_short_error() {
             .credentials("test", "test")
             .connect()
             .await
-            .expect_err("no such queue")
-            .to_string();
+            .expect_err("no such queue");
+        assert!(
+            matches!(err, ferriq_sqs::SqsError::QueueMissing { .. }),
+            "{err:?}"
+        );
+        let err = err.to_string();
         assert!(err.contains("does not exist"), "{err}");
         assert!(err.len() < 300, "{} characters: {err}", err.len());
     }
