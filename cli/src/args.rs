@@ -14,7 +14,7 @@ Exit codes:
   0  done
   1  failed (cannot connect, the broker or store refused); the message says what to check
   2  the command line is wrong (a missing URL, a redrive or purge without a filter)
-  3  not found (no such dead letter; no result yet)
+  3  not found (an exchange, lane or queue not on the broker; no such dead letter; no result yet)
   4  aborted at the confirmation prompt: nothing was changed
 
 Examples:

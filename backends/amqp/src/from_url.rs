@@ -63,7 +63,6 @@ fn connect(options: ConnectOptions) -> ConnectFuture<Arc<dyn Broker>> {
     })
 }
 
-/// The lanes' `x-delivery-limit` from its setting.
 /// An exchange or lane that is not on the broker is `NotFound` (the `ferriq` command exits 3
 /// for it); the rest are the backend's.
 fn connect_error(e: crate::AmqpError) -> ConnectError {
@@ -73,6 +72,7 @@ fn connect_error(e: crate::AmqpError) -> ConnectError {
     }
 }
 
+/// The lanes' `x-delivery-limit` from its setting.
 fn delivery_limit(setting: &str) -> Result<u32, ConnectError> {
     setting
         .trim()

@@ -116,10 +116,16 @@ async fn check(channel: &Channel, config: &AmqpBrokerBuilder) -> Result<(), Setu
     Ok(())
 }
 
-/// What a failed passive declare of `what` says. A soft error is RabbitMQ's "no such
-/// exchange/queue" (404); any other error is reported as it is.
+/// What a failed passive declare of `what` says: RabbitMQ's 404 NOT_FOUND means it is not
+/// there; any other error (an exclusive queue's 405, a refused permission) is reported as it is.
 fn checked(what: &str, e: lapin::Error, names: &str) -> SetupError {
-    if e.is_amqp_soft_error() {
+    use lapin::protocol::{AMQPErrorKind, AMQPSoftError};
+    let not_found = matches!(
+        e.kind(),
+        lapin::ErrorKind::ProtocolError(p)
+            if matches!(p.kind(), AMQPErrorKind::Soft(AMQPSoftError::NOTFOUND))
+    );
+    if not_found {
         SetupError {
             missing: true,
             message: format!(

@@ -25,7 +25,8 @@ use crate::SqsError;
 /// Why a broker connected only to send takes nothing.
 const SEND_ONLY: &str = "this SQS broker was connected to send only (SqsBrokerBuilder::send_only, \
     or from a URL without a worker's concurrency): a worker's broker needs every lane to have a \
-    dead-letter queue; connect it with send_only(false)";
+    dead-letter queue; connect it with send_only(false), or from a URL with the worker's \
+    ConnectOptions::concurrency (as Worker::builder_from_env does)";
 
 /// An SQS broker for ferriq workers and clients. Cheap to clone; its pollers stop when the
 /// last clone is dropped.

@@ -141,7 +141,8 @@ async fn url_of(
                 queue_error(
                     name,
                     &e,
-                    "check the name, region and account",
+                    "check the queue name (the URL's path, FERRIQ_QUEUES, --queues), the \
+                     region and the account",
                     "cannot look it up",
                     "check the endpoint, region and credentials",
                 )
