@@ -102,8 +102,9 @@ impl AmqpBroker {
     /// arrived). It comes back to the lane before it is due when `delay` is not a tier's
     /// length; the worker then releases it again for what is left (the message carries its
     /// due time), and holds it for the last second. A delay shorter than every tier waits in
-    /// the smallest tier with its own expiration (a release; an enqueue that short goes
-    /// straight to the lane, see `route`).
+    /// the smallest tier with its own expiration (only with tiers of more than a second: a
+    /// delay under the worker's hold window goes straight to the lane, from `route` and
+    /// from a release alike).
     pub(crate) fn delayed(
         &self,
         lane: String,

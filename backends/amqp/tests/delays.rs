@@ -11,7 +11,7 @@ use common::Topology;
 use ferriq::memory::MemoryStore;
 use ferriq::testing::RunningWorker;
 use ferriq::wire::TaskId;
-use ferriq::{Client, Registry, State, TaskContext, Worker};
+use ferriq::{Client, Registry, State, TaskContext, TaskError, Worker, WorkerConfig};
 use rand::rngs::SmallRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -34,6 +34,29 @@ async fn stamp(starts: State<Arc<Starts>>, ctx: TaskContext) {
         .lock()
         .unwrap()
         .insert(ctx.task_id().clone(), now_unix());
+}
+
+/// Unix seconds when each attempt of a task started.
+#[derive(Default)]
+struct Attempts(Mutex<HashMap<TaskId, Vec<f64>>>);
+
+/// Fails its first attempt; its retry waits 150–300 ms (the backoff with its jitter).
+#[ferriq::task(
+    name = "amqp.delays.retry_soon",
+    max_attempts = 2,
+    backoff_initial = 0.3,
+    backoff_max = 0.3
+)]
+async fn retry_soon(attempts: State<Arc<Attempts>>, ctx: TaskContext) -> Result<(), TaskError> {
+    let mut attempts = attempts.0.lock().unwrap();
+    attempts
+        .entry(ctx.task_id().clone())
+        .or_default()
+        .push(now_unix());
+    if ctx.attempt() == 1 {
+        return Err(TaskError::retryable("the first attempt fails"));
+    }
+    Ok(())
 }
 
 struct Setup {
@@ -128,6 +151,57 @@ async fn a_delay_under_a_second_does_not_wait_behind_the_one_second_tier() {
     let late = lateness(&s, &due, Duration::from_secs(30)).await;
     assert!(late.iter().all(|l| (-0.005..1.0).contains(l)), "{late:?}");
     s.worker.stop().await;
+}
+
+/// A retry under a second, released behind a second's worth of messages in the 1 s tier:
+/// released into that tier with its own expiration, it ran when they expired (~1 s after
+/// the failure); straight back to the lane, the worker holds it until due.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_under_a_second_does_not_wait_behind_the_one_second_tier() {
+    let topology = Topology::with_default_tiers();
+    let broker = Arc::new(topology.broker().await);
+    let store = Arc::new(MemoryStore::new());
+    let (starts, attempts) = (Arc::new(Starts::default()), Arc::new(Attempts::default()));
+    let worker = RunningWorker::spawn(
+        Worker::builder()
+            .broker(broker.clone())
+            .store(store.clone())
+            .registry(
+                Registry::from_inventory()
+                    .unwrap()
+                    .only(&[stamp::NAME, retry_soon::NAME])
+                    .unwrap(),
+            )
+            .state(Arc::clone(&starts))
+            .state(Arc::clone(&attempts))
+            .config({
+                let mut config = WorkerConfig::default();
+                config.min_defer = Duration::from_millis(50);
+                config
+            })
+            .concurrency(32)
+            .build()
+            .unwrap(),
+    );
+    let client = Client::new(broker, store);
+    for _ in 0..20 {
+        let msg = stamp::call()
+            .with_delay(Duration::from_secs(1))
+            .into_message()
+            .unwrap();
+        client.enqueue_message(msg).await.unwrap();
+    }
+    let handle = client.enqueue(retry_soon::call()).await.unwrap();
+    handle.wait(Duration::from_secs(30)).await.unwrap();
+    let times = attempts.0.lock().unwrap()[handle.task_id()].clone();
+    assert_eq!(times.len(), 2, "{times:?}");
+    let gap = times[1] - times[0];
+    // Never before the shortest backoff (150 ms), and well before the tier's second.
+    assert!(
+        (0.145..0.6).contains(&gap),
+        "the retry started {gap:.3} s after the failure"
+    );
+    worker.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
