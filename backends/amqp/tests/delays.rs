@@ -64,13 +64,17 @@ struct Setup {
     client: Client,
     worker: RunningWorker,
     starts: Arc<Starts>,
+    attempts: Arc<Attempts>,
 }
 
+/// A worker serving both tasks; `min_defer` low enough for `retry_soon`'s backoff.
 async fn setup() -> Setup {
     let topology = Topology::with_default_tiers();
     let broker = Arc::new(topology.broker().await);
     let store = Arc::new(MemoryStore::new());
-    let starts = Arc::new(Starts::default());
+    let (starts, attempts) = (Arc::new(Starts::default()), Arc::new(Attempts::default()));
+    let mut config = WorkerConfig::default();
+    config.min_defer = Duration::from_millis(50);
     let worker = RunningWorker::spawn(
         Worker::builder()
             .broker(broker.clone())
@@ -78,10 +82,12 @@ async fn setup() -> Setup {
             .registry(
                 Registry::from_inventory()
                     .unwrap()
-                    .only(&[stamp::NAME])
+                    .only(&[stamp::NAME, retry_soon::NAME])
                     .unwrap(),
             )
             .state(Arc::clone(&starts))
+            .state(Arc::clone(&attempts))
+            .config(config)
             .concurrency(32)
             .build()
             .unwrap(),
@@ -91,6 +97,7 @@ async fn setup() -> Setup {
         _topology: topology,
         worker,
         starts,
+        attempts,
     }
 }
 
@@ -158,42 +165,13 @@ async fn a_delay_under_a_second_does_not_wait_behind_the_one_second_tier() {
 /// the failure); straight back to the lane, the worker holds it until due.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retry_under_a_second_does_not_wait_behind_the_one_second_tier() {
-    let topology = Topology::with_default_tiers();
-    let broker = Arc::new(topology.broker().await);
-    let store = Arc::new(MemoryStore::new());
-    let (starts, attempts) = (Arc::new(Starts::default()), Arc::new(Attempts::default()));
-    let worker = RunningWorker::spawn(
-        Worker::builder()
-            .broker(broker.clone())
-            .store(store.clone())
-            .registry(
-                Registry::from_inventory()
-                    .unwrap()
-                    .only(&[stamp::NAME, retry_soon::NAME])
-                    .unwrap(),
-            )
-            .state(Arc::clone(&starts))
-            .state(Arc::clone(&attempts))
-            .config({
-                let mut config = WorkerConfig::default();
-                config.min_defer = Duration::from_millis(50);
-                config
-            })
-            .concurrency(32)
-            .build()
-            .unwrap(),
-    );
-    let client = Client::new(broker, store);
+    let s = setup().await;
     for _ in 0..20 {
-        let msg = stamp::call()
-            .with_delay(Duration::from_secs(1))
-            .into_message()
-            .unwrap();
-        client.enqueue_message(msg).await.unwrap();
+        enqueue(&s, Duration::from_secs(1)).await;
     }
-    let handle = client.enqueue(retry_soon::call()).await.unwrap();
+    let handle = s.client.enqueue(retry_soon::call()).await.unwrap();
     handle.wait(Duration::from_secs(30)).await.unwrap();
-    let times = attempts.0.lock().unwrap()[handle.task_id()].clone();
+    let times = s.attempts.0.lock().unwrap()[handle.task_id()].clone();
     assert_eq!(times.len(), 2, "{times:?}");
     let gap = times[1] - times[0];
     // Never before the shortest backoff (150 ms), and well before the tier's second.
@@ -201,7 +179,7 @@ async fn a_retry_under_a_second_does_not_wait_behind_the_one_second_tier() {
         (0.145..0.6).contains(&gap),
         "the retry started {gap:.3} s after the failure"
     );
-    worker.stop().await;
+    s.worker.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
