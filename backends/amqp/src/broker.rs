@@ -5,7 +5,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use ferriq::broker::{
     Broker, BrokerError, ConsumerSettings, DeadLetter, Delivery, DeliveryHandle, Health,
-    LeaseStatus, OutgoingMessage, QueueDepth, HOLD_WINDOW,
+    LeaseStatus, OutgoingMessage, QueueDepth,
 };
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::Acker;
@@ -384,25 +384,12 @@ impl Broker for AmqpBroker {
             NOT_BEFORE_HEADER.into(),
             AMQPValue::LongLongInt(unix_ms_now().saturating_add(after_ms)),
         );
-        let copy = if after < HOLD_WINDOW {
-            // Straight back to the lane, and the worker holds it until the header's time: in
-            // the 1 s tier with an expiration of its own it would wait for the messages ahead
-            // of it (RabbitMQ expires a message only at the head of its queue), up to a
-            // second late. As for an enqueue with a delay that short (`route`).
-            Publication {
-                exchange: String::new(),
-                routing_key: held.queue.clone(),
-                body: held.body.clone(),
-                properties: persistent(headers),
-            }
-        } else {
-            self.delayed(
-                held.queue.clone(),
-                after,
-                held.body.clone(),
-                persistent(headers),
-            )
-        };
+        let copy = self.delayed(
+            held.queue.clone(),
+            after,
+            held.body.clone(),
+            persistent(headers),
+        );
         self.publish_copy_then_ack(held, copy, after).await
     }
 

@@ -101,10 +101,12 @@ impl AmqpBroker {
     /// one due later (a tier's messages all have its TTL, so they expire in the order they
     /// arrived). It comes back to the lane before it is due when `delay` is not a tier's
     /// length; the worker then releases it again for what is left (the message carries its
-    /// due time), and holds it for the last second. A delay shorter than every tier waits in
-    /// the smallest tier with its own expiration (only with tiers of more than a second: a
-    /// delay under the worker's hold window goes straight to the lane, from `route` and
-    /// from a release alike).
+    /// due time), and holds it for the last second. A delay under the worker's hold window
+    /// goes straight to the lane (the caller's properties carry `x-ferriq-not-before`, and
+    /// the worker holds it): in a tier with an expiration of its own it would wait for the
+    /// messages ahead of it, RabbitMQ expiring a message only at the head of its queue. A
+    /// delay between the hold window and the smallest tier waits in that tier with its own
+    /// expiration (tiers of more than a second only).
     pub(crate) fn delayed(
         &self,
         lane: String,
@@ -112,6 +114,14 @@ impl AmqpBroker {
         body: Vec<u8>,
         properties: BasicProperties,
     ) -> Publication {
+        if delay < HOLD_WINDOW {
+            return Publication {
+                exchange: String::new(),
+                routing_key: lane,
+                body,
+                properties,
+            };
+        }
         let (tier, expiration) = self.shared.config.tier_for(delay);
         let properties = match expiration {
             Some(e) => {
