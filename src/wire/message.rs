@@ -84,15 +84,25 @@ impl TaskMessage {
 
     /// Writes the message as compact taskiq JSON, labels typed the taskiq way.
     pub fn to_json(&self) -> Result<Vec<u8>, WireError> {
-        serde_json::to_vec(&WireOut {
+        serde_json::to_vec(&self.wire_out()).map_err(|e| WireError::Serialize(e.to_string()))
+    }
+
+    /// The message as the JSON value [`to_json`](Self::to_json) writes, for records that keep
+    /// a message to send later (a chain's steps, a chord's callback): built in one pass, not
+    /// written and read back.
+    pub(crate) fn to_json_value(&self) -> Result<serde_json::Value, WireError> {
+        serde_json::to_value(self.wire_out()).map_err(|e| WireError::Serialize(e.to_string()))
+    }
+
+    fn wire_out(&self) -> WireOut<'_> {
+        WireOut {
             task_id: self.task_id.as_str(),
             task_name: &self.task_name,
             labels: TypedLabels(&self.labels),
             labels_types: LabelTypes(&self.labels),
             args: &self.args,
             kwargs: &self.kwargs,
-        })
-        .map_err(|e| WireError::Serialize(e.to_string()))
+        }
     }
 
     /// The task id of a body that may not be a valid message, when one can be read; used to
@@ -112,5 +122,32 @@ impl TaskMessage {
             return None;
         };
         obj.get("task_name")?.as_str().map(str::to_owned)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::wire::LabelValue;
+
+    #[test]
+    fn the_json_value_is_what_the_json_bytes_read_back_as() {
+        let mut msg = TaskMessage::new("wire.value");
+        msg.args = vec![json!(1.5), json!("two"), json!({"three": [3]})];
+        msg.kwargs.insert("big".into(), json!(u64::MAX));
+        for (name, value) in [
+            ("text", LabelValue::from("a")),
+            ("int", LabelValue::from(-7)),
+            ("float", LabelValue::from(0.1)),
+            ("bool", LabelValue::from(true)),
+            ("bytes", LabelValue::from(vec![0u8, 255])),
+            ("any", LabelValue::Any(json!({"nested": [null]}))),
+        ] {
+            msg.labels.insert(name, value);
+        }
+        let read_back: Value = serde_json::from_slice(&msg.to_json().unwrap()).unwrap();
+        assert_eq!(msg.to_json_value().unwrap(), read_back);
     }
 }

@@ -162,18 +162,14 @@ impl Client {
                 msg.labels.insert(names::REPLY_TO, channel.as_str());
             }
         }
-        let body = |m: &TaskMessage| {
-            serde_json::from_slice::<Value>(&m.to_json()?)
-                .map_err(|e| WireError::NotJson(e.to_string()))
-        };
         // Every step through the middleware, in order (a refusal of any writes nothing), then
         // the record, then the first step.
-        let mut bodies = vec![body(&messages[0])?];
+        let mut bodies = vec![messages[0].to_json_value()?];
         let first = self.prepare(messages.remove(0)).await?;
         let stored = async {
             for msg in &mut messages {
                 self.before_send(msg).await?;
-                bodies.push(body(msg)?);
+                bodies.push(msg.to_json_value()?);
             }
             self.store()
                 .create_chain(&ChainRecord::new(id.clone(), bodies))

@@ -294,8 +294,7 @@ impl Client {
             message.labels.insert(names::REPLY_TO, channel);
         }
         self.before_send(&mut message).await?;
-        let callback_message: serde_json::Value = serde_json::from_slice(&message.to_json()?)
-            .map_err(|e| WireError::NotJson(e.to_string()))?;
+        let callback_message = message.to_json_value()?;
         let size = self
             .start_group(&id, group, Some(callback_message), policy)
             .await?;
