@@ -230,6 +230,9 @@ pub enum DeadLetterReason {
     NonRetryable,
     /// Every attempt failed.
     RetriesExhausted,
+    /// Its deadline (`deadline_at`) passed before it could start: it never ran. Redriving it
+    /// runs it without a deadline.
+    Expired,
     /// The broker's own redrive limit (SQS `maxReceiveCount`, quorum `x-delivery-limit`, the
     /// memory broker's `max_receives`) moved it: a backstop, not the worker's decision.
     RedriveLimit,
@@ -237,13 +240,14 @@ pub enum DeadLetterReason {
 
 impl DeadLetterReason {
     /// Every reason.
-    pub const ALL: [DeadLetterReason; 7] = [
+    pub const ALL: [DeadLetterReason; 8] = [
         DeadLetterReason::InvalidMessage,
         DeadLetterReason::TooLarge,
         DeadLetterReason::UnsupportedWireVersion,
         DeadLetterReason::UnknownTask,
         DeadLetterReason::NonRetryable,
         DeadLetterReason::RetriesExhausted,
+        DeadLetterReason::Expired,
         DeadLetterReason::RedriveLimit,
     ];
 
@@ -261,6 +265,7 @@ impl DeadLetterReason {
             DeadLetterReason::UnknownTask => "unknown_task",
             DeadLetterReason::NonRetryable => "non_retryable",
             DeadLetterReason::RetriesExhausted => "retries_exhausted",
+            DeadLetterReason::Expired => "expired",
             DeadLetterReason::RedriveLimit => "redrive_limit",
         }
     }

@@ -309,7 +309,7 @@ impl Ops {
                             continue;
                         }
                     }
-                    let body = fresh_body(&m.body, self.client.clock().now_unix());
+                    let body = fresh_body(&m.body);
                     dlq.redrive_dead(&m, body).await?;
                     redriven.insert(key);
                     report.redriven += 1;
@@ -414,18 +414,20 @@ impl Ops {
 }
 
 /// A dead letter's body as it goes back: no earlier failures carried (`_retries`), due now,
-/// and a fresh deadline when it had one. A body that is not a message goes back as it was.
-fn fresh_body(body: &[u8], now_unix: f64) -> Vec<u8> {
+/// and no deadline — the redrive is the decision to run it (an `expired` task would expire
+/// again at once). A body that is not a message goes back as it was.
+fn fresh_body(body: &[u8]) -> Vec<u8> {
     let Ok(mut msg) = TaskMessage::from_json(body) else {
         return body.to_vec();
     };
-    for label in [names::RETRIES, names::DUE_AT, names::DELAY, names::X_DELAY] {
+    for label in [
+        names::RETRIES,
+        names::DUE_AT,
+        names::DELAY,
+        names::X_DELAY,
+        names::DEADLINE_AT,
+    ] {
         msg.labels.remove(label);
-    }
-    if msg.labels.get(names::DEADLINE_AT).is_some() {
-        let deadline = now_unix + crate::client::DEFAULT_DEADLINE.as_secs_f64();
-        msg.labels
-            .insert(names::DEADLINE_AT, deadline.ceil() as i64);
     }
     msg.to_json().unwrap_or_else(|_| body.to_vec())
 }

@@ -272,29 +272,91 @@ async fn defer_claim_releases_until_the_holders_lease_ends() {
     w.stop().await;
 }
 
+/// Hears the dead letters the worker parks.
+#[derive(Default, Clone)]
+struct DeadLetterLog(Arc<Mutex<Vec<String>>>);
+
+#[ferriq::async_trait]
+impl ferriq::middleware::Middleware for DeadLetterLog {
+    async fn on_dead_letter(&self, dead: &ferriq::middleware::DeadLettered<'_>) {
+        self.0.lock().unwrap().push(format!(
+            "{} {}",
+            dead.reason.as_str(),
+            dead.task_id.map(|id| id.to_string()).unwrap_or_default()
+        ));
+    }
+}
+
 #[tokio::test(start_paused = true)]
-async fn expired_deadline_acks_with_deadline_exceeded() {
+async fn a_task_without_a_deadline_waits_for_a_worker_as_long_as_it_takes() {
     let h = Harness::new();
-    let w = h.start(h.worker(&[echo::NAME]));
-    let past = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs() as i64
-        - 60;
     let handle = h
         .client
-        .enqueue(
-            echo::call("late".into())
-                .with_deadline(None)
-                .with_label("deadline_at", past),
+        .enqueue(echo::call("patient".into()))
+        .await
+        .unwrap();
+    // Two days with no worker: an outage's backlog.
+    tokio::time::sleep(Duration::from_secs(2 * 86_400)).await;
+    let w = h.start(h.worker(&[echo::NAME]));
+    assert_eq!(handle.wait(LONG).await.unwrap(), "patient");
+    assert!(h.broker.dead_letters().is_empty());
+    w.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_expired_task_is_parked_loudly_never_run_and_redrivable() {
+    common::capture_logs();
+    let h = Harness::new();
+    let handle = h
+        .client
+        .enqueue(echo::call("late".into()).with_deadline(Some(Duration::from_secs(2))))
+        .await
+        .unwrap();
+    // No worker while its deadline passes.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let heard = DeadLetterLog::default();
+    let w = h.start(h.worker(&[echo::NAME]).middleware(Arc::new(heard.clone())));
+    let f = failure(handle.wait(LONG).await.unwrap_err());
+    assert_eq!(f.kind, Some(ErrorKind::DeadlineExceeded));
+    assert!(f.message.contains("never ran"), "{}", f.message);
+    eventually("parked", LONG, || h.broker.dead_letters().len() == 1).await;
+    let dead = &h.broker.dead_letters()[0];
+    assert_eq!(dead.why.reason, DeadLetterReason::Expired);
+    assert_eq!(h.oracle.distinct_started(), 0);
+    let id = handle.task_id().to_string();
+    eventually("on_dead_letter heard it", LONG, || {
+        heard.0.lock().unwrap().contains(&format!("expired {id}"))
+    })
+    .await;
+    assert!(
+        common::logs()
+            .lines()
+            .any(|l| l.contains("WARN") && l.contains("deadline passed") && l.contains(&id)),
+        "no warning naming the task:\n{}",
+        common::logs()
+    );
+    // Its status says it never ran: expired, and no start counted.
+    match handle.status().await.unwrap() {
+        ferriq::TaskStatus::Expired(f) => assert_eq!(f.kind, Some(ErrorKind::DeadlineExceeded)),
+        other => panic!("expected Expired, got {other:?}"),
+    }
+    let info = h.client.ops().task(handle.task_id()).await.unwrap();
+    assert_eq!(info.claim.unwrap().starts, 0);
+
+    // Redriven, it runs (without its deadline: the redrive is the decision to run it).
+    let report = h
+        .client
+        .ops()
+        .redrive(
+            "taskiq",
+            &ferriq::dead_letters::DeadFilter::all().reason("expired"),
+            |_| {},
         )
         .await
         .unwrap();
-    let f = failure(handle.wait(LONG).await.unwrap_err());
-    assert_eq!(f.kind, Some(ErrorKind::DeadlineExceeded));
-    eventually("acked", LONG, || h.broker.stats().acked == 1).await;
-    assert_eq!(h.oracle.distinct_started(), 0);
-    assert!(h.broker.dead_letters().is_empty());
+    assert_eq!(report.redriven, 1);
+    assert_eq!(handle.wait(LONG).await.unwrap(), "late");
+    assert_eq!(h.oracle.distinct_started(), 1);
     w.stop().await;
 }
 

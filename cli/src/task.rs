@@ -19,6 +19,7 @@ fn status_name(status: &TaskStatus) -> &'static str {
         TaskStatus::Started { .. } => "started",
         TaskStatus::Succeeded => "succeeded",
         TaskStatus::Failed(_) => "failed",
+        TaskStatus::Expired(_) => "expired",
         TaskStatus::FinishedWithoutResult => "finished_without_result",
         _ => "unknown",
     }
@@ -88,6 +89,11 @@ async fn status(client: &Client, out: &Output, id: &TaskId) -> Result<(), Failur
         match &info.status {
             TaskStatus::Started { worker, .. } => format!("started (on {worker})"),
             TaskStatus::Failed(f) => format!("failed: {} {}", f.exc_type, f.message),
+            TaskStatus::Expired(f) => format!(
+                "expired, never ran: {} (parked as `expired`; `ferriq dlq redrive --reason \
+                 expired` runs it)",
+                f.message
+            ),
             TaskStatus::FinishedWithoutResult => {
                 "finished without a stored result (store_result = false, or it expired)".to_owned()
             }

@@ -6,7 +6,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::{Map, Value};
 
-use super::DEFAULT_DEADLINE;
 use crate::clock::Clock;
 use crate::task::TaskOptions;
 use crate::wire::{names, LabelValue, Labels, TaskId, TaskMessage, WireError, MAX_DELAY};
@@ -48,7 +47,7 @@ enum Due {
 
 impl<T> Call<T> {
     /// A call of task `name` with positional arguments. Its `timeout` and `queue` options
-    /// become the `timeout` and `queue_name` labels; its retry options stay with the worker's
+    /// become the `timeout` and `queue_name` labels, its `deadline` the `deadline_at` label; its retry options stay with the worker's
     /// own definition of the task. For a Python taskiq worker, which retries only what its
     /// message asks for, set them on the call: [`Call::with_max_attempts`] and
     /// `with_label("retry_on_error", true)`.
@@ -70,7 +69,7 @@ impl<T> Call<T> {
             kwargs: Map::new(),
             labels,
             task_id: None,
-            deadline: Some(DEFAULT_DEADLINE),
+            deadline: options.get_deadline(),
             due: None,
             _output: PhantomData,
         }
@@ -126,7 +125,10 @@ impl<T> Call<T> {
     }
 
     /// The task must start within `within` of when it is due (enqueue time plus its delay)
-    /// or it expires with `DeadlineExceeded`; `None` for no deadline. Default: 24 h.
+    /// or it expires: it never runs, its waiter gets `DeadlineExceeded`, and the message is
+    /// parked with reason `expired`, to be listed and redriven. `None` for no deadline.
+    /// Default: the task's `deadline` option, and without one none — a task waits for a
+    /// worker as long as it takes.
     pub fn with_deadline(mut self, within: Option<Duration>) -> Self {
         self.deadline = within;
         self

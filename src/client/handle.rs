@@ -11,7 +11,7 @@ use serde_json::Value;
 use super::WaitError;
 use crate::broker::Broker;
 use crate::store::{ClaimState, ResultStatus, Store, StoreError};
-use crate::wire::{TaskFailure, TaskId, TaskResult};
+use crate::wire::{ErrorKind, TaskFailure, TaskId, TaskResult};
 
 /// Where a task stands, as its store sees it.
 #[derive(Debug, Clone, PartialEq)]
@@ -30,6 +30,9 @@ pub enum TaskStatus {
     Succeeded,
     /// Finished with an error.
     Failed(TaskFailure),
+    /// Never ran: its deadline passed before a worker could start it. Its message is parked
+    /// with reason `expired`; redriving it (`ferriq dlq redrive --reason expired`) runs it.
+    Expired(TaskFailure),
     /// Finished (or revoked), but no result is stored: its task does not store results
     /// (`store_result = false`), or the result outlived its TTL.
     FinishedWithoutResult,
@@ -159,6 +162,7 @@ fn finished(state: ClaimState) -> bool {
 /// The status a stored result gives.
 fn finished_with(result: &TaskResult) -> TaskStatus {
     match result.failure_details() {
+        Some(f) if f.kind == Some(ErrorKind::DeadlineExceeded) => TaskStatus::Expired(f),
         Some(f) => TaskStatus::Failed(f),
         None => TaskStatus::Succeeded,
     }

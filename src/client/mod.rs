@@ -24,10 +24,6 @@ mod handle;
 pub use call::Call;
 pub use handle::{TaskHandle, TaskStatus};
 
-/// Default time a task may wait to start, counted from when it is due (enqueue time plus its
-/// delay), before it expires (`deadline_at` label).
-pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(24 * 3600);
-
 /// Why a task could not be enqueued. Nothing was published when this is returned, except for
 /// a batch whose broker failed part-way ([`EnqueueError::Broker`]).
 #[derive(Debug, Error)]

@@ -16,9 +16,9 @@ use crate::Shutdown;
 /// A tick due more than this long ago is missed (its schedule's policy decides).
 const GRACE_SECS: f64 = 1.0;
 
-/// How long after its time a tick may still start (a task's default deadline); workers
-/// discard it later.
-const TICK_DEADLINE_SECS: i64 = crate::client::DEFAULT_DEADLINE.as_secs() as i64;
+/// How long after its time a tick may still start: a tick is worth running near its time, and
+/// a later tick follows. Workers park it later, as `expired` (logged, redrivable).
+const TICK_DEADLINE_SECS: i64 = 24 * 3600;
 
 /// How long a send of run-time ticks may take before a removal stops waiting for it.
 pub(crate) const SENDING_LIMIT: Duration = Duration::from_secs(60);

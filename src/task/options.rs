@@ -19,6 +19,7 @@ pub struct TaskOptions {
     backoff_max: Duration,
     retry_on_error: bool,
     store_result: bool,
+    deadline: Option<Duration>,
 }
 
 impl Default for TaskOptions {
@@ -29,7 +30,8 @@ impl Default for TaskOptions {
 
 impl TaskOptions {
     /// The defaults: 3 attempts, no timeout, the worker's queue, backoff from 1 s doubling up to
-    /// 5 min, retry on error, store the result.
+    /// 5 min, retry on error, store the result, no deadline (a task waits for a worker as long
+    /// as it takes).
     pub const fn new() -> Self {
         TaskOptions {
             max_attempts: 3,
@@ -39,6 +41,7 @@ impl TaskOptions {
             backoff_max: Duration::from_secs(300),
             retry_on_error: true,
             store_result: true,
+            deadline: None,
         }
     }
 
@@ -84,6 +87,16 @@ impl TaskOptions {
         self
     }
 
+    /// The task must start within `within` of when it is due (enqueue time plus its delay), or
+    /// it expires: it never runs, its waiter gets `DeadlineExceeded`, and the message is parked
+    /// with reason `expired` (listed and redriven like any dead letter). Without it a task
+    /// waits for a worker as long as it takes. Calls can override it
+    /// ([`Call::with_deadline`](crate::Call::with_deadline)).
+    pub const fn deadline(mut self, within: Duration) -> Self {
+        self.deadline = Some(within);
+        self
+    }
+
     /// See [`TaskOptions::max_attempts`].
     pub const fn get_max_attempts(&self) -> u32 {
         self.max_attempts
@@ -111,5 +124,9 @@ impl TaskOptions {
     /// See [`TaskOptions::store_result`].
     pub const fn get_store_result(&self) -> bool {
         self.store_result
+    }
+    /// See [`TaskOptions::deadline`].
+    pub const fn get_deadline(&self) -> Option<Duration> {
+        self.deadline
     }
 }

@@ -154,18 +154,7 @@ impl Inner {
                 self.counters.claim(task.name, false);
                 self.release(d, retry_after, Outcome::Deferred).await
             }
-            Ok(ClaimOutcome::Expired { token }) => {
-                let result = TaskResult::failure(
-                    ErrorKind::DeadlineExceeded,
-                    "the task's deadline passed before it could start",
-                    false,
-                    0,
-                    0.0,
-                    msg.labels.to_json_map(),
-                );
-                Box::pin(self.finish(d, &msg, token, Some(result), Settle::Ack, Outcome::Expired))
-                    .await
-            }
+            Ok(ClaimOutcome::Expired { token }) => Box::pin(self.expired(d, &msg, token)).await,
             Ok(ClaimOutcome::Run {
                 token,
                 failures,
@@ -179,6 +168,50 @@ impl Inner {
                 self.run(d, msg, task, token, failures, takeovers).await
             }
         }
+    }
+
+    /// Its deadline passed before it could start: it never runs. Loud and recoverable —
+    /// a WARN naming it, a `DeadlineExceeded` result for its waiter, and the message parked as
+    /// `expired` (the middleware's `on_dead_letter` hears it), so an outage's backlog can be
+    /// listed and redriven rather than silently dropped.
+    async fn expired(&self, d: &Delivery, msg: &TaskMessage, token: Token) -> Outcome {
+        let deadline = msg.labels.deadline_at().unwrap_or_default();
+        let late = (self.config.clock.now_unix() - deadline).max(0.0);
+        tracing::warn!(
+            task_name = %msg.task_name,
+            task_id = %msg.task_id,
+            queue = %d.queue,
+            late_secs = late.round(),
+            "the task's deadline passed before it could start: not run, parked as `expired` \
+             (`ferriq dlq redrive --reason expired` runs it)"
+        );
+        let detail = format!(
+            "its deadline (deadline_at {deadline:.0}) passed {late:.0} s before a worker could \
+             start it; it never ran"
+        );
+        let result = TaskResult::failure(
+            ErrorKind::DeadlineExceeded,
+            detail.clone(),
+            false,
+            0,
+            0.0,
+            msg.labels.to_json_map(),
+        );
+        let why = DeadLetter::new(
+            DeadLetterReason::Expired,
+            detail,
+            Some(msg.task_name.clone()),
+            0,
+        );
+        self.finish(
+            d,
+            msg,
+            token,
+            Some(result),
+            Settle::DeadLetter(why),
+            Outcome::Expired,
+        )
+        .await
     }
 
     /// A message that is not due yet is released for the whole seconds left (`None` when it

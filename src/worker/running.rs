@@ -173,7 +173,7 @@ pub enum Outcome {
     Duplicate,
     /// Another worker holds the claim; released until its lease ends.
     Deferred,
-    /// Past its deadline; `DeadlineExceeded` stored, acked.
+    /// Past its deadline before it started; `DeadlineExceeded` stored, parked as `expired`.
     Expired,
     /// Revoked (before it started, or while it ran); its `Cancelled` result stands, acked.
     Revoked,

@@ -119,12 +119,7 @@ impl Inner {
                 .await;
         }
         let failure = stored.as_ref().and_then(TaskResult::failure_details);
-        let park = failure.filter(|f| {
-            !matches!(
-                f.kind,
-                Some(ErrorKind::Cancelled | ErrorKind::DeadlineExceeded)
-            )
-        });
+        let park = failure.filter(|f| f.kind != Some(ErrorKind::Cancelled));
         match park {
             Some(f) => {
                 let reason = match f.kind {
@@ -133,6 +128,7 @@ impl Inner {
                     }
                     Some(ErrorKind::InvalidMessage) => DeadLetterReason::InvalidMessage,
                     Some(ErrorKind::UnknownTask) => DeadLetterReason::UnknownTask,
+                    Some(ErrorKind::DeadlineExceeded) => DeadLetterReason::Expired,
                     _ => DeadLetterReason::NonRetryable,
                 };
                 let name = TaskMessage::peek_task_name(&d.body);

@@ -64,10 +64,12 @@ local function claim(ck, rk, worker, lease_ms, deadline, ttl, now)
   -- A task's first claim, the common case: no result and no record. Two commands (the
   -- record written only if absent) instead of reading the record, then the result, then
   -- writing the record.
+  -- An expired task never runs: its claim counts no start.
+  local expired = deadline ~= '' and now > tonumber(deadline) * 1000000
   if redis.call('EXISTS', rk) == 0 then
-    local raw = string.format('r %d %d %d 0 1 0 %s', now, lease, now, worker)
+    local raw = string.format('r %d %d %d 0 %d 0 %s', now, lease, now, expired and 0 or 1, worker)
     if redis.call('SET', ck, raw, 'NX', 'PX', px) then
-      if deadline ~= '' and now > tonumber(deadline) * 1000000 then return {'expired', now} end
+      if expired then return {'expired', now} end
       return {'run', now, 0, 0, 0, 0}
     end
   end
@@ -89,9 +91,9 @@ local function claim(ck, rk, worker, lease_ms, deadline, ttl, now)
   r.started = now
   r.holder = worker
   local starts = r.starts
-  r.starts = starts + 1
+  if not expired then r.starts = starts + 1 end
   save(ck, r, 'PX', px)
-  if deadline ~= '' and now > tonumber(deadline) * 1000000 then return {'expired', r.token} end
+  if expired then return {'expired', r.token} end
   return {'run', r.token, r.failures, starts, r.takeovers, took_over}
 end
 local now = now_us()

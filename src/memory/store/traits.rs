@@ -56,7 +56,10 @@ impl ClaimStore for MemoryStore {
         claim.started_at = self.inner.clock.now_unix();
         let token = Token(claim.token);
         let starts = claim.starts;
-        claim.starts += 1;
+        if !expired {
+            // An expired task never runs: its status must not read as started.
+            claim.starts += 1;
+        }
         Ok(if expired {
             ClaimOutcome::Expired { token }
         } else {
