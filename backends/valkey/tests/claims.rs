@@ -8,8 +8,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use common::ok;
 use ferriq::store::{
-    ClaimLease, ClaimOutcome, ClaimStore, CompleteOutcome, FailureRecord, ResultStatus,
-    ResultStore, Token,
+    ClaimLease, ClaimOutcome, ClaimStore, CompleteOutcome, FailureRecord, ProgressStore,
+    ResultStatus, ResultStore, Token,
 };
 use ferriq::wire::{ErrorKind, TaskId, TaskResult};
 use ferriq_valkey::ClaimState;
@@ -108,6 +108,20 @@ async fn a_claim_after_the_deadline_expires_and_is_completed_once() {
         store.claim(&id, "w1", LEASE, None).await.unwrap(),
         ClaimOutcome::Done
     );
+    // It never ran: its claim counts no start.
+    assert_eq!(store.claim_info(&id).await.unwrap().unwrap().starts, 0);
+    // Nor does an expired claim of a task that ran before (a redelivery past its deadline).
+    let again = TaskId::random();
+    let (t, _) = run(store.claim(&again, "w1", LEASE, None).await.unwrap());
+    store.release(&again, t).await.unwrap();
+    assert!(matches!(
+        store
+            .claim(&again, "w2", LEASE, Some(unix_now() - 10.0))
+            .await
+            .unwrap(),
+        ClaimOutcome::Expired { .. }
+    ));
+    assert_eq!(store.claim_info(&again).await.unwrap().unwrap().starts, 1);
     // A future deadline runs normally.
     let other = TaskId::random();
     run(store
