@@ -314,6 +314,7 @@ impl Broker for AmqpBroker {
             .iter()
             .map(|m| self.route(m))
             .collect::<Result<Vec<_>, _>>()?;
+        self.check_routable(&publications).await?;
         self.publish_all(&publications).await
     }
 
@@ -454,6 +455,10 @@ impl Broker for AmqpBroker {
             delayed += depth.delayed;
         }
         Ok(QueueDepth::new(ready, 0, delayed))
+    }
+
+    async fn close(&self) {
+        AmqpBroker::close(self).await
     }
 
     async fn consumer_count(&self, queue: Option<&str>) -> Option<(String, u64)> {

@@ -138,6 +138,38 @@ impl AmqpBroker {
         }
     }
 
+    /// Checks that every queue `batch` is routed to exists, once per queue this process did
+    /// not declare itself, and refuses the batch before anything is sent when one does not.
+    /// RabbitMQ would return such a message as unroutable (the publish fails all the same),
+    /// and lapin logs a returned message whole — headers and body, the task's arguments — at
+    /// WARN: user data that must not reach the logs. Only a queue deleted after this check
+    /// still comes back that way.
+    pub(crate) async fn check_routable(&self, batch: &[Publication]) -> Result<(), BrokerError> {
+        let unknown: std::collections::BTreeSet<&str> = {
+            let known = self
+                .shared
+                .known_queues
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            batch
+                .iter()
+                .map(|p| p.routing_key.as_str())
+                .filter(|key| !known.contains(*key))
+                .collect()
+        };
+        for queue in unknown {
+            if self.declare_passive(queue).await?.is_none() {
+                return Err(BrokerError::Rejected(unroutable(queue, "404 NOT_FOUND")));
+            }
+            self.shared
+                .known_queues
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(queue.to_owned());
+        }
+        Ok(())
+    }
+
     /// Publishes and waits for every confirm, again on a new connection if this one fails,
     /// until the publish timeout.
     pub(crate) async fn publish_all(&self, batch: &[Publication]) -> Result<(), BrokerError> {
@@ -212,14 +244,9 @@ async fn publish_on(session: &Session, batch: &[Publication]) -> Result<(), Publ
             Ok(Confirmation::Ack(None)) | Ok(Confirmation::NotRequested) => {}
             Ok(Confirmation::Ack(Some(returned))) => {
                 rejected.get_or_insert_with(|| {
-                    format!(
-                        "unroutable: RabbitMQ has no queue for routing key {:?} ({} {}). A \
-                         lane's queue is declared when a worker or client that lists the lane \
-                         (FERRIQ_QUEUES, AmqpBrokerBuilder::queues) connects: start that lane's \
-                         worker first, or list the lane in this client's queues too",
+                    unroutable(
                         returned.routing_key.as_str(),
-                        returned.reply_code,
-                        returned.reply_text,
+                        &format!("{} {}", returned.reply_code, returned.reply_text),
                     )
                 });
             }
@@ -239,6 +266,16 @@ async fn publish_on(session: &Session, batch: &[Publication]) -> Result<(), Publ
         None => Ok(()),
         Some(why) => Err(PublishFailure::Rejected(why)),
     }
+}
+
+/// Why a message for `routing_key` cannot be routed, and what to do.
+fn unroutable(routing_key: &str, answer: &str) -> String {
+    format!(
+        "unroutable: RabbitMQ has no queue for routing key {routing_key:?} ({answer}). A lane's \
+         queue is declared when a worker or client that lists the lane (FERRIQ_QUEUES, \
+         AmqpBrokerBuilder::queues) connects: start that lane's worker first, or list the lane \
+         in this client's queues too"
+    )
 }
 
 /// Waits for every future, having polled each once in the order given: a publish takes its

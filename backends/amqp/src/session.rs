@@ -130,6 +130,9 @@ pub(crate) struct Shared {
     /// The operators' channel for dead letters (with its session's generation): what it took
     /// stays held until settled on it.
     pub(crate) dead_channel: tokio::sync::Mutex<Option<(u64, Channel)>>,
+    /// Queues known to exist (declared or checked by this process): a publish routed to any
+    /// other is checked first, so a missing queue is an error before anything is sent.
+    pub(crate) known_queues: Mutex<std::collections::HashSet<String>>,
 }
 
 impl Shared {
@@ -145,8 +148,23 @@ impl Shared {
             stop: CancellationToken::new(),
             prefetch: std::sync::atomic::AtomicU16::new(config.prefetch.unwrap_or(32)),
             dead_channel: tokio::sync::Mutex::new(None),
+            known_queues: Mutex::new(Self::declared_queues(&config)),
             config,
         }
+    }
+
+    /// The queues connecting declares (or, without `declare_topology`, checks): the lanes,
+    /// and their delay tiers when declared.
+    fn declared_queues(config: &AmqpBrokerBuilder) -> std::collections::HashSet<String> {
+        let mut known: std::collections::HashSet<String> = config.queues.iter().cloned().collect();
+        if config.declare_topology {
+            for lane in &config.queues {
+                for tier in &config.delay_tiers {
+                    known.insert(AmqpBrokerBuilder::delay_queue(lane, *tier));
+                }
+            }
+        }
+        known
     }
 
     /// The generation of the live session (0 when none): deliveries of any other are stale.
