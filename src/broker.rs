@@ -469,6 +469,10 @@ pub trait Broker: Send + Sync + 'static {
     fn dead_letters(&self) -> Option<&dyn crate::dead_letters::DeadLetterQueue> {
         None
     }
+    /// Closes the broker's connections (unsettled deliveries go back to their queues), so a
+    /// process ends without warnings of connections cut mid-way. Idempotent. The default has
+    /// nothing to close.
+    async fn close(&self) {}
     /// Why this broker cannot feed a worker, or `None` when it can: a broker connected only
     /// to send says so here, and [`WorkerBuilder::build`](crate::worker::WorkerBuilder::build)
     /// refuses it, instead of a worker that starts and consumes nothing. The default can.

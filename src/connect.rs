@@ -74,6 +74,26 @@ impl Settings {
             .collect()
     }
 
+    /// Logs a warning for each name [`Settings::unread`] reports, naming the setting it likely
+    /// meant, once per name in this process (a client and a worker built from one environment
+    /// say it once). `who` is what did not read it ("this worker", "this client").
+    pub fn warn_unread(&self, who: &str, known: &[&str]) {
+        static WARNED: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
+        for (name, nearest) in self.unread(known) {
+            let mut warned = WARNED.lock().unwrap_or_else(|p| p.into_inner());
+            if !warned.insert(name.clone()) {
+                continue;
+            }
+            drop(warned);
+            match nearest {
+                Some(meant) => tracing::warn!(
+                    "{name} is set but nothing in {who} reads it: did you mean {meant}?"
+                ),
+                None => tracing::warn!("{name} is set but nothing in {who} reads it"),
+            }
+        }
+    }
+
     /// Sets one.
     pub fn insert(&mut self, name: impl Into<String>, value: impl Into<String>) {
         self.0.insert(name.into(), value.into());

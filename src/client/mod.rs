@@ -187,6 +187,21 @@ impl Client {
         Self::from_settings(&settings).await
     }
 
+    /// Closes the broker's and the store's connections and waits until nothing of them runs in
+    /// the background: call it before `main` returns, and the process ends without warnings
+    /// of connections cut mid-way. The connections are shared with this client's clones, its
+    /// handles, and a worker given the same broker or store: they fail after it.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let env = ferriq::testing::TestEnv::new();
+    /// env.client.close().await;
+    /// # }
+    /// ```
+    pub async fn close(&self) {
+        tokio::join!(self.broker.close(), self.store.close());
+    }
+
     /// A client on the `FERRIQ_BROKER_URL` and `FERRIQ_STORE_URL` (or `FERRIQ_VALKEY_URL`) of
     /// `settings`, with the backends' settings from the rest (a worker's
     /// [`WorkerConfig::settings`](crate::WorkerConfig::settings), for one).
@@ -205,6 +220,10 @@ impl Client {
         };
         let broker = connect_broker_with(options(broker)).await?;
         let store = connect_store_with(options(store)).await?;
+        // A misspelt setting is otherwise silently ignored: a client with a mistyped result
+        // prefix waits in the wrong place. Worker settings are known too (one environment
+        // often configures both).
+        settings.warn_unread("this client", crate::WorkerConfig::SETTINGS);
         Ok(Client::new(broker, store))
     }
 

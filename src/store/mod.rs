@@ -175,6 +175,10 @@ pub trait ClaimStore: Send + Sync + 'static {
     async fn health(&self) -> Health {
         Health::Healthy
     }
+    /// Closes the store's connections and waits until nothing of it runs in the background,
+    /// so a process ends without the warnings of connections cut mid-way. Calls on the store
+    /// after it fail. Idempotent. The default has nothing to close.
+    async fn close(&self) {}
 }
 
 /// Results: written once, read and awaited (design §4, §5). Object-safe.
@@ -211,6 +215,14 @@ pub trait ResultStore: Send + Sync + 'static {
     fn reply_channel_for(&self, id: &TaskId) -> Option<String> {
         let _ = id;
         self.reply_channel()
+    }
+    /// Whether the client that put `reply_to` on a message reads results where this store
+    /// writes them. A store with a key prefix says `false` for another prefix's channel: that
+    /// client was configured with another prefix, and finds none of the results written here
+    /// (its wait may still end through the channel). The default says yes.
+    fn reads_results_here(&self, reply_to: &str) -> bool {
+        let _ = reply_to;
+        true
     }
 }
 

@@ -261,6 +261,9 @@ impl<S: ClaimStore> ClaimStore for CountingStore<S> {
     async fn health(&self) -> Health {
         self.inner.health().await
     }
+    async fn close(&self) {
+        self.inner.close().await
+    }
 }
 
 #[async_trait]
@@ -296,6 +299,9 @@ impl<S: ResultStore> ResultStore for CountingStore<S> {
     }
     fn reply_channel_for(&self, id: &TaskId) -> Option<String> {
         self.inner.reply_channel_for(id)
+    }
+    fn reads_results_here(&self, reply_to: &str) -> bool {
+        self.inner.reads_results_here(reply_to)
     }
 }
 

@@ -85,6 +85,17 @@ pub struct WorkerBuilder {
     config: WorkerConfig,
     seed: Option<u64>,
     middleware: crate::middleware::Chain,
+    /// The broker and store this builder connected itself (from the environment or a
+    /// config), which the worker closes when it stops; not one handed in (the app may share
+    /// it with a client).
+    connected: Connected,
+}
+
+/// Which connections a worker made itself, and so closes.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Connected {
+    pub(crate) broker: bool,
+    pub(crate) store: bool,
 }
 
 impl std::fmt::Debug for WorkerBuilder {
@@ -134,29 +145,31 @@ impl WorkerBuilder {
         let broker = connect_broker_with(broker).await?;
         let store = connect_store_with(store).await?;
         // A misspelt setting is otherwise silently ignored.
-        for (name, nearest) in config.settings.unread(WorkerConfig::SETTINGS) {
-            match nearest {
-                Some(meant) => tracing::warn!(
-                    "{name} is set but nothing in this worker reads it: did you mean {meant}?"
-                ),
-                None => tracing::warn!("{name} is set but nothing in this worker reads it"),
-            }
-        }
-        Ok(WorkerBuilder::default()
+        config
+            .settings
+            .warn_unread("this worker", WorkerConfig::SETTINGS);
+        let mut builder = WorkerBuilder::default()
             .config(config)
             .broker(broker)
-            .store(store))
+            .store(store);
+        builder.connected = Connected {
+            broker: true,
+            store: true,
+        };
+        Ok(builder)
     }
 
     /// The broker to receive from.
     pub fn broker(mut self, broker: Arc<dyn Broker>) -> Self {
         self.broker = Some(broker);
+        self.connected.broker = false;
         self
     }
 
     /// The store of claims, results and workflows (Valkey, memory).
     pub fn store<S: Store + ?Sized>(mut self, store: Arc<S>) -> Self {
         self.store = Some(store.into_dyn());
+        self.connected.store = false;
         self
     }
 
@@ -312,6 +325,8 @@ impl WorkerBuilder {
                 started_at_ms: Default::default(),
                 middleware: self.middleware,
                 probe_listener: Mutex::new(probe_listener),
+                warned_foreign_client: Default::default(),
+                connected: self.connected,
             }),
         })
     }

@@ -54,6 +54,11 @@ pub(crate) struct Inner {
     middleware: crate::middleware::Chain,
     /// The probe address, bound by `build` and served by the first `run`.
     probe_listener: Mutex<Option<std::net::TcpListener>>,
+    /// The connections the builder made itself: closed when `run_until_signal` ends.
+    connected: builder::Connected,
+    /// Set once a message from a client with another result prefix was reported (once is
+    /// enough to point at the misconfiguration; every message would flood the log).
+    warned_foreign_client: std::sync::atomic::AtomicBool,
 }
 
 impl Inner {
@@ -159,6 +164,31 @@ impl Worker {
         });
         self.run(shutdown).await;
         signals.abort();
+        self.close_connected().await;
+    }
+
+    /// Closes the broker's and the store's connections, so the process ends without warnings
+    /// of connections cut mid-way; for a worker run with [`Worker::run`], once it returned.
+    /// They are shared with whatever else was given the same broker or store (a client),
+    /// which fails after it. [`Worker::run_until_signal`] closes the connections the builder
+    /// made itself ([`WorkerBuilder::from_env`]) when it ends.
+    pub async fn close(&self) {
+        tokio::join!(self.inner.broker.close(), self.inner.store.close());
+    }
+
+    async fn close_connected(&self) {
+        let connected = self.inner.connected;
+        let broker = async {
+            if connected.broker {
+                self.inner.broker.close().await;
+            }
+        };
+        let store = async {
+            if connected.store {
+                self.inner.store.close().await;
+            }
+        };
+        tokio::join!(broker, store);
     }
 
     /// Receives and runs tasks until `shutdown` asks for a drain; then stops receiving, lets

@@ -48,6 +48,9 @@ impl Inner {
         outcome: Outcome,
     ) -> (Outcome, Option<TaskResult>) {
         let reply_to = msg.labels.reply_to();
+        if let Some(channel) = reply_to {
+            self.check_reply_channel(msg, channel);
+        }
         match self
             .store
             .complete(&msg.task_id, token, result.as_ref(), reply_to)
@@ -95,6 +98,25 @@ impl Inner {
                 (released, None)
             }
         }
+    }
+
+    /// Warns, once per worker, of a message from a client whose store has another result prefix:
+    /// that client's `status()` and fresh waits never find the results written here.
+    fn check_reply_channel(&self, msg: &TaskMessage, channel: &str) {
+        use std::sync::atomic::Ordering;
+        if self.store.reads_results_here(channel)
+            || self.warned_foreign_client.swap(true, Ordering::Relaxed)
+        {
+            return;
+        }
+        tracing::warn!(
+            task_name = %msg.task_name,
+            task_id = %msg.task_id,
+            "this task's client waits for results under another key prefix than this worker \
+             writes them (its reply channel {channel:?}): give the client and the workers the \
+             same FERRIQ_RESULT_PREFIX, or the client's status() and later waits find nothing \
+             (reported once)"
+        );
     }
 
     /// A copy of a finished task: acked, unless the task failed for good, in which case the

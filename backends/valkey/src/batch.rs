@@ -91,6 +91,15 @@ impl<I: Send + 'static, O: Send + 'static> Batcher<I, O> {
         (batcher, task)
     }
 
+    /// Waits for the batches on the wire to be answered, and takes every slot: a call after
+    /// this fails at once (the store is closing).
+    pub(crate) async fn quiesce(&self) {
+        if let Ok(all) = self.slots.acquire_many(self.parallel as u32).await {
+            all.forget();
+        }
+        self.slots.close();
+    }
+
     /// One call, answered when its batch is.
     pub(crate) async fn call(&self, input: I) -> Result<O, StoreError> {
         let closed = || StoreError::Unavailable("the valkey store was closed".into());

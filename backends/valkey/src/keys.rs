@@ -53,11 +53,37 @@ impl Keys {
     pub(crate) fn reply_channel(&self) -> String {
         format!("{}:reply:{}", self.prefix, uuid::Uuid::new_v4().simple())
     }
+
+    /// The key prefix of the store that made reply channel `channel` (`{prefix}:reply:{32 hex}`),
+    /// when it has that shape.
+    pub(crate) fn reply_channel_prefix(channel: &str) -> Option<&str> {
+        const TAIL: usize = ":reply:".len() + 32;
+        let split = channel.len().checked_sub(TAIL)?;
+        let (prefix, tail) = (channel.get(..split)?, channel.get(split..)?);
+        tail.starts_with(":reply:").then_some(prefix)
+    }
+
+    /// Whether `channel` was made by a store with this prefix (`true` when it is not a
+    /// ferriq reply channel: nothing to tell).
+    pub(crate) fn owns_reply_channel(&self, channel: &str) -> bool {
+        Self::reply_channel_prefix(channel).is_none_or(|p| p == self.prefix)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_reply_channel_names_its_prefix() {
+        let keys = Keys::new("app:v2");
+        let channel = keys.reply_channel();
+        assert_eq!(Keys::reply_channel_prefix(&channel), Some("app:v2"));
+        assert!(keys.owns_reply_channel(&channel));
+        assert!(!Keys::new("app").owns_reply_channel(&channel));
+        assert!(!Keys::new("app:v2:reply").owns_reply_channel(&channel));
+        assert!(keys.owns_reply_channel("someone-elses-channel"));
+    }
 
     #[test]
     fn claim_and_result_share_a_cluster_slot() {

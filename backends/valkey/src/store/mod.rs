@@ -5,6 +5,7 @@ use ferriq::store::{ClaimOutcome, CompleteOutcome, StoreError};
 use ferriq::wire::TaskId;
 use fred::clients::SubscriberClient;
 use fred::prelude::{ClientLike, ClientState, Pool, PubsubInterface};
+use fred::types::ConnectHandle;
 use tokio::task::JoinHandle;
 
 use crate::batch::Batcher;
@@ -38,6 +39,11 @@ struct Inner {
     /// Concurrent result reads (waits re-reading under a backlog), one `MGET` per round trip.
     reads: Option<Batcher<String, Option<String>>>,
     background: Vec<JoinHandle<()>>,
+    /// The tasks driving each connection (fred's routers): awaited by `close`, aborted by a
+    /// drop without it.
+    routers: std::sync::Mutex<Vec<ConnectHandle>>,
+    /// Set once `close` has run.
+    closed: tokio::sync::OnceCell<()>,
 }
 
 /// After a failed connect: closes the clients that are not disconnected. `quit` on a client
@@ -64,14 +70,42 @@ impl Drop for Inner {
         for task in &self.background {
             task.abort();
         }
-        // Close the connections in the background when a runtime is still there.
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            let (pool, subscriber) = (self.core.pool.clone(), self.subscriber.clone());
-            rt.spawn(async move {
-                let _ = subscriber.quit().await;
-                let _ = pool.quit().await;
-            });
+        // Dropped without `close`: the connections end with their tasks, silently. (A QUIT
+        // sent from a task spawned here raced the runtime's shutdown at the end of `main`, and
+        // fred logged "Fatal error sending QUIT command to router" when it lost.)
+        for router in self
+            .routers
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain(..)
+        {
+            router.abort();
         }
+    }
+}
+
+impl Inner {
+    /// Closes everything in order: ferriq's own tasks first (nothing sends a command after
+    /// its connection's QUIT, which fred would log), then one QUIT per connection, then each
+    /// connection's task to its end, bounded (a connection stuck reconnecting is cut).
+    async fn shut(&self) {
+        for task in &self.background {
+            task.abort();
+        }
+        if let (Some(claims), Some(completes), Some(reads)) =
+            (&self.claims, &self.completes, &self.reads)
+        {
+            tokio::join!(claims.quiesce(), completes.quiesce(), reads.quiesce());
+        }
+        let _ = tokio::join!(self.subscriber.quit(), self.core.pool.quit());
+        let routers = std::mem::take(&mut *self.routers.lock().unwrap_or_else(|p| p.into_inner()));
+        let limit = self.core.settings.connect_timeout + Duration::from_secs(1);
+        for mut router in routers {
+            if tokio::time::timeout(limit, &mut router).await.is_err() {
+                router.abort();
+            }
+        }
+        tracing::debug!("valkey store closed");
     }
 }
 
@@ -125,9 +159,22 @@ impl ValkeyStore {
         let scripts = Scripts::new();
         let limit = settings.connect_timeout.saturating_mul(2) + Duration::from_secs(1);
         let mut background = Vec::new();
+        let mut routers = Vec::new();
         let setup = async {
-            pool.init().await?;
-            subscriber.init().await?;
+            // One handle per connection (not the pool's single one), so each can be awaited
+            // at close and aborted at a drop.
+            let inits = futures_util::future::join_all(pool.clients().iter().map(|c| c.init()));
+            let mut failed = None;
+            for init in inits.await {
+                match init {
+                    Ok(router) => routers.push(router),
+                    Err(e) => failed = failed.or(Some(e)),
+                }
+            }
+            if let Some(e) = failed {
+                return Err(e);
+            }
+            routers.push(subscriber.init().await?);
             scripts.load(pool.next()).await?;
             scripts::check_server(pool.next())
                 .await
@@ -154,6 +201,9 @@ impl ValkeyStore {
                 task.abort();
             }
             quit_connected(&pool, &subscriber).await;
+            for router in routers {
+                router.abort();
+            }
             return Err(e);
         }
         let clustered = pool.next().is_clustered();
@@ -199,6 +249,8 @@ impl ValkeyStore {
                 completes,
                 reads,
                 background,
+                routers: std::sync::Mutex::new(routers),
+                closed: tokio::sync::OnceCell::new(),
             }),
         })
     }
@@ -213,10 +265,11 @@ impl ValkeyStore {
         self.inner.waiters.wake(id.as_str());
     }
 
-    /// Closes the connections now (they also close when the last clone is dropped).
+    /// Closes the connections and waits until nothing of the store runs in the background, so
+    /// a process ends without warnings (they also close, without a QUIT, when the last clone
+    /// is dropped). Shared by every clone; calls after it fail. Idempotent.
     pub async fn close(&self) {
-        let _ = self.inner.subscriber.quit().await;
-        let _ = self.inner.core.pool.quit().await;
+        self.inner.closed.get_or_init(|| self.inner.shut()).await;
     }
 
     /// The key prefix.

@@ -97,6 +97,10 @@ impl ClaimStore for ValkeyStore {
             }
         }
     }
+
+    async fn close(&self) {
+        ValkeyStore::close(self).await
+    }
 }
 
 /// The one answer of a one-call batch.
@@ -260,6 +264,10 @@ impl ResultStore for ValkeyStore {
     fn reply_channel_for(&self, id: &TaskId) -> Option<String> {
         self.inner.waiters.announced_here(id.as_str());
         Some(self.inner.reply_channel.clone())
+    }
+
+    fn reads_results_here(&self, reply_to: &str) -> bool {
+        self.inner.core.keys.owns_reply_channel(reply_to)
     }
 }
 
