@@ -1,5 +1,6 @@
 //! `ferriq dlq list|show|redrive|purge`.
 
+use crate::output::{errln, outln};
 use ferriq::dead_letters::{DeadFilter, DeadMessage};
 use ferriq::wire::TaskMessage;
 use ferriq::Client;
@@ -120,7 +121,7 @@ async fn list(
         return Ok(());
     }
     if page.is_empty() {
-        println!("no dead letters in {lane} match");
+        outln!("no dead letters in {lane} match");
         return Ok(());
     }
     let rows: Vec<Vec<String>> = page
@@ -190,7 +191,7 @@ async fn show(
         out.json(&v);
         return Ok(());
     }
-    let field = |k: &str, v: String| println!("{k:<10} {v}");
+    let field = |k: &str, v: String| outln!("{k:<10} {v}");
     field("id", m.id.clone());
     field("queue", m.lane.clone());
     field(
@@ -320,15 +321,15 @@ async fn redrive(
             "parked_again": report.parked_again,
         }));
     } else {
-        println!("redriven {} dead letter(s) to {lane}", report.redriven);
+        outln!("redriven {} dead letter(s) to {lane}", report.redriven);
         if report.running > 0 {
-            println!(
+            outln!(
                 "left {} parked: a run holds the task now (try again once it ends)",
                 report.running
             );
         }
         if report.parked_again > 0 {
-            println!(
+            outln!(
                 "left {} parked: their tasks were already redriven by this command (a second \
                  dead letter of a task, or one that failed again meanwhile)",
                 report.parked_again
@@ -380,9 +381,9 @@ async fn purge(
             &json!({"purged": report.purged, "kept": report.kept, "answered": report.answered}),
         );
     } else {
-        println!("purged {} dead letter(s) from {lane}", report.purged);
+        outln!("purged {} dead letter(s) from {lane}", report.purged);
         if report.answered > 0 {
-            println!(
+            outln!(
                 "{} of them had no result yet: their callers got a Cancelled one",
                 report.answered
             );
@@ -405,7 +406,7 @@ fn nothing(out: &Output, lane: &str, selection: &Selection, empty: Value) -> Res
     if out.json {
         out.json(&empty);
     } else {
-        println!("no dead letters in {lane} match");
+        outln!("no dead letters in {lane} match");
     }
     Ok(())
 }
@@ -421,7 +422,7 @@ async fn unseen_note(client: &Client, lane: &str, left_seen: u64) {
         return;
     };
     if count > left_seen {
-        eprintln!(
+        errln!(
             "note: {} more message(s) in the dead-letter queue were not looked at: held by \
              another session (an interrupted listing or redrive; on SQS they are visible again \
              within {} s), or another queue's; run this again to reach them",

@@ -10,6 +10,7 @@ mod output;
 mod task;
 mod views;
 
+use crate::output::errln;
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -123,16 +124,36 @@ async fn run(cli: Cli) -> Result<(), Failure> {
     check_usage(&cli)?;
     let client = connect(&cli).await?;
     let out = output::Output::new(cli.json);
-    match &cli.command {
+    let done = match &cli.command {
         Command::Queues => views::queues(&client, &out).await,
         Command::Workers => views::workers(&client, &out).await,
         Command::Dlq(command) => dlq::run(&client, &out, &cli, command).await,
         Command::Task(command) => task::run(&client, &out, &cli, command).await,
-    }
+    };
+    client.close().await;
+    done
+}
+
+/// Warnings (a misspelt setting, a reconnect) on stderr. Returned messages are never logged
+/// whole: lapin would print their bodies.
+fn log_warnings() {
+    use tracing_subscriber::layer::SubscriberExt;
+    let targets = tracing_subscriber::filter::Targets::new()
+        .with_default(tracing::Level::WARN)
+        .with_target("lapin::returned_messages", tracing::Level::ERROR);
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .with_target(false)
+        .without_time()
+        .finish()
+        .with(targets);
+    let _ = tracing::subscriber::set_global_default(subscriber);
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    log_warnings();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -140,14 +161,14 @@ fn main() -> ExitCode {
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("error: cannot start: {e}");
+            errln!("error: cannot start: {e}");
             return ExitCode::from(1);
         }
     };
     match runtime.block_on(run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e}");
+            errln!("error: {e}");
             ExitCode::from(e.exit_code())
         }
     }

@@ -7,6 +7,58 @@ use serde_json::Value;
 
 use crate::Failure;
 
+/// `println!` for the command's output: a reader that went away (`ferriq dlq list | head -1`)
+/// ends the command quietly with exit 0, as Unix tools do, instead of a panic.
+macro_rules! outln {
+    () => {
+        $crate::output::write_out(format_args!(""))
+    };
+    ($($arg:tt)*) => {
+        $crate::output::write_out(format_args!($($arg)*))
+    };
+}
+pub(crate) use outln;
+
+/// `eprintln!`/`eprint!` for progress and prompts: a closed stderr is no reason to fail.
+macro_rules! errln {
+    () => {
+        $crate::output::write_err(format_args!(""), true)
+    };
+    ($($arg:tt)*) => {
+        $crate::output::write_err(format_args!($($arg)*), true)
+    };
+}
+pub(crate) use errln;
+
+macro_rules! err {
+    ($($arg:tt)*) => {
+        $crate::output::write_err(format_args!($($arg)*), false)
+    };
+}
+
+/// Writes one line on stdout; exits quietly when the reader is gone.
+pub(crate) fn write_out(line: std::fmt::Arguments<'_>) {
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = writeln!(out, "{line}").and_then(|()| out.flush()) {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        let _ = writeln!(std::io::stderr(), "error: cannot write the output: {e}");
+        std::process::exit(1);
+    }
+}
+
+/// Writes on stderr, ignoring a closed stderr.
+pub(crate) fn write_err(text: std::fmt::Arguments<'_>, newline: bool) {
+    let mut err = std::io::stderr().lock();
+    let _ = if newline {
+        writeln!(err, "{text}")
+    } else {
+        write!(err, "{text}")
+    };
+    let _ = err.flush();
+}
+
 /// Where results go: stdout, as a table or as JSON.
 pub(crate) struct Output {
     pub(crate) json: bool,
@@ -19,7 +71,7 @@ impl Output {
 
     /// Prints `value` as pretty JSON.
     pub(crate) fn json(&self, value: &Value) {
-        println!(
+        outln!(
             "{}",
             serde_json::to_string_pretty(value).unwrap_or_else(|_| value.to_string())
         );
@@ -44,7 +96,7 @@ impl Output {
                     out.push_str(&" ".repeat(pad + 2));
                 }
             }
-            println!("{}", out.trim_end());
+            outln!("{}", out.trim_end());
         };
         line(header.to_vec());
         for row in rows {
@@ -58,7 +110,7 @@ pub(crate) fn confirm(question: &str, yes: bool) -> Result<(), Failure> {
     if yes {
         return Ok(());
     }
-    eprint!("{question} [y/N] ");
+    err!("{question} [y/N] ");
     let _ = std::io::stderr().flush();
     let mut answer = String::new();
     // No terminal and nothing piped: the answer is no.
@@ -91,10 +143,10 @@ impl Progress {
     pub(crate) fn update(&mut self, done: u64) {
         let of = self.total.map_or(String::new(), |t| format!(" of {t}"));
         if self.terminal {
-            eprint!("\r{} {done}{of}", self.verb);
+            err!("\r{} {done}{of}", self.verb);
             let _ = std::io::stderr().flush();
         } else if done >= self.last + 100 || Some(done) == self.total {
-            eprintln!("{} {done}{of}", self.verb);
+            errln!("{} {done}{of}", self.verb);
         } else {
             return;
         }
@@ -103,7 +155,7 @@ impl Progress {
 
     pub(crate) fn finish(&self) {
         if self.terminal && self.last > 0 {
-            eprintln!();
+            errln!();
         }
     }
 }

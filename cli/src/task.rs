@@ -1,5 +1,6 @@
 //! `ferriq task status|result|revoke ID`.
 
+use crate::output::outln;
 use ferriq::store::ClaimState;
 use ferriq::wire::{TaskId, TaskResult};
 use ferriq::{Client, TaskStatus};
@@ -61,8 +62,26 @@ pub(crate) async fn run(
     }
 }
 
+/// Whether `id` has the shape ferriq and taskiq give task ids: 32 lowercase hex characters.
+fn generated_shape(id: &TaskId) -> bool {
+    let id = id.as_str();
+    id.len() == 32
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
 async fn status(client: &Client, out: &Output, id: &TaskId) -> Result<(), Failure> {
     let info = client.ops().task(id).await?;
+    // A custom id (chosen by its producer) may be anything printable, so only an id the store
+    // knows nothing of and that is not of the generated shape is a mistake on the command line.
+    let unknown = info.result.is_none() && info.claim.is_none() && info.progress.is_none();
+    if unknown && !generated_shape(id) {
+        return Err(Failure::Usage(format!(
+            "{id:?} is not a task id: ferriq and taskiq make ids of 32 lowercase hex \
+             characters, and the store knows no task by this one"
+        )));
+    }
     if out.json {
         out.json(&json!({
             "id": id.to_string(),
@@ -82,7 +101,7 @@ async fn status(client: &Client, out: &Output, id: &TaskId) -> Result<(), Failur
         }));
         return Ok(());
     }
-    let field = |k: &str, v: String| println!("{k:<10} {v}");
+    let field = |k: &str, v: String| outln!("{k:<10} {v}");
     field("task", id.to_string());
     field(
         "status",
@@ -145,14 +164,14 @@ async fn result(client: &Client, out: &Output, id: &TaskId) -> Result<(), Failur
         out.json(&result_json(&r));
     } else if r.is_err {
         let e = r.error.as_ref();
-        println!(
+        outln!(
             "error: {} {}",
             e.map_or("", |e| e.exc_type.as_str()),
             e.map_or(String::new(), |e| Value::Array(e.exc_message.clone())
                 .to_string())
         );
     } else {
-        println!(
+        outln!(
             "{}",
             serde_json::to_string_pretty(&r.return_value).unwrap_or_default()
         );
@@ -173,14 +192,14 @@ async fn revoke(client: &Client, out: &Output, cli: &Cli, id: &TaskId) -> Result
     if out.json {
         out.json(&json!({"id": id.to_string(), "revoked": revoked, "seen": seen}));
     } else if revoked && !seen {
-        println!(
+        outln!(
             "revoked {id}: no worker has received it yet, so if the id is right it is \
              cancelled when one does (check the id: an unknown one is revoked all the same)"
         );
     } else if revoked {
-        println!("revoked {id}: it will not start, and a running one stops at its next heartbeat");
+        outln!("revoked {id}: it will not start, and a running one stops at its next heartbeat");
     } else {
-        println!("{id} had already finished: nothing to revoke");
+        outln!("{id} had already finished: nothing to revoke");
     }
     Ok(())
 }

@@ -1,5 +1,6 @@
 //! `ferriq queues` and `ferriq workers`.
 
+use crate::output::outln;
 use std::time::Duration;
 
 use ferriq::Client;
@@ -70,7 +71,7 @@ pub(crate) async fn workers(client: &Client, out: &Output) -> Result<(), Failure
         return Ok(());
     }
     if workers.is_empty() {
-        println!("no live workers");
+        outln!("no live workers");
         return Ok(());
     }
     let now = now_ms();
@@ -111,7 +112,7 @@ pub(crate) async fn workers(client: &Client, out: &Output) -> Result<(), Failure
         })
         .collect();
     if !runs.is_empty() {
-        println!();
+        outln!();
         out.table(
             &[
                 "WORKER",

@@ -348,3 +348,56 @@ async fn dead_letters_are_listed_shown_redriven_and_purged_from_the_command_line
     ));
     worker.stop().await;
 }
+
+#[tokio::test]
+async fn a_reader_that_goes_away_ends_the_command_quietly() {
+    let setup = Setup::new();
+    let _client = setup.client().await; // declares the lane the command looks at
+                                        // The pipe's reading end is closed before the command writes: its first line fails.
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = setup
+        .command(&["queues"])
+        .stdout(writer)
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .unwrap();
+    let (_, err) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(
+        !err.contains("panicked") && !err.contains("Broken pipe"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn a_misspelt_setting_is_named_and_an_id_nobody_knows_is_a_usage_error() {
+    let setup = Setup::new();
+    let _client = setup.client().await;
+    let id = ferriq::wire::TaskId::random().to_string();
+    let out = setup
+        .command(&["task", "status", &id])
+        .env("FERRIQ_RESULT_PREFX", "app")
+        .env("FERRIQ_QUEUE", "other")
+        .output()
+        .unwrap();
+    let (stdout, err) = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(stdout.contains("pending"), "{stdout}");
+    assert!(
+        err.contains("FERRIQ_RESULT_PREFX is set but nothing")
+            && err.contains("did you mean FERRIQ_RESULT_PREFIX?"),
+        "{err}"
+    );
+    assert!(err.contains("did you mean FERRIQ_QUEUES?"), "{err}");
+    // A clean exit prints nothing else.
+    assert_eq!(err.lines().count(), 2, "{err}");
+
+    let out = setup
+        .command(&["task", "status", "not-an-id"])
+        .output()
+        .unwrap();
+    let (_, err) = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("is not a task id"), "{err}");
+}
