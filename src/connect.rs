@@ -277,6 +277,38 @@ pub enum ConnectError {
     /// A URL setting (`FERRIQ_BROKER_URL`, `FERRIQ_STORE_URL`) is not set.
     #[error("setting {0} is not set (the URL to connect to)")]
     Missing(&'static str),
+    /// The URL is empty or has no `scheme://` in front.
+    #[error("the {kind} URL {url:?} has no scheme: write it as {examples}")]
+    NoScheme {
+        /// `broker` or `store`.
+        kind: &'static str,
+        /// The URL as given, its password hidden.
+        url: String,
+        /// URL shapes that would do.
+        examples: &'static str,
+    },
+}
+
+/// The URL's scheme, or why it has none.
+fn scheme_of(kind: &'static str, url: &crate::SecretUrl) -> Result<String, ConnectError> {
+    let scheme = url.scheme();
+    if !scheme.is_empty() {
+        return Ok(scheme);
+    }
+    Err(ConnectError::NoScheme {
+        kind,
+        // Without `://` a password in it cannot be told apart: `redacted` shows none of it.
+        url: if url.expose().is_empty() {
+            String::new()
+        } else {
+            url.redacted()
+        },
+        examples: if kind == "broker" {
+            "amqp://user:password@host:5672/vhost, sqs://QUEUE?region=…, or memory://NAME"
+        } else {
+            "redis://host:6379, rediss://…, redis-cluster://…, or memory://NAME"
+        },
+    })
 }
 
 /// A broker backend's registration: the schemes it serves and how it connects. Backend
@@ -343,7 +375,7 @@ pub async fn connect_broker(url: &str) -> Result<Arc<dyn Broker>, ConnectError> 
 
 /// Connects the broker described by `options`.
 pub async fn connect_broker_with(options: ConnectOptions) -> Result<Arc<dyn Broker>, ConnectError> {
-    let scheme = options.url.scheme();
+    let scheme = scheme_of("broker", &options.url)?;
     let found = inventory::iter::<BrokerConnector>
         .into_iter()
         .find(|c| c.schemes.contains(&scheme.as_str()));
@@ -364,7 +396,7 @@ pub async fn connect_store(url: &str) -> Result<Arc<dyn Store>, ConnectError> {
 
 /// Connects the claim/result store described by `options`.
 pub async fn connect_store_with(options: ConnectOptions) -> Result<Arc<dyn Store>, ConnectError> {
-    let scheme = options.url.scheme();
+    let scheme = scheme_of("store", &options.url)?;
     let found = inventory::iter::<StoreConnector>
         .into_iter()
         .find(|c| c.schemes.contains(&scheme.as_str()));

@@ -202,3 +202,27 @@ fn a_misspelt_setting_is_pointed_out_with_the_name_it_likely_meant() {
         ]
     );
 }
+
+#[tokio::test]
+async fn a_url_without_a_scheme_says_so_and_shows_no_password() {
+    for (url, shown) in [("", ""), ("guest:s3cret@rabbit:5672", "***")] {
+        let err = ferriq::connect::connect_broker(url).await.unwrap_err();
+        match &err {
+            ConnectError::NoScheme { kind, url, .. } => {
+                assert_eq!(*kind, "broker");
+                assert_eq!(url, shown);
+            }
+            other => panic!("expected NoScheme, got {other:?}"),
+        }
+        let text = err.to_string();
+        assert!(
+            text.contains("has no scheme") && text.contains("amqp://"),
+            "{text}"
+        );
+        assert!(!text.contains("s3cret"), "{text}");
+    }
+    let err = ferriq::connect::connect_store("localhost:6379")
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("redis://"), "{err}");
+}

@@ -158,16 +158,51 @@ async fn too_large_body_is_dead_lettered_unparsed() {
     let mut config = ferriq::WorkerConfig::default();
     config.max_payload = 1024;
     let w = h.start(h.worker(&[echo::NAME]).config(config));
+    common::capture_logs();
     let handle = echo::kiq(&h.client, "x".repeat(2000)).await.unwrap();
     let f = failure(handle.wait(LONG).await.unwrap_err());
     assert_eq!(f.kind, Some(ErrorKind::InvalidMessage));
+    assert!(
+        f.message.contains("FERRIQ_MAX_PAYLOAD_BYTES"),
+        "{}",
+        f.message
+    );
     eventually("dead-lettered", LONG, || h.broker.dead_letters().len() == 1).await;
     assert_eq!(
         h.broker.dead_letters()[0].why.reason,
         DeadLetterReason::TooLarge
     );
     assert_eq!(h.oracle.distinct_started(), 0);
+    let id = handle.task_id().to_string();
+    assert!(
+        common::logs()
+            .lines()
+            .any(|l| l.contains("WARN") && l.contains("too_large") && l.contains(&id)),
+        "no warning when parking:\n{}",
+        common::logs()
+    );
     w.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_client_refuses_a_body_over_the_limit_before_sending_it() {
+    let h = Harness::new();
+    let client = h.client.clone().with_max_payload(1024);
+    let err = echo::kiq(&client, "x".repeat(2000)).await.unwrap_err();
+    match &err {
+        ferriq::EnqueueError::TooLarge { size, limit, .. } => {
+            assert!(*size > 2000, "{size}");
+            assert_eq!(*limit, 1024);
+        }
+        other => panic!("expected TooLarge, got {other:?}"),
+    }
+    assert!(
+        err.to_string().contains("FERRIQ_MAX_PAYLOAD_BYTES"),
+        "{err}"
+    );
+    assert_eq!(h.broker.len("taskiq"), 0, "nothing sent");
+    // The default is the workers' default.
+    assert!(echo::kiq(&h.client, "x".repeat(2000)).await.is_ok());
 }
 
 #[tokio::test(start_paused = true)]

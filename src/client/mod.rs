@@ -24,6 +24,10 @@ mod handle;
 pub use call::Call;
 pub use handle::{TaskHandle, TaskStatus};
 
+/// The default largest message body, in bytes (`FERRIQ_MAX_PAYLOAD_BYTES`, 256 KiB: a standard
+/// SQS queue's old maximum). Clients refuse to send larger bodies; workers park them unread.
+pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 256 * 1024;
+
 /// Why a task could not be enqueued. Nothing was published when this is returned, except for
 /// a batch whose broker failed part-way ([`EnqueueError::Broker`]).
 #[derive(Debug, Error)]
@@ -39,6 +43,21 @@ pub enum EnqueueError {
     /// A workflow's record could not be written; nothing of it was published.
     #[error("the workflow's record could not be stored: {0}")]
     Store(StoreError),
+    /// The message body is larger than workers accept: nothing was sent (a worker would park
+    /// it unread as `too_large`).
+    #[error(
+        "the message of task {task_name} is {size} bytes, over the {limit}-byte limit \
+         (FERRIQ_MAX_PAYLOAD_BYTES): pass large data by reference (an object store key), or \
+         raise the limit on the workers and clients alike"
+    )]
+    TooLarge {
+        /// The task's name.
+        task_name: String,
+        /// The body's size in bytes.
+        size: usize,
+        /// The limit (`FERRIQ_MAX_PAYLOAD_BYTES`, [`Client::with_max_payload`]).
+        limit: usize,
+    },
     /// A middleware's `before_send` refused the message; nothing of the call was published.
     #[error("middleware {middleware} refused the message: {reason}")]
     Middleware {
@@ -124,6 +143,7 @@ pub struct Client {
     store: Arc<dyn Store>,
     clock: Clock,
     middleware: crate::middleware::Chain,
+    max_payload: usize,
 }
 
 impl Client {
@@ -135,7 +155,17 @@ impl Client {
             store: store.into_dyn(),
             clock: Clock::system(),
             middleware: Default::default(),
+            max_payload: DEFAULT_MAX_PAYLOAD_BYTES,
         }
+    }
+
+    /// The same client refusing message bodies over `bytes` (default
+    /// [`DEFAULT_MAX_PAYLOAD_BYTES`], or `FERRIQ_MAX_PAYLOAD_BYTES` for a client from the
+    /// environment): keep it equal to the workers' limit, above which they park a message
+    /// unread.
+    pub fn with_max_payload(mut self, bytes: usize) -> Self {
+        self.max_payload = bytes;
+        self
     }
 
     /// The same client with `middleware` added after those already registered: its
@@ -218,13 +248,27 @@ impl Client {
             options.settings = settings.clone();
             options
         };
+        let max_payload = match settings.get("FERRIQ_MAX_PAYLOAD_BYTES") {
+            None => DEFAULT_MAX_PAYLOAD_BYTES,
+            Some(text) => text
+                .parse::<usize>()
+                .ok()
+                .filter(|n| (1024..=1 << 30).contains(n))
+                .ok_or_else(|| {
+                    ConnectError::Backend(format!(
+                        "FERRIQ_MAX_PAYLOAD_BYTES={text:?}: expected a whole number of bytes \
+                         from 1024 to {}",
+                        1 << 30
+                    ))
+                })?,
+        };
         let broker = connect_broker_with(options(broker)).await?;
         let store = connect_store_with(options(store)).await?;
         // A misspelt setting is otherwise silently ignored: a client with a mistyped result
         // prefix waits in the wrong place. Worker settings are known too (one environment
         // often configures both).
         settings.warn_unread("this client", crate::WorkerConfig::SETTINGS);
-        Ok(Client::new(broker, store))
+        Ok(Client::new(broker, store).with_max_payload(max_payload))
     }
 
     /// The same client, reading due times and deadlines from `clock` (tests).
@@ -273,12 +317,27 @@ impl Client {
     /// channel and due time.
     pub(crate) async fn prepare(&self, mut msg: TaskMessage) -> Result<Prepared, EnqueueError> {
         if self.middleware.is_empty() {
-            return Ok((None, self.outgoing(&mut msg)?));
+            let out = self.outgoing(&mut msg)?;
+            self.check_size(&out)?;
+            return Ok((None, out));
         }
         self.before_send(&mut msg).await?;
         let out = self.outgoing(&mut msg)?;
+        self.check_size(&out)?;
         // Kept for `after_send`.
         Ok((Some(msg), out))
+    }
+
+    /// Refuses a body workers would park unread.
+    fn check_size(&self, out: &OutgoingMessage) -> Result<(), EnqueueError> {
+        if out.body.len() <= self.max_payload {
+            return Ok(());
+        }
+        Err(EnqueueError::TooLarge {
+            task_name: out.task_name.clone(),
+            size: out.body.len(),
+            limit: self.max_payload,
+        })
     }
 
     /// Prepared messages that will not be published (a later step of the enqueue failed):

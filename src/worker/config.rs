@@ -117,7 +117,7 @@ impl Default for WorkerConfig {
             lease: Duration::from_secs(30),
             grace: Duration::from_secs(30),
             receive_wait: Duration::from_secs(1),
-            max_payload: 256 * 1024,
+            max_payload: crate::client::DEFAULT_MAX_PAYLOAD_BYTES,
             unsupported_release: Duration::from_secs(30),
             unknown_task_release: Duration::from_secs(5),
             max_unroutable_receives: 5,

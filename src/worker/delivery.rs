@@ -58,11 +58,19 @@ impl Inner {
         if d.body.len() > config.max_payload {
             // Never parse it: the limit exists to keep such bodies out of memory twice over.
             let detail = format!(
-                "body is {} bytes, over the {}-byte limit",
+                "body is {} bytes, over the {}-byte limit (FERRIQ_MAX_PAYLOAD_BYTES); raise it \
+                 on the workers and redrive it, or send large data by reference",
                 d.body.len(),
                 config.max_payload
             );
             let id = d.task_id.as_deref().and_then(|s| TaskId::parse(s).ok());
+            tracing::warn!(
+                task_id = d.task_id.as_deref().unwrap_or("unknown"),
+                queue = %d.queue,
+                size = d.body.len(),
+                limit = config.max_payload,
+                "message over FERRIQ_MAX_PAYLOAD_BYTES: parked unread as `too_large`"
+            );
             return Box::pin(self.reject_with_result(
                 d,
                 id,
