@@ -23,8 +23,9 @@ use crate::wire::{Labels, TaskId, TaskMessage, WireError, MAX_DELAY};
 /// ```
 pub const HOLD_WINDOW: Duration = Duration::from_secs(1);
 
-/// A message ready to publish: the taskiq body plus what brokers need to route it.
-#[derive(Debug, Clone)]
+/// A message ready to publish: the taskiq body plus what brokers need to route it. `Debug`
+/// shows the body's size, never its content (user data).
+#[derive(Clone)]
 #[non_exhaustive]
 pub struct OutgoingMessage {
     /// The task's id (also sent as a header/attribute, as taskiq-aio-pika does).
@@ -153,8 +154,8 @@ impl fmt::Debug for DeliveryHandle {
     }
 }
 
-/// One received copy of a message.
-#[derive(Debug, Clone)]
+/// One received copy of a message. `Debug` shows the body's size, never its content.
+#[derive(Clone)]
 #[non_exhaustive]
 pub struct Delivery {
     /// The raw body, not yet parsed.
@@ -172,6 +173,31 @@ pub struct Delivery {
     /// a released message early (its delay tiers are coarser than the release asked for):
     /// the worker releases it again until then.
     pub not_before: Option<f64>,
+}
+
+impl fmt::Debug for OutgoingMessage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OutgoingMessage")
+            .field("task_id", &self.task_id)
+            .field("task_name", &self.task_name)
+            .field("body", &format_args!("<{} bytes>", self.body.len()))
+            .field("queue", &self.queue)
+            .field("delay", &self.delay)
+            .finish_non_exhaustive()
+    }
+}
+
+impl fmt::Debug for Delivery {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Delivery")
+            .field("body", &format_args!("<{} bytes>", self.body.len()))
+            .field("task_id", &self.task_id)
+            .field("receive_count", &self.receive_count)
+            .field("queue", &self.queue)
+            .field("handle", &self.handle)
+            .field("not_before", &self.not_before)
+            .finish()
+    }
 }
 
 impl Delivery {

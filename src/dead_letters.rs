@@ -14,7 +14,8 @@ use crate::wire::TaskId;
 
 /// A message parked in a dead-letter queue, held by the operator's session until it is
 /// returned, redriven or dropped (a session that dies returns it by itself).
-#[derive(Debug, Clone)]
+/// `Debug` shows the body's size, never its content (user data).
+#[derive(Clone)]
 #[non_exhaustive]
 pub struct DeadMessage {
     /// The dead letter's own id (one per parking, stable while it stays parked).
@@ -38,6 +39,21 @@ pub struct DeadMessage {
     pub body: Vec<u8>,
     /// The broker's handle.
     pub handle: DeliveryHandle,
+}
+
+impl std::fmt::Debug for DeadMessage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeadMessage")
+            .field("id", &self.id)
+            .field("lane", &self.lane)
+            .field("task_id", &self.task_id)
+            .field("task_name", &self.task_name)
+            .field("reason", &self.reason)
+            .field("attempts", &self.attempts)
+            .field("dead_at_ms", &self.dead_at_ms)
+            .field("body", &format_args!("<{} bytes>", self.body.len()))
+            .finish_non_exhaustive()
+    }
 }
 
 impl DeadMessage {

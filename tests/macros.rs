@@ -18,7 +18,8 @@ async fn default_named(x: u8) -> u8 {
     backoff_initial = 0.5,
     backoff_max = 60,
     retry_on_error = false,
-    store_result = false
+    store_result = false,
+    deadline = 90
 )]
 async fn with_options() {}
 
@@ -55,7 +56,13 @@ fn names_and_options_are_generated() {
     let msg = with_options::call().into_message().unwrap();
     assert_eq!(msg.labels.timeout(), Some(Duration::from_millis(2500)));
     assert_eq!(msg.labels.queue_name(), Some("billing"));
-    assert!(msg.labels.deadline_at().is_some());
+    // The task's deadline, counted from now (no delay): it must start within 90 s.
+    assert_eq!(o.get_deadline(), Some(Duration::from_secs(90)));
+    let left = msg.labels.deadline_at().unwrap() - ferriq::clock::Clock::system().now_unix();
+    assert!((89.0..=91.0).contains(&left), "{left}");
+    // A task without one has none: it waits for a worker as long as it takes.
+    let plain = default_named::call(1).into_message().unwrap();
+    assert_eq!(plain.labels.deadline_at(), None);
 }
 
 #[tokio::test]

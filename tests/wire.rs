@@ -270,3 +270,23 @@ proptest! {
         let _ = TaskMessage::from_json(&serde_json::to_vec(&Value::Object(obj)).unwrap());
     }
 }
+
+#[test]
+fn debug_output_shows_no_argument_or_body() {
+    let mut msg = TaskMessage::new("billing.charge");
+    msg.args.push(serde_json::json!("4111 1111 1111 1111"));
+    msg.kwargs
+        .insert("cvc".into(), serde_json::json!("secret-cvc"));
+    msg.labels.insert("tenant", "acme-secret");
+    let out = ferriq::broker::OutgoingMessage::from_message_at(&msg, 0.0).unwrap();
+    for text in [format!("{msg:?}"), format!("{out:?}")] {
+        assert!(text.contains("billing.charge"), "{text}");
+        for secret in ["4111", "secret-cvc", "acme-secret"] {
+            assert!(!text.contains(secret), "{secret} in {text}");
+        }
+    }
+    assert!(
+        format!("{msg:?}").contains("cvc"),
+        "keyword names are shown"
+    );
+}

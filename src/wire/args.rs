@@ -29,7 +29,9 @@ pub enum ArgumentError {
     WrongType {
         /// The parameter.
         name: String,
-        /// serde's explanation.
+        /// serde's explanation, without the value itself (arguments are user data: this text
+        /// reaches logs, dead-letter headers and the stored result): `invalid type: string,
+        /// expected i64`.
         reason: String,
     },
 }
@@ -91,10 +93,99 @@ impl ArgumentBinder {
         match self.values.get_mut(index).and_then(Option::take) {
             Some(v) => serde_json::from_value(v).map_err(|e| ArgumentError::WrongType {
                 name: name.to_owned(),
-                reason: e.to_string(),
+                reason: without_value(&e.to_string()),
             }),
             None => serde_json::from_value(Value::Null)
                 .map_err(|_| ArgumentError::Missing(name.to_owned())),
         }
+    }
+}
+
+/// The kinds serde names an unexpected value by (`serde::de::Unexpected`'s `Display`), longest
+/// first where one starts another.
+const UNEXPECTED_KINDS: [&str; 16] = [
+    "floating point",
+    "integer",
+    "string",
+    "boolean",
+    "character",
+    "byte array",
+    "unit value",
+    "Option value",
+    "newtype struct",
+    "sequence",
+    "map",
+    "enum",
+    "unit variant",
+    "newtype variant",
+    "tuple variant",
+    "struct variant",
+];
+
+/// serde's error text with the offending value left out: `invalid type: string "4111 1111",
+/// expected i64` becomes `invalid type: string, expected i64`, `unknown variant `x`, expected
+/// one of …` becomes `unknown variant, expected one of …`. Other texts (a type's own
+/// `Deserialize` message) are kept as they are.
+fn without_value(reason: &str) -> String {
+    // serde writes the value, then ", expected …": the last occurrence is serde's own.
+    let expected = reason.rfind(", expected ").map(|at| &reason[at..]);
+    for prefix in ["invalid type: ", "invalid value: "] {
+        if let Some(rest) = reason.strip_prefix(prefix) {
+            let kind = UNEXPECTED_KINDS
+                .iter()
+                .find(|k| rest.starts_with(**k))
+                .copied()
+                .unwrap_or("value");
+            return format!("{prefix}{kind}{}", expected.unwrap_or_default());
+        }
+    }
+    if reason.starts_with("unknown variant ") {
+        return format!("unknown variant{}", expected.unwrap_or_default());
+    }
+    reason.to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn reason<T: DeserializeOwned + std::fmt::Debug>(value: Value) -> String {
+        let mut bind = ArgumentBinder::new(vec![value], Map::new(), &["card"]).unwrap();
+        match bind.take::<T>(0) {
+            Err(ArgumentError::WrongType { reason, .. }) => reason,
+            other => panic!("expected WrongType, got {other:?}"),
+        }
+    }
+
+    #[derive(serde::Deserialize, Debug)]
+    #[allow(dead_code)]
+    enum Plan {
+        Free,
+        Pro,
+    }
+
+    #[test]
+    fn a_wrong_type_never_quotes_the_value() {
+        assert_eq!(
+            reason::<i64>(json!("4111 1111, expected 1111")),
+            "invalid type: string, expected i64"
+        );
+        assert_eq!(
+            reason::<u8>(json!(-41111111)),
+            "invalid value: integer, expected u8"
+        );
+        assert_eq!(
+            reason::<String>(json!(4111.5)),
+            "invalid type: floating point, expected a string"
+        );
+        assert_eq!(
+            reason::<Plan>(json!("Secret-Tier")),
+            "unknown variant, expected `Free` or `Pro`"
+        );
+        assert_eq!(
+            reason::<Vec<i64>>(json!({"card": 4111})),
+            "invalid type: map, expected a sequence"
+        );
     }
 }
