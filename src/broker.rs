@@ -173,6 +173,10 @@ pub struct Delivery {
     /// a released message early (its delay tiers are coarser than the release asked for):
     /// the worker releases it again until then.
     pub not_before: Option<f64>,
+    /// Deliveries sharing this key run one at a time, in the order received (an SQS FIFO
+    /// queue's message group): the worker starts the next only once the previous one's
+    /// message left its queue, and hands the rest back when it went back instead.
+    pub ordering_key: Option<Arc<str>>,
 }
 
 impl fmt::Debug for OutgoingMessage {
@@ -196,6 +200,7 @@ impl fmt::Debug for Delivery {
             .field("queue", &self.queue)
             .field("handle", &self.handle)
             .field("not_before", &self.not_before)
+            .field("ordering_key", &self.ordering_key)
             .finish()
     }
 }
@@ -216,7 +221,15 @@ impl Delivery {
             queue: queue.into(),
             handle,
             not_before: None,
+            ordering_key: None,
         }
+    }
+
+    /// The same delivery, run in order with the others of `key` (see
+    /// [`Delivery::ordering_key`]).
+    pub fn with_ordering_key(mut self, key: Option<Arc<str>>) -> Self {
+        self.ordering_key = key;
+        self
     }
 
     /// The same delivery, not to be handled before `unix` seconds (see

@@ -327,6 +327,7 @@ impl WorkerBuilder {
                 probe_listener: Mutex::new(probe_listener),
                 warned_foreign_client: Default::default(),
                 connected: self.connected,
+                ordered: Default::default(),
             }),
         })
     }

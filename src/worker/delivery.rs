@@ -34,7 +34,7 @@ pub(crate) struct PendingResult {
 
 impl Inner {
     /// Settles one delivery, inside a span that records the task and the outcome.
-    pub(crate) async fn process(self: Arc<Self>, d: Delivery) {
+    pub(crate) async fn process(self: Arc<Self>, d: Delivery) -> Outcome {
         let span = tracing::info_span!(
             "ferriq.delivery",
             queue = %d.queue,
@@ -49,6 +49,7 @@ impl Inner {
         span.record("outcome", outcome.as_str());
         self.counters.record(outcome, task);
         tracing::debug!(parent: &span, outcome = outcome.as_str(), "delivery settled");
+        outcome
     }
 
     /// Settles one delivery; `served` is set to the task's name once it is known to be one

@@ -16,6 +16,8 @@ use futures_util::{FutureExt, StreamExt};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio_util::task::TaskTracker;
 
+use super::ordered::{Next, Waiting};
+use super::running::Outcome;
 use super::Inner;
 use crate::broker::Delivery;
 
@@ -27,11 +29,23 @@ const MAX_GROUP: usize = 8;
 
 /// Runs each delivery, holding its concurrency slot (`None`: a delivery the broker returned
 /// beyond what was asked, handled rather than left unheartbeated) until it is settled.
+/// Deliveries with an ordering key run one at a time per key, in the order received
+/// (`ordered.rs`): a key's first delivery runs, and the others wait behind it.
 pub(super) fn dispatch(
     inner: &Arc<Inner>,
     tracker: &TaskTracker,
     deliveries: Vec<(Delivery, Option<OwnedSemaphorePermit>)>,
 ) {
+    let deliveries: Vec<_> = deliveries
+        .into_iter()
+        .filter_map(|(delivery, permit)| {
+            let waiting = Waiting { delivery, permit };
+            match waiting.delivery.ordering_key.clone() {
+                None => Some(waiting),
+                Some(key) => inner.ordered.admit(&key, waiting),
+            }
+        })
+        .collect();
     let threads = tokio::runtime::Handle::current()
         .metrics()
         .num_workers()
@@ -43,24 +57,54 @@ pub(super) fn dispatch(
         let inner = Arc::clone(inner);
         if let [_] = group.as_slice() {
             // A lone delivery needs no set around it.
-            let (d, permit) = group.into_iter().next().expect("one delivery");
-            tracker.spawn(async move {
-                settle_one(inner, d).await;
-                drop(permit);
-            });
+            let first = group.into_iter().next().expect("one delivery");
+            tracker.spawn(settle_in_turn(inner, first));
             continue;
         }
         let runs: FuturesUnordered<_> = group
             .into_iter()
-            .map(|(d, permit)| {
-                let inner = Arc::clone(&inner);
-                async move {
-                    settle_one(inner, d).await;
-                    drop(permit);
-                }
-            })
+            .map(|first| settle_in_turn(Arc::clone(&inner), first))
             .collect();
         tracker.spawn(runs.for_each(|()| async {}));
+    }
+}
+
+/// Settles `first`, then, for an ordering key, whatever of its key waits behind it, in order:
+/// the next only once the previous one's message left its queue for good. When it went back
+/// instead (or the worker drains), what waits is handed back unrun, for the broker to return
+/// after it.
+async fn settle_in_turn(inner: Arc<Inner>, first: Waiting) {
+    let Some(key) = first.delivery.ordering_key.clone() else {
+        settle_one(inner, first.delivery).await;
+        drop(first.permit);
+        return;
+    };
+    let mut current = first;
+    loop {
+        let outcome = settle_one(Arc::clone(&inner), current.delivery).await;
+        drop(current.permit);
+        match inner
+            .ordered
+            .next(&key, outcome.is_some_and(Outcome::removed))
+        {
+            None => return,
+            Some(Next::Run(next)) => current = next,
+            Some(Next::HandBack(waiting)) => {
+                inner.hand_back(waiting).await;
+                return;
+            }
+        }
+    }
+}
+
+impl Inner {
+    /// Gives deliveries that waited behind their group's run back to their queue, visible at
+    /// once (the head still in flight keeps them from being received before it), unclaimed.
+    pub(crate) async fn hand_back(&self, waiting: Vec<Waiting>) {
+        for w in waiting {
+            self.release_now(&w.delivery, Outcome::Released).await;
+            drop(w.permit);
+        }
     }
 }
 
@@ -70,28 +114,32 @@ pub(super) fn dispatch(
 /// forever, with nothing running) and released now: RabbitMQ would otherwise hold an
 /// unsettled message until its channel closes. Its claim, no longer heartbeated, runs out
 /// with its lease, and the next run counts as a takeover.
-async fn settle_one(inner: Arc<Inner>, d: Delivery) {
+async fn settle_one(inner: Arc<Inner>, d: Delivery) -> Option<Outcome> {
     let handle = d.handle.clone();
     // Boxed: the delivery's future is large, and this one is moved into its group's set and
     // its runtime task; a box keeps those moves to a pointer's size.
-    if let Err(panic) = AssertUnwindSafe(Box::pin(Arc::clone(&inner).process(d)))
+    let settled = AssertUnwindSafe(Box::pin(Arc::clone(&inner).process(d)))
         .catch_unwind()
-        .await
-    {
-        let what = panic
-            .downcast_ref::<&str>()
-            .map(|s| (*s).to_owned())
-            .or_else(|| panic.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "(non-string panic payload)".to_owned());
-        inner.running.remove(handle.key());
-        match inner.broker.release(&handle, inner.config.min_defer).await {
-            Ok(()) => {
-                tracing::error!(panic = %what, "settling a delivery panicked; its message was released")
+        .await;
+    match settled {
+        Ok(outcome) => Some(outcome),
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "(non-string panic payload)".to_owned());
+            inner.running.remove(handle.key());
+            match inner.broker.release(&handle, inner.config.min_defer).await {
+                Ok(()) => {
+                    tracing::error!(panic = %what, "settling a delivery panicked; its message was released")
+                }
+                // Settled before the panic, or already lost: the broker has it either way.
+                Err(e) => {
+                    tracing::error!(panic = %what, release = %e, "settling a delivery panicked; its message was not released")
+                }
             }
-            // Settled before the panic, or already lost: the broker has it either way.
-            Err(e) => {
-                tracing::error!(panic = %what, release = %e, "settling a delivery panicked; its message was not released")
-            }
+            None
         }
     }
 }

@@ -78,13 +78,30 @@ where
 }
 
 async fn broker_beat(inner: Arc<Inner>) {
-    let handles = inner.running.handles();
+    let mut handles = inner.running.handles();
+    let runs = handles.len();
+    // Deliveries waiting behind their message group's run keep their leases too.
+    handles.extend(inner.ordered.waiting_handles());
     if handles.is_empty() {
         return;
     }
     match inner.broker.extend(&handles, inner.config.lease).await {
         Ok(statuses) => {
-            for (handle, status) in handles.iter().zip(statuses) {
+            let waiting = statuses.get(runs..).unwrap_or_default();
+            for (handle, status) in handles[runs..].iter().zip(waiting) {
+                if *status == LeaseStatus::Kept {
+                    continue;
+                }
+                // Not ours any more, or not for much longer: it goes back (a lost one is
+                // the broker's already), and what waits behind it must not run before it.
+                tracing::warn!(delivery = ?handle, "a delivery waiting for its message group's run cannot be held: handing it back with the ones behind it");
+                let mut from = inner.ordered.take_from(handle.key());
+                if *status == LeaseStatus::Lost && !from.is_empty() {
+                    from.remove(0);
+                }
+                inner.hand_back(from).await;
+            }
+            for (handle, status) in handles[..runs].iter().zip(statuses) {
                 match status {
                     LeaseStatus::Lost => {
                         tracing::warn!(delivery = ?handle, "broker lease lost: cancelling the run");

@@ -7,6 +7,7 @@ mod delivery;
 mod dispatch;
 mod heartbeat;
 mod metrics;
+mod ordered;
 mod probes;
 mod run;
 mod running;
@@ -54,6 +55,8 @@ pub(crate) struct Inner {
     middleware: crate::middleware::Chain,
     /// The probe address, bound by `build` and served by the first `run`.
     probe_listener: Mutex<Option<std::net::TcpListener>>,
+    /// Deliveries waiting for the run of their message group ahead of them.
+    ordered: ordered::OrderedGroups,
     /// The connections the builder made itself: closed when `run_until_signal` ends.
     connected: builder::Connected,
     /// Set once a message from a client with another result prefix was reported (once is
@@ -199,6 +202,7 @@ impl Worker {
         let inner = &self.inner;
         let _probes = self.configured_probes().await;
         inner.running.open();
+        inner.ordered.open();
         inner.started_at_ms.store(
             (inner.config.clock.now_unix() * 1000.0) as u64,
             std::sync::atomic::Ordering::Relaxed,
@@ -268,6 +272,8 @@ impl Worker {
         }
         tracker.close();
         inner.broker.drain_started();
+        // What waits behind a group's run goes back now, for another worker, in order.
+        inner.hand_back(inner.ordered.drain()).await;
         tracing::info!(in_flight = inner.running.len(), grace = ?inner.config.grace, "draining");
         let forced = tokio::select! {
             _ = tracker.wait() => false,

@@ -196,6 +196,20 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// Whether the message left its queue for good (its outcome is durable: a result stored
+    /// and the message acked, or parked); otherwise it is back in its queue or will be.
+    pub fn removed(self) -> bool {
+        matches!(
+            self,
+            Outcome::Succeeded
+                | Outcome::Failed
+                | Outcome::Duplicate
+                | Outcome::Expired
+                | Outcome::Revoked
+                | Outcome::DeadLettered
+        )
+    }
+
     /// A stable name, for logs and metrics.
     pub fn as_str(self) -> &'static str {
         match self {

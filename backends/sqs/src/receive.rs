@@ -339,6 +339,12 @@ fn delivery(
     let group_id = system
         .get(&MessageSystemAttributeName::MessageGroupId)
         .cloned();
+    // A FIFO queue's group runs one message at a time, in order. (Standard queues may carry a
+    // group id too, for fair queueing: no order there.)
+    let ordering_key = group_id
+        .as_deref()
+        .filter(|_| lane.fifo)
+        .map(|g| Arc::<str>::from(format!("{}\n{g}", lane.url)));
     let attributes = m.message_attributes.unwrap_or_default();
     let text = |name: &str| attributes.get(name).and_then(|v| v.string_value());
     let task_id = text("task_id").map(str::to_owned);
@@ -370,6 +376,7 @@ fn delivery(
             lane.name.clone(),
             DeliveryHandle::new(held),
         )
-        .with_not_before(not_before),
+        .with_not_before(not_before)
+        .with_ordering_key(ordering_key),
     )
 }

@@ -225,8 +225,22 @@ async fn oversized_messages_are_refused_at_send_and_the_rest_of_the_batch_goes()
     })
     .await;
     let store = Arc::new(MemoryStore::new());
-    let client = Client::new(Arc::new(queues.broker().await), store);
     let big = "x".repeat(300 * 1024);
+    // A client refuses it before sending (FERRIQ_MAX_PAYLOAD_BYTES, 256 KiB by default)...
+    let checked = Client::new(Arc::new(queues.broker().await), store.clone());
+    let refused = checked
+        .enqueue(ferriq::Call::<()>::new(
+            "sqs.big",
+            Default::default(),
+            [Ok(big.clone().into())],
+        ))
+        .await;
+    assert!(
+        matches!(refused, Err(EnqueueError::TooLarge { .. })),
+        "{refused:?}"
+    );
+    // ...and one whose limit is raised past the queue's meets the broker's own check.
+    let client = Client::new(Arc::new(queues.broker().await), store).with_max_payload(1 << 20);
     let err = add::kiq(&client, 1, 2).await.map(|_| ()).and(
         client
             .enqueue(ferriq::Call::<()>::new(

@@ -110,6 +110,8 @@ pub struct QueueOptions {
     pub visibility_secs: u32,
     pub max_receive_count: u32,
     pub max_message_bytes: Option<u32>,
+    /// A FIFO queue with a FIFO dead-letter queue (names ending `.fifo`).
+    pub fifo: bool,
 }
 
 impl Default for QueueOptions {
@@ -118,6 +120,7 @@ impl Default for QueueOptions {
             visibility_secs: 30,
             max_receive_count: 10,
             max_message_bytes: None,
+            fifo: false,
         }
     }
 }
@@ -129,11 +132,19 @@ impl Queues {
 
     pub async fn create_at(endpoint: &str, options: QueueOptions) -> Self {
         let admin = admin(endpoint);
-        let name = unique("q");
-        let dlq_name = format!("{name}-dlq");
-        let dlq_url = admin
-            .create_queue()
-            .queue_name(&dlq_name)
+        let base = unique("q");
+        let suffix = if options.fifo { ".fifo" } else { "" };
+        let name = format!("{base}{suffix}");
+        let dlq_name = format!("{base}-dlq{suffix}");
+        let fifo =
+            |create: aws_sdk_sqs::operation::create_queue::builders::CreateQueueFluentBuilder| {
+                if options.fifo {
+                    create.attributes(QueueAttributeName::FifoQueue, "true")
+                } else {
+                    create
+                }
+            };
+        let dlq_url = fifo(admin.create_queue().queue_name(&dlq_name))
             .send()
             .await
             .expect("the SQS emulator answers")
@@ -150,9 +161,7 @@ impl Queues {
             .unwrap()
             .remove(&QueueAttributeName::QueueArn)
             .unwrap();
-        let mut create = admin
-            .create_queue()
-            .queue_name(&name)
+        let mut create = fifo(admin.create_queue().queue_name(&name))
             .attributes(
                 QueueAttributeName::VisibilityTimeout,
                 options.visibility_secs.to_string(),
