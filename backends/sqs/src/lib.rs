@@ -42,7 +42,9 @@
 //!   backing-off task holds its group (by default every task of its name) until it runs, and
 //!   a wait longer than 12 hours costs one receive per 12 hours against `maxReceiveCount`:
 //!   give tasks their own `group_id` label when order within a name does not matter, and use a
-//!   standard queue for long delays.
+//!   standard queue for long delays. Deliveries from a FIFO queue carry their group as
+//!   [`Delivery::ordering_key`](ferriq::broker::Delivery::ordering_key): the worker runs a
+//!   group's messages one at a time, in order, even when SQS hands over several in one receive.
 //!
 //! ## Connecting
 //!
