@@ -57,9 +57,21 @@ pub async fn create_queue_pair_with(
     name: &str,
     max_receive_count: u32,
 ) -> (String, String) {
-    let dlq = client
-        .create_queue()
-        .queue_name(format!("{name}-dlq"))
+    // A FIFO queue (its name ends `.fifo`) needs a FIFO dead-letter queue.
+    let fifo = name.strip_suffix(".fifo");
+    let with_type =
+        |create: aws_sdk_sqs::operation::create_queue::builders::CreateQueueFluentBuilder| {
+            if fifo.is_some() {
+                create.attributes(QueueAttributeName::FifoQueue, "true")
+            } else {
+                create
+            }
+        };
+    let dlq_name = match fifo {
+        Some(base) => format!("{base}-dlq.fifo"),
+        None => format!("{name}-dlq"),
+    };
+    let dlq = with_type(client.create_queue().queue_name(dlq_name))
         .send()
         .await
         .expect("the SQS endpoint answers")
@@ -75,9 +87,7 @@ pub async fn create_queue_pair_with(
         .attributes
         .and_then(|mut a| a.remove(&QueueAttributeName::QueueArn))
         .unwrap_or_default();
-    let url = client
-        .create_queue()
-        .queue_name(name)
+    let url = with_type(client.create_queue().queue_name(name))
         .attributes(
             QueueAttributeName::RedrivePolicy,
             format!(r#"{{"deadLetterTargetArn":"{arn}","maxReceiveCount":"{max_receive_count}"}}"#),

@@ -46,7 +46,7 @@ async fn main() {
     let started = std::time::Instant::now();
     let mut rows: Vec<Row> = Vec::new();
     for backend in &backends {
-        for name in &names {
+        for name in names.iter().filter(|n| scenarios::runs_on(n, *backend)) {
             let t = std::time::Instant::now();
             eprintln!("==> {name} on {}", backend.name());
             let row = tokio::time::timeout(

@@ -60,6 +60,8 @@ pub struct Settings {
     pub max_payload: Option<usize>,
     /// More `FERRIQ_*` variables for the workers.
     pub env: Vec<(&'static str, String)>,
+    /// On SQS, a FIFO queue (and dead-letter queue).
+    pub fifo: bool,
 }
 
 impl Default for Settings {
@@ -72,6 +74,7 @@ impl Default for Settings {
             aof: false,
             max_payload: None,
             env: Vec::new(),
+            fifo: false,
         }
     }
 }
@@ -149,6 +152,11 @@ impl World {
         let events_dir = dir.join("events");
         std::fs::create_dir_all(&events_dir).expect("scratch folder");
         let redis = PrivateRedis::start(dir.join("redis"), settings.aof).await;
+        let lane = if settings.fifo && backend == Backend::Sqs {
+            format!("{name}.fifo")
+        } else {
+            name.clone()
+        };
         let oracle = Oracle::new(&name);
         oracle.attach(redis.port, true).await;
         let redis_proxy = Proxy::start(&redis.addr()).await;
@@ -176,11 +184,11 @@ impl World {
                 let admin = ferriq_examples::sqs::client(&endpoint);
                 let (url, dlq) = ferriq_examples::sqs::create_queue_pair_with(
                     &admin,
-                    &name,
+                    &lane,
                     SQS_MAX_RECEIVE_COUNT,
                 )
                 .await;
-                let broker = ferriq_sqs::SqsBrokerBuilder::new(name.clone())
+                let broker = ferriq_sqs::SqsBrokerBuilder::new(lane.clone())
                     .endpoint_url(endpoint.clone())
                     .region("us-east-1")
                     .credentials("test", "test")
@@ -198,7 +206,7 @@ impl World {
         let client = Client::new(broker.clone(), store.clone());
         World {
             backend,
-            lane: name.clone(),
+            lane,
             exchange: format!("{name}.x"),
             prefix: name,
             redis,
@@ -340,6 +348,36 @@ impl World {
                 .extend(handles.into_iter().map(|h| h.task_id().clone()));
             i = end;
         }
+    }
+
+    /// Enqueues `n` `fault.work` tasks of `ms` each, task `k` in message group `k % groups`
+    /// (the `group_id` label), each group's in order; returns each task's group and place in it.
+    pub async fn enqueue_in_groups(
+        &mut self,
+        n: usize,
+        groups: usize,
+        ms: impl Fn(usize) -> u64,
+    ) -> HashMap<TaskId, (usize, usize)> {
+        let mut places = HashMap::new();
+        let mut i = 0;
+        while i < n {
+            // Ten per batch: one SendMessageBatch, sent in order.
+            let end = (i + 10).min(n);
+            let calls = (i..end).map(|k| {
+                crate::tasks::work::call(ms(k)).with_label("group_id", format!("g{}", k % groups))
+            });
+            let handles = self
+                .client
+                .enqueue_batch(calls)
+                .await
+                .expect("the producer enqueues");
+            for (k, h) in (i..end).zip(handles) {
+                places.insert(h.task_id().clone(), (k % groups, k / groups));
+                self.sent.push(h.task_id().clone());
+            }
+            i = end;
+        }
+        places
     }
 
     /// Ids with at least one result write seen.

@@ -9,6 +9,7 @@ use ferriq::broker::OutgoingMessage;
 use rand::Rng;
 use tokio::time::Instant;
 
+mod fifo;
 mod outages;
 
 use outages::{backlog, blackhole, chord_and_schedule, sigterm_drain, store_restart};
@@ -49,7 +50,7 @@ impl Size {
 }
 
 /// Every scenario, by name.
-pub const ALL: [&str; 12] = [
+pub const ALL: [&str; 13] = [
     "sigkill_workers",
     "sigstop_past_lease",
     "longer_than_lease",
@@ -62,7 +63,13 @@ pub const ALL: [&str; 12] = [
     "sigterm_drain",
     "backlog",
     "chord_and_schedule_sigkill",
+    "fifo_sigkill",
 ];
+
+/// Whether scenario `name` applies to `backend` (FIFO message groups are SQS's).
+pub fn runs_on(name: &str, backend: Backend) -> bool {
+    name != "fifo_sigkill" || backend == Backend::Sqs
+}
 
 /// Runs scenario `name` on `backend`.
 pub async fn run(name: &str, backend: Backend, size: Size, root: &Path) -> Row {
@@ -79,6 +86,7 @@ pub async fn run(name: &str, backend: Backend, size: Size, root: &Path) -> Row {
         "sigterm_drain" => sigterm_drain(backend, root).await,
         "backlog" => backlog(backend, size, root).await,
         "chord_and_schedule_sigkill" => chord_and_schedule(backend, root).await,
+        "fifo_sigkill" => fifo::fifo_sigkill(backend, size, root).await,
         "bad_input" => crate::bad_input::run(backend, root).await,
         other => panic!("no scenario {other}"),
     }
