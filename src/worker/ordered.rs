@@ -131,3 +131,78 @@ impl OrderedGroups {
             .collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn delivery(n: u32) -> Waiting {
+        Waiting {
+            delivery: Delivery::new(
+                Vec::new(),
+                Some(n.to_string()),
+                1,
+                "q",
+                DeliveryHandle::new(n),
+            ),
+            permit: None,
+        }
+    }
+
+    fn id(w: &Waiting) -> String {
+        w.delivery.task_id.clone().unwrap_or_default()
+    }
+
+    fn ids(ws: &[Waiting]) -> Vec<String> {
+        ws.iter().map(id).collect()
+    }
+
+    #[test]
+    fn a_group_runs_in_order_and_hands_the_rest_back_when_its_head_goes_back() {
+        let groups = OrderedGroups::default();
+        let key: Arc<str> = Arc::from("q\ng");
+        let head = groups.admit(&key, delivery(0)).expect("the first runs");
+        assert_eq!(id(&head), "0");
+        for n in 1..4 {
+            assert!(
+                groups.admit(&key, delivery(n)).is_none(),
+                "waits behind the head"
+            );
+        }
+        // Another group is not held up.
+        assert!(groups.admit(&Arc::from("q\nother"), delivery(9)).is_some());
+        assert_eq!(groups.waiting_handles().len(), 3);
+        match groups.next(&key, true) {
+            Some(Next::Run(w)) => assert_eq!(id(&w), "1"),
+            _ => panic!("the next in order runs"),
+        }
+        // The running one went back (a retry): the rest goes back too, and the group is free.
+        match groups.next(&key, false) {
+            Some(Next::HandBack(rest)) => assert_eq!(ids(&rest), ["2", "3"]),
+            _ => panic!("the rest is handed back"),
+        }
+        assert!(groups.waiting_handles().is_empty());
+        assert!(groups.admit(&key, delivery(1)).is_some(), "a new head");
+        assert!(
+            groups.next(&key, true).is_none(),
+            "nothing waits: the run is over"
+        );
+    }
+
+    #[test]
+    fn a_lost_lease_takes_the_ones_behind_it_and_a_drain_takes_everything() {
+        let groups = OrderedGroups::default();
+        let key: Arc<str> = Arc::from("q\ng");
+        let _head = groups.admit(&key, delivery(0));
+        let mut keys = Vec::new();
+        for n in 1..5 {
+            let w = delivery(n);
+            keys.push(w.delivery.handle.key());
+            groups.admit(&key, w);
+        }
+        assert_eq!(ids(&groups.take_from(keys[2])), ["3", "4"]);
+        assert_eq!(ids(&groups.drain()), ["1", "2"]);
+        // Draining, the head's end starts nothing more.
+        assert!(groups.next(&key, true).is_none());
+    }
+}
