@@ -527,6 +527,69 @@ async fn non_retryable_errors_dead_letter_at_once() {
     w.stop().await;
 }
 
+#[ferriq::task(name = "rows.validates", park_fatal = false)]
+async fn validates(oracle: State<Oracle>, ctx: TaskContext) -> Result<(), TaskError> {
+    oracle.started(ctx.task_id());
+    Err(TaskError::fatal("the e-mail address is not valid"))
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fatal_error_of_a_task_that_does_not_park_is_its_answer_and_the_message_is_acked() {
+    let h = Harness::new();
+    let heard = DeadLetterLog::default();
+    let w = h.start(
+        h.worker(&[validates::NAME])
+            .middleware(Arc::new(heard.clone())),
+    );
+    let handle = validates::kiq(&h.client).await.unwrap();
+    let f = failure(handle.wait(LONG).await.unwrap_err());
+    assert_eq!(f.kind, Some(ErrorKind::TaskError));
+    assert!(f.message.contains("not valid"));
+    eventually("acked", LONG, || h.broker.stats().acked == 1).await;
+    // A second copy of the message (a redelivery) is acked as a duplicate, not parked.
+    let mut copy = ferriq::wire::TaskMessage::new(validates::NAME);
+    copy.task_id = handle.task_id().clone();
+    h.broker
+        .publish(vec![OutgoingMessage::from_message(&copy).unwrap()])
+        .await
+        .unwrap();
+    eventually("the copy acked", LONG, || h.broker.stats().acked == 2).await;
+    assert!(h.broker.dead_letters().is_empty());
+    assert!(heard.0.lock().unwrap().is_empty());
+    assert_eq!(h.oracle.starts(handle.task_id()), 1);
+    w.stop().await;
+}
+
+#[ferriq::task(name = "rows.rate_limited", max_attempts = 3, backoff_initial = 5)]
+async fn rate_limited(starts: State<Arc<Starts>>, ctx: TaskContext) -> Result<u32, TaskError> {
+    starts.0.lock().unwrap().push(Instant::now());
+    if ctx.attempt() == 1 {
+        // An upstream's 429 with Retry-After: 42.
+        return Err(
+            TaskError::retryable("429 Too Many Requests").retry_after(Duration::from_secs(42))
+        );
+    }
+    Ok(ctx.attempt())
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_task_chooses_its_next_retry_delay_within_its_attempts() {
+    let h = Harness::new();
+    let starts = Arc::new(Starts::default());
+    let w = h.start(h.worker(&[rate_limited::NAME]).state(Arc::clone(&starts)));
+    let handle = rate_limited::kiq(&h.client).await.unwrap();
+    assert_eq!(handle.wait(LONG).await.unwrap(), 2);
+    let at = starts.0.lock().unwrap().clone();
+    assert_eq!(at.len(), 2);
+    let waited = at[1] - at[0];
+    // Its own 42 s, not the task's 2.5-5 s backoff.
+    assert!(
+        waited >= Duration::from_secs(42) && waited < Duration::from_secs(44),
+        "{waited:?}"
+    );
+    w.stop().await;
+}
+
 #[tokio::test(start_paused = true)]
 async fn arguments_bind_like_a_python_call_and_bad_ones_are_not_retried() {
     let h = Harness::new();

@@ -7,7 +7,7 @@ use syn::punctuated::Punctuated;
 use syn::{Error, Expr, ExprLit, Lit, LitStr, MetaNameValue, Token};
 
 const KNOWN: &str = "name, max_attempts, timeout, queue, backoff_initial, backoff_max, \
-                     retry_on_error, store_result, deadline, schedule, every, timezone, missed, \
+                     retry_on_error, store_result, deadline, park_fatal, schedule, every, timezone, missed, \
                      catch_up_max, no_overlap, schedule_args";
 
 /// The parsed options.
@@ -22,6 +22,7 @@ pub(crate) struct TaskAttr {
     retry_on_error: Option<bool>,
     store_result: Option<bool>,
     deadline_ms: Option<u64>,
+    park_fatal: Option<bool>,
     schedule: Option<LitStr>,
     every: Option<u64>,
     timezone: Option<LitStr>,
@@ -99,6 +100,7 @@ impl Parse for TaskAttr {
                 "retry_on_error" => attr.retry_on_error = Some(bool_lit(&key, &lit)?),
                 "store_result" => attr.store_result = Some(bool_lit(&key, &lit)?),
                 "deadline" => attr.deadline_ms = Some(secs_lit(&key, &lit)?),
+                "park_fatal" => attr.park_fatal = Some(bool_lit(&key, &lit)?),
                 "schedule" => attr.schedule = Some(str_lit(&key, &lit)?),
                 "timezone" => attr.timezone = Some(str_lit(&key, &lit)?),
                 "schedule_args" => attr.schedule_args = Some(str_lit(&key, &lit)?),
@@ -201,6 +203,9 @@ impl TaskAttr {
         }
         if let Some(ms) = self.deadline_ms {
             e = quote!(#e.deadline(::core::time::Duration::from_millis(#ms)));
+        }
+        if let Some(b) = self.park_fatal {
+            e = quote!(#e.park_fatal(#b));
         }
         e
     }

@@ -24,6 +24,7 @@ pub struct TaskError {
     kind: ErrorKind,
     message: String,
     retryable: bool,
+    retry_after: Option<std::time::Duration>,
 }
 
 impl TaskError {
@@ -33,15 +34,42 @@ impl TaskError {
             kind: ErrorKind::TaskError,
             message: message.to_string(),
             retryable: true,
+            retry_after: None,
         }
     }
 
-    /// An error no retry can fix: the task fails at once and its message is dead-lettered.
+    /// The same error, retried after `delay` instead of the task's backoff: an upstream said
+    /// when to come back (an HTTP 429 or 503 with `Retry-After`). The retry still counts an
+    /// attempt, within the task's `max_attempts`; the delay is at least the worker's
+    /// `min_defer` and at most [`MAX_DELAY`](crate::wire::MAX_DELAY).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use ferriq::TaskError;
+    /// let e = TaskError::retryable("rate limited").retry_after(Duration::from_secs(30));
+    /// assert!(e.is_retryable());
+    /// assert_eq!(e.retry_delay(), Some(Duration::from_secs(30)));
+    /// ```
+    pub fn retry_after(mut self, delay: std::time::Duration) -> Self {
+        self.retryable = true;
+        self.retry_after = Some(delay.min(crate::wire::MAX_DELAY));
+        self
+    }
+
+    /// The delay [`TaskError::retry_after`] asked for, if any.
+    pub fn retry_delay(&self) -> Option<std::time::Duration> {
+        self.retry_after
+    }
+
+    /// An error no retry can fix: the task fails at once, its error is stored as the result and
+    /// its message is dead-lettered (unless the task says `park_fatal = false`: then the
+    /// message is acked, the error result being all there is to it).
     pub fn fatal(message: impl fmt::Display) -> Self {
         TaskError {
             kind: ErrorKind::TaskError,
             message: message.to_string(),
             retryable: false,
+            retry_after: None,
         }
     }
 
@@ -51,6 +79,7 @@ impl TaskError {
             kind: ErrorKind::InvalidArguments,
             message: err.to_string(),
             retryable: false,
+            retry_after: None,
         }
     }
 
@@ -59,6 +88,7 @@ impl TaskError {
             kind,
             message: message.to_string(),
             retryable,
+            retry_after: None,
         }
     }
 
@@ -84,6 +114,7 @@ impl fmt::Debug for TaskError {
             .field("kind", &self.kind)
             .field("message", &self.message)
             .field("retryable", &self.retryable)
+            .field("retry_after", &self.retry_after)
             .finish()
     }
 }

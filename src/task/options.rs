@@ -20,6 +20,7 @@ pub struct TaskOptions {
     retry_on_error: bool,
     store_result: bool,
     deadline: Option<Duration>,
+    park_fatal: bool,
 }
 
 impl Default for TaskOptions {
@@ -42,6 +43,7 @@ impl TaskOptions {
             retry_on_error: true,
             store_result: true,
             deadline: None,
+            park_fatal: true,
         }
     }
 
@@ -97,6 +99,16 @@ impl TaskOptions {
         self
     }
 
+    /// Whether a fatal error of the task's own ([`TaskError::fatal`](crate::TaskError::fatal))
+    /// parks its message in the dead-letter queue (the default) or only stores the error as
+    /// the result and acks it: for errors that are answers, not poison (a validation error),
+    /// which would otherwise crowd the dead-letter queue. Exhausted retries, malformed messages
+    /// and arguments that do not bind are parked either way.
+    pub const fn park_fatal(mut self, park: bool) -> Self {
+        self.park_fatal = park;
+        self
+    }
+
     /// See [`TaskOptions::max_attempts`].
     pub const fn get_max_attempts(&self) -> u32 {
         self.max_attempts
@@ -124,6 +136,10 @@ impl TaskOptions {
     /// See [`TaskOptions::store_result`].
     pub const fn get_store_result(&self) -> bool {
         self.store_result
+    }
+    /// See [`TaskOptions::park_fatal`].
+    pub const fn get_park_fatal(&self) -> bool {
+        self.park_fatal
     }
     /// See [`TaskOptions::deadline`].
     pub const fn get_deadline(&self) -> Option<Duration> {

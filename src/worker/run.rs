@@ -76,7 +76,8 @@ impl Inner {
                 "{takeovers} earlier runs ended without finishing (their worker crashed or stalled, \
                  or lost the message: on RabbitMQ, a run longer than consumer_timeout)"
             ));
-            return Box::pin(self.fail_for_good(d, &msg, &hooks, token, error, attempt, 0.0)).await;
+            return Box::pin(self.fail_for_good(d, &msg, &hooks, token, error, attempt, 0.0, true))
+                .await;
         }
 
         // The task sees a child of the run's token: it may cancel its own, which must not
@@ -206,7 +207,10 @@ impl Inner {
 
         if error.is_retryable() && retry_allowed && attempt < max_attempts {
             // What will happen: no release is shorter than `min_defer`.
-            let delay = self.backoff(opts, attempt).max(self.config.min_defer);
+            let delay = error
+                .retry_delay()
+                .unwrap_or_else(|| self.backoff(opts, attempt))
+                .max(self.config.min_defer);
             tracing::info!(error = %error, attempt, max_attempts, retry_in = ?delay, "run failed; will retry");
             self.middleware
                 .on_error(&hooks, &error, AfterError::Retry(delay))
@@ -231,10 +235,13 @@ impl Inner {
         } else {
             error
         };
-        Box::pin(self.fail_for_good(d, &msg, &hooks, token, error, attempt, secs)).await
+        let park =
+            opts.get_park_fatal() || error.is_retryable() || error.kind() != ErrorKind::TaskError;
+        Box::pin(self.fail_for_good(d, &msg, &hooks, token, error, attempt, secs, park)).await
     }
 
-    /// Stores the error result and parks the message (non-retryable, or attempts exhausted).
+    /// Stores the error result and parks the message (non-retryable, or attempts exhausted),
+    /// or acks it when not to `park` (a task's own fatal error, with `park_fatal = false`).
     #[allow(clippy::too_many_arguments)]
     async fn fail_for_good(
         &self,
@@ -245,6 +252,7 @@ impl Inner {
         error: TaskError,
         attempts: u32,
         secs: f64,
+        park: bool,
     ) -> Outcome {
         let (kind, reason) = if error.is_retryable() {
             let kind = match error.kind() {
@@ -267,21 +275,18 @@ impl Inner {
             secs,
             msg.labels.to_json_map(),
         );
-        let why = DeadLetter::new(
-            reason,
-            error.message(),
-            Some(msg.task_name.clone()),
-            attempts,
-        );
+        let settle = if park {
+            Settle::DeadLetter(DeadLetter::new(
+                reason,
+                error.message(),
+                Some(msg.task_name.clone()),
+                attempts,
+            ))
+        } else {
+            Settle::Ack
+        };
         let (outcome, written) = self
-            .finish_returning(
-                d,
-                msg,
-                token,
-                Some(result),
-                Settle::DeadLetter(why),
-                Outcome::Failed,
-            )
+            .finish_returning(d, msg, token, Some(result), settle, Outcome::Failed)
             .await;
         if outcome == Outcome::Failed {
             self.counters.finished_after(hooks.task_name, attempts);

@@ -141,7 +141,15 @@ impl Inner {
                 .await;
         }
         let failure = stored.as_ref().and_then(TaskResult::failure_details);
-        let park = failure.filter(|f| f.kind != Some(ErrorKind::Cancelled));
+        // A task with `park_fatal = false` answered its own fatal errors with the result alone.
+        let parks_fatal = self
+            .registry
+            .get(&msg.task_name)
+            .is_none_or(|t| t.options().get_park_fatal());
+        let park = failure.filter(|f| {
+            let answered = f.kind == Some(ErrorKind::TaskError) && !f.retryable && !parks_fatal;
+            f.kind != Some(ErrorKind::Cancelled) && !answered
+        });
         match park {
             Some(f) => {
                 let reason = match f.kind {
