@@ -397,3 +397,62 @@ async fn no_overlap_stops_waiting_for_a_dead_run_at_its_ticks_deadline() {
     stop.drain();
     join.await.unwrap();
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_paused_schedule_sends_nothing_and_resumes_without_catching_up() {
+    let env = TestEnv::new();
+    let runs = Arc::new(Runs::default());
+    let start = tokio::time::Instant::now();
+    let w = worker(&env, &runs, start);
+    let schedules = env.client.schedules();
+    schedules
+        .add(
+            ScheduleSpec::every("acme-often", report::NAME, 1)
+                .with_args(vec![serde_json::json!("acme")]),
+        )
+        .await
+        .unwrap();
+    let (stop, join) = spawn(run_time_scheduler(&env, "s1"));
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    schedules.pause("acme-often").await.unwrap();
+    // Ticks sent ahead before the pause (up to 2 s) still run.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let paused_at = runs.distinct();
+    let listed = schedules.list().await.unwrap();
+    assert!(listed.iter().any(|s| s.spec.id == "acme-often" && s.paused));
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    assert_eq!(runs.distinct(), paused_at, "ran while paused");
+
+    schedules.resume("acme-often").await.unwrap();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let resumed = runs.distinct() - paused_at;
+    // The next ticks only (those within the 2 s sent ahead passed while paused): the 20 s
+    // paused are not caught up.
+    assert!((3..=6).contains(&resumed), "{resumed}");
+    assert!(!schedules.list().await.unwrap().iter().any(|s| s.paused));
+    stop.drain();
+    join.await.unwrap();
+    w.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_scheduler_records_its_declared_schedules_for_listings_elsewhere() {
+    let env = TestEnv::new();
+    let (stop, join) = spawn(scheduler(&env, "s1").build().unwrap());
+    let recorded = async {
+        loop {
+            let declared = ferriq::store::ScheduleStore::declared(&env.store)
+                .await
+                .unwrap();
+            if declared.iter().any(|s| s.id == every_second::NAME) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), recorded)
+        .await
+        .expect("recorded within a round");
+    stop.drain();
+    join.await.unwrap();
+}

@@ -20,6 +20,8 @@ pub(crate) struct MemSchedules {
     /// Per schedule: the latest tick handled, the latest sent.
     ticks: HashMap<String, (i64, Option<i64>)>,
     leader: Option<(String, Instant)>,
+    paused: std::collections::BTreeSet<String>,
+    declared: Vec<ScheduleSpec>,
 }
 
 #[async_trait]
@@ -114,5 +116,28 @@ impl ScheduleStore for MemoryStore {
             .as_ref()
             .filter(|(_, until)| *until > now)
             .map(|(holder, _)| holder.clone()))
+    }
+
+    async fn set_paused(&self, id: &str, paused: bool) -> Result<(), StoreError> {
+        let set = &mut self.lock().schedules.paused;
+        if paused {
+            set.insert(id.to_owned());
+        } else {
+            set.remove(id);
+        }
+        Ok(())
+    }
+
+    async fn paused(&self) -> Result<Vec<String>, StoreError> {
+        Ok(self.lock().schedules.paused.iter().cloned().collect())
+    }
+
+    async fn put_declared(&self, specs: &[ScheduleSpec]) -> Result<(), StoreError> {
+        self.lock().schedules.declared = specs.to_vec();
+        Ok(())
+    }
+
+    async fn declared(&self) -> Result<Vec<ScheduleSpec>, StoreError> {
+        Ok(self.lock().schedules.declared.clone())
     }
 }

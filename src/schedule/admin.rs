@@ -33,6 +33,8 @@ pub struct ScheduleInfo {
     pub last_tick: Option<i64>,
     /// How the latest tick's run stands.
     pub last_status: Option<TaskStatus>,
+    /// Paused: its ticks pass unsent until it is resumed.
+    pub paused: bool,
 }
 
 /// The schedules of one store: add, list, remove. From [`Client::schedules`].
@@ -79,13 +81,31 @@ impl Schedules {
         self.client.store().remove_schedule(id, SENDING_LIMIT).await
     }
 
-    /// Every schedule — declared on this binary's tasks, and added at run time — with its
-    /// next tick and how its latest tick stands.
+    /// Pauses schedule `id` (declared or added at run time): its ticks pass unsent until
+    /// [`Schedules::resume`], which does not catch them up. A tick already sent still runs.
+    pub async fn pause(&self, id: &str) -> Result<(), StoreError> {
+        self.client.store().set_paused(id, true).await
+    }
+
+    /// Resumes schedule `id`: its next tick is sent as usual.
+    pub async fn resume(&self, id: &str) -> Result<(), StoreError> {
+        self.client.store().set_paused(id, false).await
+    }
+
+    /// Every schedule — declared on tasks (this binary's, and those a scheduler recorded in
+    /// the store), and added at run time — with its next tick, how its latest tick stands,
+    /// and whether it is paused.
     pub async fn list(&self) -> Result<Vec<ScheduleInfo>, SchedulesError> {
         let store = self.client.store();
         let mut specs: Vec<(ScheduleSpec, bool)> =
             static_schedules()?.into_iter().map(|s| (s, true)).collect();
+        for spec in store.declared().await? {
+            if !specs.iter().any(|(s, _)| s.id == spec.id) {
+                specs.push((spec, true));
+            }
+        }
         specs.extend(store.schedules().await?.into_iter().map(|s| (s, false)));
+        let paused = store.paused().await?;
         let now = self.client.clock().now_unix().floor() as i64;
         let mut out = Vec::with_capacity(specs.len());
         for (spec, declared) in specs {
@@ -96,6 +116,7 @@ impl Schedules {
                 None => None,
             };
             out.push(ScheduleInfo {
+                paused: paused.contains(&spec.id),
                 spec,
                 declared,
                 next_run,

@@ -138,6 +138,7 @@ impl SchedulerBuilder {
                 lookahead: self.lookahead,
                 leader_election: self.leader_election,
                 declared,
+                recorded_declared: Default::default(),
             }),
         })
     }
@@ -168,6 +169,8 @@ struct Inner {
     lookahead: Duration,
     leader_election: bool,
     declared: Vec<Compiled>,
+    /// Set once this scheduler, leading, recorded its declared schedules in the store.
+    recorded_declared: std::sync::atomic::AtomicBool,
 }
 
 impl Scheduler {
@@ -222,6 +225,18 @@ impl Scheduler {
             // of the leader's last renewal.
             return Ok(inner.lease / 10);
         }
+        if !inner
+            .recorded_declared
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            let specs: Vec<ScheduleSpec> =
+                inner.declared.iter().map(|c| c.spec().clone()).collect();
+            inner.store.put_declared(&specs).await?;
+            inner
+                .recorded_declared
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+        }
+        let paused = inner.store.paused().await?;
         let now = inner.clock.now_unix();
         let mut next_due = f64::INFINITY;
         let mut schedules = inner.declared.clone();
@@ -236,7 +251,8 @@ impl Scheduler {
                 .declared
                 .iter()
                 .any(|d| d.spec().id == compiled.spec().id);
-            match self.send_due(compiled, now, runtime).await {
+            let is_paused = paused.iter().any(|id| *id == compiled.spec().id);
+            match self.send_due(compiled, now, runtime, is_paused).await {
                 Ok(Some(send_at)) => next_due = next_due.min(send_at),
                 Ok(None) => {}
                 Err(e) => {
@@ -258,10 +274,11 @@ impl Scheduler {
         compiled: &Compiled,
         now: f64,
         runtime: bool,
+        paused: bool,
     ) -> Result<Option<f64>, SendError> {
         let ahead = self.ahead(compiled.spec());
         Ok(self
-            .send_due_ticks(compiled, now, runtime)
+            .send_due_ticks(compiled, now, runtime, paused)
             .await?
             .map(|next| next as f64 - ahead))
     }
@@ -275,12 +292,14 @@ impl Scheduler {
         }
     }
 
-    /// Sends a schedule's due ticks; the next tick after those sent.
+    /// Sends a schedule's due ticks (none while it is `paused`: they pass as handled, so a
+    /// resume does not catch them up); the next tick after those sent.
     async fn send_due_ticks(
         &self,
         compiled: &Compiled,
         now: f64,
         runtime: bool,
+        paused: bool,
     ) -> Result<Option<i64>, SendError> {
         let inner = &self.inner;
         let spec = compiled.spec();
@@ -309,7 +328,9 @@ impl Scheduler {
         let Some(newest) = newest else {
             return Ok(next);
         };
-        if spec.no_overlap {
+        if paused {
+            send.clear();
+        } else if spec.no_overlap {
             if let Some(previous) = self.previous_still_runs(spec, now).await? {
                 tracing::info!(schedule = %spec.id, previous, "the previous tick has not finished: skipping");
                 send.clear();

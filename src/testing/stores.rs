@@ -404,6 +404,22 @@ macro_rules! forward_store_traits {
                 let $this = self;
                 $inner.leader().await
             }
+            async fn set_paused(&self, id: &str, paused: bool) -> Result<(), StoreError> {
+                let $this = self;
+                $inner.set_paused(id, paused).await
+            }
+            async fn paused(&self) -> Result<Vec<String>, StoreError> {
+                let $this = self;
+                $inner.paused().await
+            }
+            async fn put_declared(&self, specs: &[ScheduleSpec]) -> Result<(), StoreError> {
+                let $this = self;
+                $inner.put_declared(specs).await
+            }
+            async fn declared(&self) -> Result<Vec<ScheduleSpec>, StoreError> {
+                let $this = self;
+                $inner.declared().await
+            }
         }
 
         #[async_trait]

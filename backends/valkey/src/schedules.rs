@@ -192,4 +192,45 @@ impl ScheduleStore for ValkeyStore {
     async fn leader(&self) -> Result<Option<String>, StoreError> {
         self.core().read(self.schedule_key("leader")).await
     }
+
+    async fn set_paused(&self, id: &str, paused: bool) -> Result<(), StoreError> {
+        let key = self.schedule_key("paused");
+        let pool = &self.core().pool;
+        // A hash of ids (HKEYS lists them), as the other schedule records are.
+        let changed: Result<i64, _> = if paused {
+            pool.hset(key, (id, "1")).await
+        } else {
+            pool.hdel(key, id).await
+        };
+        changed.map(|_| ()).map_err(store_error)
+    }
+
+    async fn paused(&self) -> Result<Vec<String>, StoreError> {
+        let mut ids: Vec<String> = self
+            .core()
+            .pool
+            .hkeys(self.schedule_key("paused"))
+            .await
+            .map_err(store_error)?;
+        ids.sort();
+        Ok(ids)
+    }
+
+    async fn put_declared(&self, specs: &[ScheduleSpec]) -> Result<(), StoreError> {
+        let json = serde_json::to_string(specs).map_err(|e| corrupt("declared", e))?;
+        let _: Value = self
+            .core()
+            .pool
+            .set(self.schedule_key("declared"), json, None, None, false)
+            .await
+            .map_err(store_error)?;
+        Ok(())
+    }
+
+    async fn declared(&self) -> Result<Vec<ScheduleSpec>, StoreError> {
+        match self.core().read(self.schedule_key("declared")).await? {
+            None => Ok(Vec::new()),
+            Some(json) => serde_json::from_str(&json).map_err(|e| corrupt("declared", e)),
+        }
+    }
 }

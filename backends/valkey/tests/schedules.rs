@@ -107,3 +107,24 @@ async fn a_scheduler_on_valkey_sends_each_tick_once() {
     assert_eq!(broker.stats().published as i64, broker.stats().acked as i64);
     worker.stop().await;
 }
+
+#[tokio::test]
+async fn pauses_and_declared_schedules_live_in_valkey() {
+    let store = common::store().await;
+    assert!(store.paused().await.unwrap().is_empty());
+    store.set_paused("b", true).await.unwrap();
+    store.set_paused("a", true).await.unwrap();
+    store.set_paused("a", true).await.unwrap();
+    assert_eq!(store.paused().await.unwrap(), ["a", "b"]);
+    store.set_paused("b", false).await.unwrap();
+    assert_eq!(store.paused().await.unwrap(), ["a"]);
+    assert!(store.declared().await.unwrap().is_empty());
+    let specs = [
+        ScheduleSpec::every("one", tick::NAME, 5),
+        ScheduleSpec::cron("two", tick::NAME, "0 0 * * * *"),
+    ];
+    store.put_declared(&specs).await.unwrap();
+    assert_eq!(store.declared().await.unwrap(), specs);
+    store.put_declared(&specs[..1]).await.unwrap();
+    assert_eq!(store.declared().await.unwrap(), specs[..1]);
+}
