@@ -508,6 +508,16 @@ pub trait Broker: Send + Sync + 'static {
     fn dead_letters(&self) -> Option<&dyn crate::dead_letters::DeadLetterQueue> {
         None
     }
+    /// Deletes the queues of `lane` (on RabbitMQ: the lane, its dead-letter queue and delay
+    /// tiers, which every process listing the lane declares) and returns how many messages
+    /// went with them. Without `force` a lane holding messages or consumers is refused. The
+    /// default refuses: the broker's queues are made outside ferriq (SQS).
+    async fn delete_lane(&self, lane: &str, force: bool) -> Result<u64, BrokerError> {
+        let _ = (lane, force);
+        Err(BrokerError::Config(
+            "this broker's queues are made outside ferriq: delete them where they were made".into(),
+        ))
+    }
     /// Closes the broker's connections (unsettled deliveries go back to their queues), so a
     /// process ends without warnings of connections cut mid-way. Idempotent. The default has
     /// nothing to close.

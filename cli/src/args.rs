@@ -23,7 +23,10 @@ Examples:
   ferriq dlq list --reason retries_exhausted
   ferriq dlq redrive --reason retries_exhausted --older-than 10m
   ferriq dlq purge --task reports.render --yes
-  ferriq task status 0b6c4f1e7a7e4c1a9f552f4d2f6a0c11";
+  ferriq task status 0b6c4f1e7a7e4c1a9f552f4d2f6a0c11
+  ferriq schedules add nightly-report --task reports.nightly --cron '0 0 2 * * *' --timezone Europe/Berlin
+  ferriq schedules pause nightly-report
+  ferriq queues delete typo-lane";
 
 /// Operate ferriq: queues, workers, dead letters and tasks.
 #[derive(Debug, Parser)]
@@ -55,8 +58,13 @@ pub(crate) struct Cli {
 /// The commands.
 #[derive(Debug, Subcommand)]
 pub(crate) enum Command {
-    /// Each lane: ready, in flight, delayed, dead-lettered, consumers, runs.
-    Queues,
+    /// Each lane: ready, in flight, delayed, dead-lettered, consumers, runs; `queues delete LANE`
+    /// removes a lane's queues.
+    Queues {
+        /// Delete a lane.
+        #[command(subcommand)]
+        action: Option<QueuesCommand>,
+    },
     /// Live workers (reported within their heartbeat) and their runs in flight.
     Workers,
     /// Dead letters: list, show, redrive, purge.
@@ -65,6 +73,83 @@ pub(crate) enum Command {
     /// One task: status, result, revoke.
     #[command(subcommand)]
     Task(TaskCommand),
+    /// Schedules: list, add, remove, pause, resume.
+    #[command(subcommand)]
+    Schedules(ScheduleCommand),
+}
+
+/// Lane commands.
+#[derive(Debug, Subcommand)]
+pub(crate) enum QueuesCommand {
+    /// Delete a lane's queues on RabbitMQ (the lane, its dead-letter queue and delay tiers,
+    /// which every process listing the lane declares): for a mistyped lane. Refused while they
+    /// hold messages or have consumers, unless --force.
+    Delete {
+        /// The lane.
+        lane: String,
+        /// Delete the messages they hold too.
+        #[arg(long)]
+        force: bool,
+    },
+}
+
+/// Schedule commands.
+#[derive(Debug, Subcommand)]
+pub(crate) enum ScheduleCommand {
+    /// Every schedule (declared on tasks, as a scheduler recorded them, and added at run time):
+    /// its timing, next tick, latest tick and how it stands, and whether it is paused.
+    List,
+    /// Add (or replace, by id) a run-time schedule.
+    Add(ScheduleArgs),
+    /// Remove a run-time schedule (a declared one is removed from its task's code).
+    Remove {
+        /// The schedule's id.
+        id: String,
+    },
+    /// Pause a schedule: its ticks pass unsent until it is resumed.
+    Pause {
+        /// The schedule's id (a declared schedule's id is its task's name).
+        id: String,
+    },
+    /// Resume a paused schedule: its next tick is sent (the paused ones are not caught up).
+    Resume {
+        /// The schedule's id.
+        id: String,
+    },
+}
+
+/// A run-time schedule.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct ScheduleArgs {
+    /// Its id.
+    pub(crate) id: String,
+    /// The task to send (its registered name).
+    #[arg(long)]
+    pub(crate) task: String,
+    /// A cron expression, with seconds ("0 0 8 * * MON"; 5 fields read seconds as 0).
+    #[arg(long, conflicts_with = "every", required_unless_present = "every")]
+    pub(crate) cron: Option<String>,
+    /// Every so many seconds (at whole multiples since the unix epoch).
+    #[arg(long)]
+    pub(crate) every: Option<u64>,
+    /// The cron expression's IANA time zone (Europe/Berlin); UTC when absent.
+    #[arg(long, requires = "cron")]
+    pub(crate) timezone: Option<String>,
+    /// Positional arguments of each call, a JSON array.
+    #[arg(long, default_value = "[]")]
+    pub(crate) args: String,
+    /// Keyword arguments of each call, a JSON object.
+    #[arg(long, default_value = "{}")]
+    pub(crate) kwargs: String,
+    /// The lane to send to (the default lane when absent).
+    #[arg(long)]
+    pub(crate) queue: Option<String>,
+    /// Missed ticks: skip, latest (run the latest once) or catch_up (every one, up to 100).
+    #[arg(long, default_value = "latest", value_parser = ["skip", "latest", "catch_up"])]
+    pub(crate) missed: String,
+    /// Skip each tick while the previous one has not finished.
+    #[arg(long)]
+    pub(crate) no_overlap: bool,
 }
 
 /// Dead-letter commands.

@@ -7,6 +7,7 @@
 mod args;
 mod dlq;
 mod output;
+mod schedules;
 mod task;
 mod views;
 
@@ -22,7 +23,7 @@ use ferriq_amqp as _;
 use ferriq_sqs as _;
 use ferriq_valkey as _;
 
-use args::{Cli, Command};
+use args::{Cli, Command, QueuesCommand};
 
 /// Why a command failed, and the exit code that says so.
 #[derive(Debug, thiserror::Error)]
@@ -116,7 +117,8 @@ fn check_usage(cli: &Cli) -> Result<(), Failure> {
     match &cli.command {
         Command::Dlq(command) => dlq::check_usage(command),
         Command::Task(command) => task::check_usage(command),
-        Command::Queues | Command::Workers => Ok(()),
+        Command::Schedules(command) => schedules::check_usage(command),
+        Command::Queues { .. } | Command::Workers => Ok(()),
     }
 }
 
@@ -125,7 +127,11 @@ async fn run(cli: Cli) -> Result<(), Failure> {
     let client = connect(&cli).await?;
     let out = output::Output::new(cli.json);
     let done = match &cli.command {
-        Command::Queues => views::queues(&client, &out).await,
+        Command::Queues { action: None } => views::queues(&client, &out).await,
+        Command::Queues {
+            action: Some(QueuesCommand::Delete { lane, force }),
+        } => views::delete_lane(&client, &cli, lane, *force).await,
+        Command::Schedules(command) => schedules::run(&client, &out, command).await,
         Command::Workers => views::workers(&client, &out).await,
         Command::Dlq(command) => dlq::run(&client, &out, &cli, command).await,
         Command::Task(command) => task::run(&client, &out, &cli, command).await,

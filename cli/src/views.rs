@@ -127,3 +127,26 @@ pub(crate) async fn workers(client: &Client, out: &Output) -> Result<(), Failure
     }
     Ok(())
 }
+
+/// Deletes a lane's queues (RabbitMQ), after asking.
+pub(crate) async fn delete_lane(
+    client: &Client,
+    cli: &crate::args::Cli,
+    lane: &str,
+    force: bool,
+) -> Result<(), Failure> {
+    let what = if force {
+        format!("delete lane {lane:?} and every message in its queues?")
+    } else {
+        format!("delete lane {lane:?} (its queue, dead-letter queue and delay tiers)?")
+    };
+    crate::output::confirm(&what, cli.yes)?;
+    match client.broker().delete_lane(lane, force).await {
+        Ok(messages) => {
+            outln!("deleted lane {lane} ({messages} message(s) with it)");
+            Ok(())
+        }
+        Err(ferriq::broker::BrokerError::Config(why)) => Err(Failure::NotFound(why)),
+        Err(e) => Err(Failure::Failed(e.to_string())),
+    }
+}

@@ -401,3 +401,121 @@ async fn a_misspelt_setting_is_named_and_an_id_nobody_knows_is_a_usage_error() {
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("is not a task id"), "{err}");
 }
+
+#[tokio::test]
+async fn schedules_are_added_listed_paused_resumed_and_removed_from_the_command_line() {
+    let setup = Setup::new();
+    let _client = setup.client().await;
+    let bad = setup
+        .run(
+            &[
+                "schedules",
+                "add",
+                "bad",
+                "--task",
+                "x",
+                "--cron",
+                "every monday",
+            ],
+            None,
+        )
+        .await;
+    assert_eq!(bad.status.code(), Some(2), "{}", text(&bad).1);
+    let added = setup
+        .run(
+            &[
+                "schedules",
+                "add",
+                "nightly",
+                "--task",
+                "reports.nightly",
+                "--cron",
+                "0 0 2 * * *",
+                "--timezone",
+                "Europe/Berlin",
+                "--args",
+                r#"["acme"]"#,
+            ],
+            None,
+        )
+        .await;
+    assert!(added.status.success(), "{}", text(&added).1);
+    let listed = setup.json(&["schedules", "list"]).await;
+    let nightly = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["id"] == "nightly")
+        .expect("listed");
+    assert_eq!(nightly["paused"], false);
+    assert_eq!(nightly["timing"], "cron 0 0 2 * * * (Europe/Berlin)");
+    assert!(nightly["next_run"].as_i64().is_some());
+
+    assert!(setup
+        .run(&["schedules", "pause", "nightly"], None)
+        .await
+        .status
+        .success());
+    let listed = setup.json(&["schedules", "list"]).await;
+    assert_eq!(listed[0]["paused"], true, "{listed}");
+    let (table, _) = text(&setup.run(&["schedules", "list"], None).await);
+    assert!(
+        table.contains("paused") && table.contains("run-time"),
+        "{table}"
+    );
+    assert!(setup
+        .run(&["schedules", "resume", "nightly"], None)
+        .await
+        .status
+        .success());
+    assert_eq!(setup.json(&["schedules", "list"]).await[0]["paused"], false);
+    assert_eq!(
+        setup
+            .run(&["schedules", "pause", "nope"], None)
+            .await
+            .status
+            .code(),
+        Some(3)
+    );
+    assert!(setup
+        .run(&["schedules", "remove", "nightly"], None)
+        .await
+        .status
+        .success());
+    assert_eq!(
+        setup
+            .run(&["schedules", "remove", "nightly"], None)
+            .await
+            .status
+            .code(),
+        Some(3)
+    );
+}
+
+#[tokio::test]
+async fn a_typo_lane_is_deleted_and_one_with_messages_only_with_force() {
+    let setup = Setup::new();
+    let _client = setup.client().await;
+    // A process that listed a mistyped lane declared its queues.
+    let typo = format!("{}-typo", setup.lane);
+    let typo_client = setup.client_with_lanes(&[&setup.lane, &typo]).await;
+    typo_client
+        .enqueue(flaky::call(1).with_queue(typo.as_str()))
+        .await
+        .unwrap();
+    let refused = setup.run(&["queues", "delete", &typo, "--yes"], None).await;
+    let (_, err) = text(&refused);
+    assert_eq!(refused.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("holds 1 message") && err.contains("--force"),
+        "{err}"
+    );
+    let deleted = setup
+        .run(&["queues", "delete", &typo, "--force", "--yes"], None)
+        .await;
+    let (out, err) = text(&deleted);
+    assert!(deleted.status.success(), "{err}");
+    assert!(out.contains("1 message"), "{out}");
+    let again = setup.run(&["queues", "delete", &typo, "--yes"], None).await;
+    assert_eq!(again.status.code(), Some(3), "{}", text(&again).1);
+}

@@ -461,6 +461,10 @@ impl Broker for AmqpBroker {
         AmqpBroker::close(self).await
     }
 
+    async fn delete_lane(&self, lane: &str, force: bool) -> Result<u64, BrokerError> {
+        self.delete_lane_queues(lane, force).await
+    }
+
     async fn consumer_count(&self, queue: Option<&str>) -> Option<(String, u64)> {
         let lane = queue.unwrap_or(&self.shared.config.queues[0]).to_owned();
         let declared = self.declare_passive(&lane).await.ok()?;

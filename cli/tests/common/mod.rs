@@ -64,6 +64,14 @@ impl Setup {
         Client::from_settings(&settings).await.unwrap()
     }
 
+    /// A client that lists (and so declares) `lanes`.
+    pub async fn client_with_lanes(&self, lanes: &[&str]) -> Client {
+        let mut settings = ferriq::connect::Settings::default();
+        settings.extend(self.vars());
+        settings.insert("FERRIQ_QUEUES", lanes.join(","));
+        Client::from_settings(&settings).await.unwrap()
+    }
+
     /// A worker in this process serving `tasks`, with `config` changed by `tune`.
     pub async fn worker(
         &self,
