@@ -101,7 +101,15 @@ impl Parse for TaskAttr {
                 "store_result" => attr.store_result = Some(bool_lit(&key, &lit)?),
                 "deadline" => attr.deadline_ms = Some(secs_lit(&key, &lit)?),
                 "park_fatal" => attr.park_fatal = Some(bool_lit(&key, &lit)?),
-                "schedule" => attr.schedule = Some(str_lit(&key, &lit)?),
+                "schedule" => {
+                    let s = str_lit(&key, &lit)?;
+                    // Checked here, so a typo fails the build at the task rather than the
+                    // start of a scheduling worker.
+                    if let Err(e) = ferriq_cron::Cron::parse(&s.value()) {
+                        return Err(Error::new_spanned(&lit, e.to_string()));
+                    }
+                    attr.schedule = Some(s);
+                }
                 "timezone" => attr.timezone = Some(str_lit(&key, &lit)?),
                 "schedule_args" => attr.schedule_args = Some(str_lit(&key, &lit)?),
                 "no_overlap" => attr.no_overlap = Some(bool_lit(&key, &lit)?),

@@ -14,12 +14,11 @@
 //! follow the schedule's [`MissedTicks`] policy (default: run the latest once).
 
 mod admin;
-mod cron;
 mod scheduler;
 mod spec;
 
 pub use admin::{ScheduleInfo, Schedules, SchedulesError};
-pub use cron::{Cron, CronError};
+pub use ferriq_cron::{Cron, CronError};
 pub use scheduler::{static_schedules, Scheduler, SchedulerBuilder};
 pub use spec::{Compiled, MissedTicks, ScheduleError, ScheduleSpec, Timing};
 

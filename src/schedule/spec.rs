@@ -9,8 +9,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use thiserror::Error;
 
-use super::cron::{Cron, CronError};
 use crate::wire::TaskId;
+use ferriq_cron::{Cron, CronError};
 
 /// When a schedule fires.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

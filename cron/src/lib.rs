@@ -10,11 +10,18 @@
 //! Time zones: every matching *local* time fires once. A local time the clocks skip (spring
 //! forward) fires at the instant the clocks jump (03:00 for a 02:30 schedule in New York); a
 //! local time that happens twice (fall back) fires at its first occurrence only.
+//!
+//! Parsing needs nothing else (the `#[ferriq::task]` macro checks expressions with it when it
+//! expands); the `next` feature adds [`Cron::next_after`], on `jiff`.
+#![warn(missing_docs)]
 
 use std::fmt;
 
+#[cfg(feature = "next")]
 use jiff::civil::{Date, DateTime};
+#[cfg(feature = "next")]
 use jiff::tz::{AmbiguousOffset, TimeZone};
+#[cfg(feature = "next")]
 use jiff::Timestamp;
 use thiserror::Error;
 
@@ -29,12 +36,13 @@ pub struct CronError {
 /// A parsed cron expression.
 ///
 /// ```
-/// use ferriq::schedule::Cron;
+/// use ferriq_cron::Cron;
 /// let every_five = Cron::parse("0 */5 * * * *").unwrap();
 /// assert!(Cron::parse("0 0 25 * * *").is_err()); // no hour 25
 /// # let _ = every_five;
 /// ```
 #[derive(Clone, PartialEq, Eq)]
+#[cfg_attr(not(feature = "next"), allow(dead_code))]
 pub struct Cron {
     source: String,
     seconds: u64,
@@ -46,6 +54,7 @@ pub struct Cron {
 }
 
 #[derive(Clone, PartialEq, Eq, Default)]
+#[cfg_attr(not(feature = "next"), allow(dead_code))]
 struct Days {
     /// Bit `d` for day `d` (1–31).
     mask: u32,
@@ -59,6 +68,7 @@ struct Days {
 }
 
 #[derive(Clone, PartialEq, Eq, Default)]
+#[cfg_attr(not(feature = "next"), allow(dead_code))]
 struct Weekdays {
     /// Bit `w` for weekday `w` (0 = Sunday).
     mask: u8,
@@ -109,6 +119,7 @@ impl Cron {
         })
     }
 
+    #[cfg(feature = "next")]
     /// The next time after `after` (strictly) that this expression matches in `tz`; `None`
     /// when none comes within 100 years (`0 0 0 30 2 *`).
     pub fn next_after(&self, after: Timestamp, tz: &TimeZone) -> Option<Timestamp> {
@@ -133,6 +144,7 @@ impl Cron {
         None
     }
 
+    #[cfg(feature = "next")]
     /// The first matching time on `date` mapping to an instant after `after`; on the start
     /// date, local times up to `start` (inclusive) are skipped.
     fn first_time_on(
@@ -175,6 +187,7 @@ impl Cron {
         None
     }
 
+    #[cfg(feature = "next")]
     fn day_matches(&self, date: Date) -> bool {
         let (dom, dow) = (self.dom_matches(date), self.dow_matches(date));
         match (self.dom.restricted, self.dow.restricted) {
@@ -185,6 +198,7 @@ impl Cron {
         }
     }
 
+    #[cfg(feature = "next")]
     fn dom_matches(&self, date: Date) -> bool {
         let d = date.day() as u8;
         let last = date.days_in_month() as u8;
@@ -210,6 +224,7 @@ impl Cron {
         self.dom.last_weekday && nearest_weekday(date, last) == d
     }
 
+    #[cfg(feature = "next")]
     fn dow_matches(&self, date: Date) -> bool {
         let w = date.weekday().to_sunday_zero_offset() as u8;
         let d = date.day() as u8;
@@ -236,6 +251,7 @@ impl fmt::Debug for Cron {
     }
 }
 
+#[cfg(feature = "next")]
 /// The instant of a local time: the single one, the first of a repeated one, or — for one the
 /// clocks skip — the instant they jump.
 fn instant_of(local: DateTime, tz: &TimeZone) -> Option<Timestamp> {
@@ -251,6 +267,7 @@ fn instant_of(local: DateTime, tz: &TimeZone) -> Option<Timestamp> {
     }
 }
 
+#[cfg(feature = "next")]
 /// The weekday nearest day `n` of `date`'s month, without leaving the month.
 fn nearest_weekday(date: Date, n: u8) -> u8 {
     let last = date.days_in_month() as u8;
@@ -266,10 +283,12 @@ fn nearest_weekday(date: Date, n: u8) -> u8 {
     }
 }
 
+#[cfg(feature = "next")]
 fn first_of_next_month(date: Date) -> Option<Date> {
     date.last_of_month().tomorrow().ok()
 }
 
+#[cfg(feature = "next")]
 fn bits(mask: u64, max: u32) -> impl Iterator<Item = u32> {
     (0..=max).filter(move |b| mask & (1 << b) != 0)
 }

@@ -1,0 +1,4 @@
+#[ferriq::task(name = "ui.cron", schedule = "every monday")]
+async fn weekly() {}
+
+fn main() {}
