@@ -125,6 +125,23 @@ impl TaskMessage {
     }
 }
 
+/// Arguments and label values are user data: `Debug` shows their shape, never their values,
+/// so a message logged with `{:?}` leaks nothing.
+impl std::fmt::Debug for TaskMessage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TaskMessage")
+            .field("task_id", &self.task_id)
+            .field("task_name", &self.task_name)
+            .field(
+                "labels",
+                &self.labels.iter().map(|(k, _)| k).collect::<Vec<_>>(),
+            )
+            .field("args", &format_args!("<{} values>", self.args.len()))
+            .field("kwargs", &self.kwargs.keys().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;
@@ -149,22 +166,5 @@ mod tests {
         }
         let read_back: Value = serde_json::from_slice(&msg.to_json().unwrap()).unwrap();
         assert_eq!(msg.to_json_value().unwrap(), read_back);
-    }
-}
-
-/// Arguments and label values are user data: `Debug` shows their shape, never their values,
-/// so a message logged with `{:?}` leaks nothing.
-impl std::fmt::Debug for TaskMessage {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TaskMessage")
-            .field("task_id", &self.task_id)
-            .field("task_name", &self.task_name)
-            .field(
-                "labels",
-                &self.labels.iter().map(|(k, _)| k).collect::<Vec<_>>(),
-            )
-            .field("args", &format_args!("<{} values>", self.args.len()))
-            .field("kwargs", &self.kwargs.keys().collect::<Vec<_>>())
-            .finish()
     }
 }
