@@ -460,6 +460,9 @@ pub enum BrokerError {
     /// A handle from another broker was passed in.
     #[error("delivery handle does not belong to this broker")]
     ForeignHandle,
+    /// What an operation names is not on the broker (a lane with no queues).
+    #[error("{0}")]
+    NotFound(String),
 }
 
 /// A message broker (SQS, RabbitMQ, in-memory). Object-safe: workers hold an `Arc<dyn Broker>`.

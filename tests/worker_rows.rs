@@ -353,7 +353,7 @@ async fn an_expired_task_is_parked_loudly_never_run_and_redrivable() {
     let w = h.start(h.worker(&[echo::NAME]).middleware(Arc::new(heard.clone())));
     let f = failure(handle.wait(LONG).await.unwrap_err());
     assert_eq!(f.kind, Some(ErrorKind::DeadlineExceeded));
-    assert!(f.message.contains("never ran"), "{}", f.message);
+    assert!(f.message.contains("not run"), "{}", f.message);
     eventually("parked", LONG, || h.broker.dead_letters().len() == 1).await;
     let dead = &h.broker.dead_letters()[0];
     assert_eq!(dead.why.reason, DeadLetterReason::Expired);
@@ -524,6 +524,28 @@ async fn non_retryable_errors_dead_letter_at_once() {
         h.broker.dead_letters()[0].why.reason,
         DeadLetterReason::NonRetryable
     );
+    w.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_expired_schedule_tick_is_answered_and_acked_not_parked() {
+    let h = Harness::new();
+    let w = h.start(h.worker(&[echo::NAME]));
+    let past = (h.clock.now_unix() - 60.0) as i64;
+    let handle = h
+        .client
+        .enqueue(
+            echo::call("tick".into())
+                .with_label("ferriq_schedule", "nightly")
+                .with_label("deadline_at", past),
+        )
+        .await
+        .unwrap();
+    let f = failure(handle.wait(LONG).await.unwrap_err());
+    assert_eq!(f.kind, Some(ErrorKind::DeadlineExceeded));
+    eventually("acked", LONG, || h.broker.stats().acked == 1).await;
+    assert!(h.broker.dead_letters().is_empty());
+    assert_eq!(h.oracle.distinct_started(), 0);
     w.stop().await;
 }
 

@@ -83,7 +83,8 @@ pub(crate) enum Command {
 pub(crate) enum QueuesCommand {
     /// Delete a lane's queues on RabbitMQ (the lane, its dead-letter queue and delay tiers,
     /// which every process listing the lane declares): for a mistyped lane. Refused while they
-    /// hold messages or have consumers, unless --force.
+    /// hold messages or have consumers, unless --force; stop the lane's producers first (a
+    /// message sent between the check and the delete goes with the queues).
     Delete {
         /// The lane.
         lane: String,

@@ -109,8 +109,8 @@ async fn status(client: &Client, out: &Output, id: &TaskId) -> Result<(), Failur
             TaskStatus::Started { worker, .. } => format!("started (on {worker})"),
             TaskStatus::Failed(f) => format!("failed: {} {}", f.exc_type, f.message),
             TaskStatus::Expired(f) => format!(
-                "expired, never ran: {} (parked as `expired`; `ferriq dlq redrive --reason \
-                 expired` runs it)",
+                "expired, not started by its deadline: {} (parked as `expired`; `ferriq dlq \
+                 redrive --reason expired` runs it)",
                 f.message
             ),
             TaskStatus::FinishedWithoutResult => {

@@ -146,7 +146,7 @@ pub(crate) async fn delete_lane(
             outln!("deleted lane {lane} ({messages} message(s) with it)");
             Ok(())
         }
-        Err(ferriq::broker::BrokerError::Config(why)) => Err(Failure::NotFound(why)),
+        Err(ferriq::broker::BrokerError::NotFound(why)) => Err(Failure::NotFound(why)),
         Err(e) => Err(Failure::Failed(e.to_string())),
     }
 }

@@ -518,4 +518,11 @@ async fn a_typo_lane_is_deleted_and_one_with_messages_only_with_force() {
     assert!(out.contains("1 message"), "{out}");
     let again = setup.run(&["queues", "delete", &typo, "--yes"], None).await;
     assert_eq!(again.status.code(), Some(3), "{}", text(&again).1);
+    // An empty one goes without --force.
+    let empty = format!("{}-empty", setup.lane);
+    let _declares = setup.client_with_lanes(&[&setup.lane, &empty]).await;
+    let deleted = setup
+        .run(&["queues", "delete", &empty, "--yes"], None)
+        .await;
+    assert!(deleted.status.success(), "{}", text(&deleted).1);
 }

@@ -30,8 +30,9 @@ pub enum TaskStatus {
     Succeeded,
     /// Finished with an error.
     Failed(TaskFailure),
-    /// Never ran: its deadline passed before a worker could start it. Its message is parked
-    /// with reason `expired`; redriving it (`ferriq dlq redrive --reason expired`) runs it.
+    /// Not started by its deadline: it never ran (or, when an earlier attempt failed, its
+    /// retry came too late). Its message is parked with reason `expired`; redriving it
+    /// (`ferriq dlq redrive --reason expired`) runs it. A schedule's tick is not parked.
     Expired(TaskFailure),
     /// Finished (or revoked), but no result is stored: its task does not store results
     /// (`store_result = false`), or the result outlived its TTL.

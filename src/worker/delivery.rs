@@ -12,7 +12,7 @@ use super::running::Outcome;
 use super::Inner;
 use crate::broker::{DeadLetter, DeadLetterReason, Delivery};
 use crate::store::{ClaimOutcome, CompleteOutcome, Token};
-use crate::wire::{ErrorKind, TaskId, TaskMessage, TaskResult, MAX_DELAY, WIRE_VERSION};
+use crate::wire::{names, ErrorKind, TaskId, TaskMessage, TaskResult, MAX_DELAY, WIRE_VERSION};
 
 /// What to do with the message once its result is stored.
 #[derive(Debug, Clone)]
@@ -186,18 +186,25 @@ impl Inner {
     async fn expired(&self, d: &Delivery, msg: &TaskMessage, token: Token) -> Outcome {
         let deadline = msg.labels.deadline_at().unwrap_or_default();
         let late = (self.config.clock.now_unix() - deadline).max(0.0);
-        tracing::warn!(
-            task_name = %msg.task_name,
-            task_id = %msg.task_id,
-            queue = %d.queue,
-            late_secs = late.round(),
-            "the task's deadline passed before it could start: not run, parked as `expired` \
-             (`ferriq dlq redrive --reason expired` runs it)"
-        );
         let detail = format!(
             "its deadline (deadline_at {deadline:.0}) passed {late:.0} s before a worker could \
-             start it; it never ran"
+             start it: not run"
         );
+        // A schedule's tick is worth running near its time only, and a later tick follows: it
+        // is answered and acked, not parked (an outage would park a day of ticks).
+        let tick = msg.labels.get(names::SCHEDULE).is_some();
+        if tick {
+            tracing::info!(task_name = %msg.task_name, task_id = %msg.task_id, "a schedule's tick expired before it could start: not run");
+        } else {
+            tracing::warn!(
+                task_name = %msg.task_name,
+                task_id = %msg.task_id,
+                queue = %d.queue,
+                late_secs = late.round(),
+                "the task's deadline passed before it could start: not run, parked as `expired` \
+                 (`ferriq dlq redrive --reason expired` runs it)"
+            );
+        }
         let result = TaskResult::failure(
             ErrorKind::DeadlineExceeded,
             detail.clone(),
@@ -206,21 +213,18 @@ impl Inner {
             0.0,
             msg.labels.to_json_map(),
         );
-        let why = DeadLetter::new(
-            DeadLetterReason::Expired,
-            detail,
-            Some(msg.task_name.clone()),
-            0,
-        );
-        self.finish(
-            d,
-            msg,
-            token,
-            Some(result),
-            Settle::DeadLetter(why),
-            Outcome::Expired,
-        )
-        .await
+        let settle = if tick {
+            Settle::Ack
+        } else {
+            Settle::DeadLetter(DeadLetter::new(
+                DeadLetterReason::Expired,
+                detail,
+                Some(msg.task_name.clone()),
+                0,
+            ))
+        };
+        self.finish(d, msg, token, Some(result), settle, Outcome::Expired)
+            .await
     }
 
     /// A message that is not due yet is released for the whole seconds left (`None` when it

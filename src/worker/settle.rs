@@ -146,8 +146,11 @@ impl Inner {
             .registry
             .get(&msg.task_name)
             .is_none_or(|t| t.options().get_park_fatal());
+        // An expired schedule tick is answered and acked, never parked (see `expired`).
+        let tick = msg.labels.get(crate::wire::names::SCHEDULE).is_some();
         let park = failure.filter(|f| {
-            let answered = f.kind == Some(ErrorKind::TaskError) && !f.retryable && !parks_fatal;
+            let answered = (f.kind == Some(ErrorKind::TaskError) && !f.retryable && !parks_fatal)
+                || (f.kind == Some(ErrorKind::DeadlineExceeded) && tick);
             f.kind != Some(ErrorKind::Cancelled) && !answered
         });
         match park {

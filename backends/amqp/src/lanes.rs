@@ -39,7 +39,7 @@ impl AmqpBroker {
             }
         }
         if found.is_empty() {
-            return Err(BrokerError::Config(format!(
+            return Err(BrokerError::NotFound(format!(
                 "lane {lane:?} has no queues on this RabbitMQ (virtual host): nothing to delete"
             )));
         }
@@ -57,8 +57,12 @@ impl AmqpBroker {
             .create_channel()
             .await
             .map_err(|e| BrokerError::Unavailable(e.to_string()))?;
+        // Quorum queues refuse the if-empty and if-unused flags (a hard connection error), so
+        // the count above is the check: a message published to the lane between the two is
+        // deleted with it (the command says to stop its producers first). The delay tiers go
+        // first: a delayed message expiring into a deleted lane would be dropped.
         let mut deleted = 0;
-        for queue in &found {
+        for queue in found.iter().rev() {
             deleted += u64::from(
                 channel
                     .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())

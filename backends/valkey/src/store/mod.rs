@@ -92,19 +92,26 @@ impl Inner {
         for task in &self.background {
             task.abort();
         }
+        // Bounded: a lone call runs its batch inside its caller's future, which may never be
+        // polled again (a wait dropped half-way).
+        let settle = self.core.settings.command_timeout + Duration::from_secs(1);
         if let (Some(claims), Some(completes), Some(reads)) =
             (&self.claims, &self.completes, &self.reads)
         {
-            tokio::join!(claims.quiesce(), completes.quiesce(), reads.quiesce());
+            let quiet = async {
+                tokio::join!(claims.quiesce(), completes.quiesce(), reads.quiesce());
+            };
+            let _ = tokio::time::timeout(settle, quiet).await;
         }
         let _ = tokio::join!(self.subscriber.quit(), self.core.pool.quit());
-        let routers = std::mem::take(&mut *self.routers.lock().unwrap_or_else(|p| p.into_inner()));
         let limit = self.core.settings.connect_timeout + Duration::from_secs(1);
-        for mut router in routers {
+        let routers = std::mem::take(&mut *self.routers.lock().unwrap_or_else(|p| p.into_inner()));
+        let ends = routers.into_iter().map(|mut router| async move {
             if tokio::time::timeout(limit, &mut router).await.is_err() {
                 router.abort();
             }
-        }
+        });
+        futures_util::future::join_all(ends).await;
         tracing::debug!("valkey store closed");
     }
 }
