@@ -39,13 +39,27 @@ pub trait ScheduleStore: Send + Sync + 'static {
     /// The scheduler holding the leader lease, if any.
     async fn leader(&self) -> Result<Option<String>, StoreError>;
     /// Pauses (`true`) or resumes schedule `id`, declared or added at run time: a paused
-    /// schedule's ticks pass unsent, and resuming does not catch them up.
-    async fn set_paused(&self, id: &str, paused: bool) -> Result<(), StoreError>;
-    /// The ids of the paused schedules.
-    async fn paused(&self) -> Result<Vec<String>, StoreError>;
+    /// schedule's ticks pass unsent, and resuming does not catch them up. The default refuses
+    /// (a store written before pauses existed).
+    async fn set_paused(&self, id: &str, paused: bool) -> Result<(), StoreError> {
+        let _ = (id, paused);
+        Err(StoreError::Config(
+            "this store cannot pause schedules".into(),
+        ))
+    }
+    /// The ids of the paused schedules. The default knows none.
+    async fn paused(&self) -> Result<Vec<String>, StoreError> {
+        Ok(Vec::new())
+    }
     /// Records the schedules declared on the tasks of a scheduler's binary, so operators see
     /// them from anywhere (the `ferriq` command has no tasks of its own); replaces the record.
-    async fn put_declared(&self, specs: &[ScheduleSpec]) -> Result<(), StoreError>;
-    /// The declared schedules last recorded by a scheduler.
-    async fn declared(&self) -> Result<Vec<ScheduleSpec>, StoreError>;
+    /// The default keeps nothing.
+    async fn put_declared(&self, specs: &[ScheduleSpec]) -> Result<(), StoreError> {
+        let _ = specs;
+        Ok(())
+    }
+    /// The declared schedules last recorded by a scheduler. The default knows none.
+    async fn declared(&self) -> Result<Vec<ScheduleSpec>, StoreError> {
+        Ok(Vec::new())
+    }
 }
