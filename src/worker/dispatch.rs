@@ -101,10 +101,11 @@ impl Inner {
     /// Gives deliveries that waited behind their group's run back to their queue, visible at
     /// once (the head still in flight keeps them from being received before it), unclaimed.
     pub(crate) async fn hand_back(&self, waiting: Vec<Waiting>) {
-        for w in waiting {
+        let releases = waiting.into_iter().map(|w| async move {
             self.release_now(&w.delivery, Outcome::Released).await;
             drop(w.permit);
-        }
+        });
+        futures_util::future::join_all(releases).await;
     }
 }
 

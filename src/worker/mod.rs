@@ -272,8 +272,9 @@ impl Worker {
         }
         tracker.close();
         inner.broker.drain_started();
-        // What waits behind a group's run goes back now, for another worker, in order.
-        inner.hand_back(inner.ordered.drain()).await;
+        // What waits behind a group's run goes back now, for another worker, in order; a
+        // broker that hangs does not hold the drain (the messages come back by themselves).
+        let _ = tokio::time::timeout(FORCED_LIMIT, inner.hand_back(inner.ordered.drain())).await;
         tracing::info!(in_flight = inner.running.len(), grace = ?inner.config.grace, "draining");
         let forced = tokio::select! {
             _ = tracker.wait() => false,

@@ -230,13 +230,15 @@ impl Inner {
                 }
             };
         }
+        // Only the task's own fatal errors may go unparked: decided before a retryable error
+        // that may not be retried (`retry_on_error = false`) reads as fatal.
+        let park =
+            opts.get_park_fatal() || error.is_retryable() || error.kind() != ErrorKind::TaskError;
         let error = if error.is_retryable() && !retry_allowed {
             TaskError::with_kind(error.kind(), error.message(), false)
         } else {
             error
         };
-        let park =
-            opts.get_park_fatal() || error.is_retryable() || error.kind() != ErrorKind::TaskError;
         Box::pin(self.fail_for_good(d, &msg, &hooks, token, error, attempt, secs, park)).await
     }
 
