@@ -42,7 +42,7 @@ pub(super) async fn fifo_sigkill(backend: Backend, size: Size, root: &Path) -> R
     let drained = w.wait_written(DRAIN).await;
     let mut j = judge(
         &w,
-        "13. SQS FIFO groups, SIGKILL a random worker",
+        "11. SQS FIFO groups, SIGKILL a random worker",
         format!("{kills} SIGKILL, {GROUPS} groups"),
         false,
         Some(fault_end),
