@@ -82,7 +82,6 @@ fn expand(attr: TaskAttr, func: ItemFn) -> syn::Result<TokenStream2> {
             quote!(::core::concat!(::core::module_path!(), ":", #fn_str))
         }
     };
-    let options = attr.options_expr();
     let schedule = attr.schedule_expr();
 
     let arg_names: Vec<&syn::Ident> = params
@@ -92,6 +91,11 @@ fn expand(attr: TaskAttr, func: ItemFn) -> syn::Result<TokenStream2> {
             _ => None,
         })
         .collect();
+    let plain_names: Vec<String> = arg_names
+        .iter()
+        .map(|n| n.to_string().trim_start_matches("r#").to_owned())
+        .collect();
+    let options = attr.options_expr(&plain_names);
     let arg_types: Vec<&Type> = params
         .iter()
         .filter_map(|p| match p {

@@ -7,7 +7,7 @@ use syn::punctuated::Punctuated;
 use syn::{Error, Expr, ExprLit, Lit, LitStr, MetaNameValue, Token};
 
 const KNOWN: &str = "name, max_attempts, timeout, queue, backoff_initial, backoff_max, \
-                     retry_on_error, store_result, deadline, park_fatal, schedule, every, timezone, missed, \
+                     retry_on_error, store_result, deadline, park_fatal, rate, rate_key, schedule, every, timezone, missed, \
                      catch_up_max, no_overlap, schedule_args";
 
 /// The parsed options.
@@ -23,6 +23,9 @@ pub(crate) struct TaskAttr {
     store_result: Option<bool>,
     deadline_ms: Option<u64>,
     park_fatal: Option<bool>,
+    /// Starts allowed and the period in seconds.
+    rate: Option<(u32, u64)>,
+    rate_key: Option<LitStr>,
     schedule: Option<LitStr>,
     every: Option<u64>,
     timezone: Option<LitStr>,
@@ -101,6 +104,17 @@ impl Parse for TaskAttr {
                 "store_result" => attr.store_result = Some(bool_lit(&key, &lit)?),
                 "deadline" => attr.deadline_ms = Some(secs_lit(&key, &lit)?),
                 "park_fatal" => attr.park_fatal = Some(bool_lit(&key, &lit)?),
+                "rate" => {
+                    let s = str_lit(&key, &lit)?;
+                    let rate = parse_rate(&s.value()).ok_or_else(|| {
+                        Error::new_spanned(
+                            &lit,
+                            "rate is starts per period: \"50/s\", \"300/m\", \"1000/h\" or \"5/10s\"",
+                        )
+                    })?;
+                    attr.rate = Some(rate);
+                }
+                "rate_key" => attr.rate_key = Some(str_lit(&key, &lit)?),
                 "schedule" => {
                     let s = str_lit(&key, &lit)?;
                     // Checked here, so a typo fails the build at the task rather than the
@@ -174,6 +188,12 @@ impl Parse for TaskAttr {
                 ),
             ));
         }
+        if attr.rate_key.is_some() && attr.rate.is_none() {
+            return Err(Error::new(
+                proc_macro2::Span::call_site(),
+                "`rate_key` names the key of a rate limit: add `rate = \"50/s\"`",
+            ));
+        }
         if attr.timezone.is_some() && attr.every.is_some() {
             return Err(Error::new(
                 proc_macro2::Span::call_site(),
@@ -185,8 +205,9 @@ impl Parse for TaskAttr {
 }
 
 impl TaskAttr {
-    /// A `const` expression building the `TaskOptions`.
-    pub(crate) fn options_expr(&self) -> TokenStream2 {
+    /// A `const` expression building the `TaskOptions`; `args` are the task's argument names
+    /// (a `rate_key` naming one reads the key from that argument, else from a label).
+    pub(crate) fn options_expr(&self, args: &[String]) -> TokenStream2 {
         let mut e = quote!(::ferriq::TaskOptions::new());
         if let Some(n) = self.max_attempts {
             e = quote!(#e.max_attempts(#n));
@@ -214,6 +235,16 @@ impl TaskAttr {
         }
         if let Some(b) = self.park_fatal {
             e = quote!(#e.park_fatal(#b));
+        }
+        if let Some((limit, secs)) = self.rate {
+            e = quote!(#e.rate(::ferriq::task::Rate::new(#limit, ::core::time::Duration::from_secs(#secs))));
+        }
+        if let Some(key) = &self.rate_key {
+            let source = match args.iter().position(|a| *a == key.value()) {
+                Some(position) => quote!(::ferriq::task::KeySource::argument(#key, #position)),
+                None => quote!(::ferriq::task::KeySource::label(#key)),
+            };
+            e = quote!(#e.rate_key(#source));
         }
         e
     }
@@ -290,4 +321,24 @@ fn secs_lit(key: &str, lit: &Lit) -> syn::Result<u64> {
         ));
     }
     Ok((secs * 1000.0).round().max(1.0) as u64)
+}
+
+/// `N/s`, `N/m`, `N/h` or `N/<count><unit>`: starts allowed and the period in seconds (the same
+/// form `ferriq::task::Rate::parse` reads at run time).
+fn parse_rate(text: &str) -> Option<(u32, u64)> {
+    let (limit, per) = text.trim().split_once('/')?;
+    let limit: u32 = limit.trim().parse().ok().filter(|n| *n > 0)?;
+    let per = per.trim();
+    let unit_at = per.find(|c: char| !c.is_ascii_digit())?;
+    let count: u64 = match &per[..unit_at] {
+        "" => 1,
+        digits => digits.parse().ok().filter(|n| *n > 0)?,
+    };
+    let unit = match &per[unit_at..] {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        _ => return None,
+    };
+    Some((limit, count * unit))
 }

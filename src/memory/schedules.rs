@@ -141,3 +141,21 @@ impl ScheduleStore for MemoryStore {
         Ok(self.lock().schedules.declared.clone())
     }
 }
+
+#[async_trait]
+impl crate::store::FlowStore for MemoryStore {
+    async fn admit_rate(
+        &self,
+        limiter: &str,
+        id: &crate::wire::TaskId,
+        rate: crate::task::Rate,
+    ) -> Result<crate::store::RateDecision, StoreError> {
+        let now = self.inner.clock.now_unix();
+        let mut state = self.lock();
+        let limiter = match state.rates.get_mut(limiter) {
+            Some(l) => l,
+            None => state.rates.entry(limiter.to_owned()).or_default(),
+        };
+        Ok(limiter.admit(id, rate, now))
+    }
+}

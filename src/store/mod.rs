@@ -3,10 +3,14 @@
 //! Exactly-once lives in [`ResultStore::complete`]: it writes only for the current claim token
 //! (fencing) and only if no result is stored yet. Claims only save duplicate work (design §5).
 
+mod flow;
 mod ops;
 mod schedule;
 mod workflow;
 
+#[cfg(feature = "memory")]
+pub(crate) use flow::RateState;
+pub use flow::{FlowStore, RateDecision};
 pub use ops::{OpsStore, RedriveReset, RunInfo, WorkerInfo};
 pub use schedule::ScheduleStore;
 
@@ -230,7 +234,7 @@ pub trait ResultStore: Send + Sync + 'static {
 /// one server), workflows, progress, schedules and what operators look at. Workers and clients hold an
 /// `Arc<dyn Store>`.
 pub trait Store:
-    ClaimStore + ResultStore + WorkflowStore + ProgressStore + ScheduleStore + OpsStore
+    ClaimStore + ResultStore + WorkflowStore + ProgressStore + ScheduleStore + OpsStore + FlowStore
 {
     /// This store as a trait object.
     fn into_dyn(self: Arc<Self>) -> Arc<dyn Store>;
@@ -242,7 +246,13 @@ pub trait Store:
 
 impl<T> Store for T
 where
-    T: ClaimStore + ResultStore + WorkflowStore + ProgressStore + ScheduleStore + OpsStore,
+    T: ClaimStore
+        + ResultStore
+        + WorkflowStore
+        + ProgressStore
+        + ScheduleStore
+        + OpsStore
+        + FlowStore,
 {
     fn into_dyn(self: Arc<Self>) -> Arc<dyn Store> {
         self

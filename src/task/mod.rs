@@ -3,11 +3,14 @@
 
 mod context;
 mod error;
+mod limits;
 mod options;
 mod registration;
 
 pub use context::{AppState, State, TaskContext, TaskContextBuilder};
 pub use error::TaskError;
+pub(crate) use limits::rate_limiter;
+pub use limits::{KeySource, Rate};
 pub use options::TaskOptions;
 pub use registration::{Invocation, RunFuture, StateRequirement, StaticSchedule, TaskRegistration};
 

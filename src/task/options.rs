@@ -21,6 +21,8 @@ pub struct TaskOptions {
     store_result: bool,
     deadline: Option<Duration>,
     park_fatal: bool,
+    rate: Option<super::Rate>,
+    rate_key: Option<super::KeySource>,
 }
 
 impl Default for TaskOptions {
@@ -44,6 +46,8 @@ impl TaskOptions {
             store_result: true,
             deadline: None,
             park_fatal: true,
+            rate: None,
+            rate_key: None,
         }
     }
 
@@ -109,6 +113,21 @@ impl TaskOptions {
         self
     }
 
+    /// At most `rate` starts per period across every worker serving the task (one limiter per
+    /// value of [`TaskOptions::rate_key`] when set). A start over it is not run, failed or
+    /// counted as an attempt: the message waits for its own later turn (handed back until
+    /// then, held by the worker for the last second) — see the README's flow control.
+    pub const fn rate(mut self, rate: super::Rate) -> Self {
+        self.rate = Some(rate);
+        self
+    }
+
+    /// One rate limiter per value of this argument or label (per tenant, per customer).
+    pub const fn rate_key(mut self, key: super::KeySource) -> Self {
+        self.rate_key = Some(key);
+        self
+    }
+
     /// See [`TaskOptions::max_attempts`].
     pub const fn get_max_attempts(&self) -> u32 {
         self.max_attempts
@@ -136,6 +155,14 @@ impl TaskOptions {
     /// See [`TaskOptions::store_result`].
     pub const fn get_store_result(&self) -> bool {
         self.store_result
+    }
+    /// See [`TaskOptions::rate`].
+    pub const fn get_rate(&self) -> Option<super::Rate> {
+        self.rate
+    }
+    /// See [`TaskOptions::rate_key`].
+    pub const fn get_rate_key(&self) -> Option<super::KeySource> {
+        self.rate_key
     }
     /// See [`TaskOptions::park_fatal`].
     pub const fn get_park_fatal(&self) -> bool {

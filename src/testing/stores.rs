@@ -423,6 +423,19 @@ macro_rules! forward_store_traits {
         }
 
         #[async_trait]
+        impl<$($generics)*> crate::store::FlowStore for $ty {
+            async fn admit_rate(
+                &self,
+                limiter: &str,
+                id: &TaskId,
+                rate: crate::task::Rate,
+            ) -> Result<crate::store::RateDecision, StoreError> {
+                let $this = self;
+                $inner.admit_rate(limiter, id, rate).await
+            }
+        }
+
+        #[async_trait]
         impl<$($generics)*> OpsStore for $ty {
             async fn report_worker(&self, info: &WorkerInfo, ttl: Duration) -> Result<(), StoreError> {
                 let $this = self;
@@ -445,4 +458,4 @@ macro_rules! forward_store_traits {
 }
 
 forward_store_traits!([] FaultyStore, |s| s.inner);
-forward_store_traits!([S: WorkflowStore + ProgressStore + ScheduleStore + OpsStore] CountingStore<S>, |s| s.inner);
+forward_store_traits!([S: WorkflowStore + ProgressStore + ScheduleStore + OpsStore + crate::store::FlowStore] CountingStore<S>, |s| s.inner);

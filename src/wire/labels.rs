@@ -294,6 +294,10 @@ pub mod names {
     pub const CHAIN: &str = "ferriq_chain";
     pub const CHAIN_STEP: &str = "ferriq_chain_step";
     pub const SCHEDULE: &str = "ferriq_schedule";
+    /// A rate limit for this message's task (`50/s`), over the task's own `rate` option.
+    pub const RATE: &str = "ferriq_rate";
+    /// The key of the rate limit (one limiter per value), over the task's `rate_key`.
+    pub const RATE_KEY: &str = "ferriq_rate_key";
     pub const TICK: &str = "ferriq_tick";
 }
 

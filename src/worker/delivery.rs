@@ -138,6 +138,17 @@ impl Inner {
             }
         }
 
+        // Over its rate limit: its turn comes later (before the claim, so no attempt is spent
+        // and no claim taken while it waits).
+        let options = task.options();
+        if let Some((limiter, rate)) =
+            crate::task::rate_limiter(options.get_rate(), options.get_rate_key(), &msg)
+        {
+            if let Some(outcome) = Box::pin(self.wait_for_turn(d, &msg, &limiter, rate)).await {
+                return outcome;
+            }
+        }
+
         // Rare paths are boxed (`Box::pin`) throughout: a future is as large as its largest
         // state, and this one is moved into its task on every delivery.
         let claim = self

@@ -183,6 +183,8 @@ pub enum Outcome {
     Released,
     /// Received before it was due (a delayed task); released until it is due, nothing run.
     NotDue,
+    /// Over its rate limit; released until its turn, nothing run, no attempt spent.
+    RateLimited,
     /// The broker took the delivery back mid-run; nothing written.
     DeliveryLost,
     /// Another worker took the claim mid-run; released, never acked.
@@ -223,6 +225,7 @@ impl Outcome {
             Outcome::DeadLettered => "dead_lettered",
             Outcome::Released => "released",
             Outcome::NotDue => "not_due",
+            Outcome::RateLimited => "rate_limited",
             Outcome::DeliveryLost => "delivery_lost",
             Outcome::ClaimLost => "claim_lost",
             Outcome::Stale => "stale",
@@ -231,7 +234,7 @@ impl Outcome {
         }
     }
 
-    pub(crate) const ALL: [Outcome; 15] = [
+    pub(crate) const ALL: [Outcome; 16] = [
         Outcome::Succeeded,
         Outcome::Failed,
         Outcome::Retried,
@@ -242,6 +245,7 @@ impl Outcome {
         Outcome::DeadLettered,
         Outcome::Released,
         Outcome::NotDue,
+        Outcome::RateLimited,
         Outcome::DeliveryLost,
         Outcome::ClaimLost,
         Outcome::Stale,

@@ -56,6 +56,7 @@ mod config;
 mod error;
 mod from_url;
 mod keys;
+mod limits;
 mod ops;
 mod ops_store;
 mod schedules;

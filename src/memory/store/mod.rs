@@ -64,6 +64,8 @@ pub(super) struct State {
     pub(super) progress: crate::FastMap<TaskId, crate::store::TaskProgress>,
     pub(super) schedules: super::schedules::MemSchedules,
     pub(super) ops: super::ops::MemOps,
+    /// Rate limiters by name.
+    pub(super) rates: std::collections::HashMap<String, crate::store::RateState>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

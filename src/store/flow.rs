@@ -1,0 +1,169 @@
+//! What stores keep for flow control: rate limiters shared by every worker.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use super::StoreError;
+use crate::task::Rate;
+use crate::wire::TaskId;
+
+/// A rate limiter's answer for one start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RateDecision {
+    /// Start now: the start is counted.
+    Run,
+    /// Not now: this task's turn comes after this long (it holds that turn: asking again
+    /// then runs it, unless late starts filled the window meanwhile).
+    Wait(Duration),
+}
+
+/// Rate limiters, one atomic decision per call. Object-safe.
+///
+/// A limiter lets at most `rate.limit()` starts happen in any window of `rate.period()`,
+/// counted from the starts it granted. A start it refuses gets a turn: the earliest time the
+/// limiter's schedule has room, after every turn handed out before it, so the tasks waiting
+/// on one limiter come back one after another instead of all at once.
+#[async_trait]
+pub trait FlowStore: Send + Sync + 'static {
+    /// Decides whether task `id` may start now under limiter `limiter` at `rate`.
+    async fn admit_rate(
+        &self,
+        limiter: &str,
+        id: &TaskId,
+        rate: Rate,
+    ) -> Result<RateDecision, StoreError> {
+        let _ = (limiter, id, rate);
+        Err(StoreError::Config(
+            "this store keeps no rate limiters: use one that does (Valkey, memory) for tasks \
+             with a rate"
+                .into(),
+        ))
+    }
+}
+
+/// The rate-limit decision, on any clock (seconds), over a limiter's state. Shared by the memory
+/// store; the Valkey store runs the same steps in one script.
+#[cfg(feature = "memory")]
+#[derive(Debug, Default)]
+pub(crate) struct RateState {
+    /// Granted starts, newest first, at most `limit`.
+    started: std::collections::VecDeque<f64>,
+    /// Turns handed out (granted starts and reservations), newest first, at most `limit`.
+    planned: std::collections::VecDeque<f64>,
+    /// Reserved turns by task.
+    reserved: std::collections::HashMap<TaskId, f64>,
+}
+
+/// Early by this much still counts as a task's turn (a broker rounds times).
+#[cfg(feature = "memory")]
+const TURN_GRACE: f64 = 0.002;
+
+#[cfg(feature = "memory")]
+impl RateState {
+    pub(crate) fn admit(&mut self, id: &TaskId, rate: Rate, now: f64) -> RateDecision {
+        let n = rate.limit() as usize;
+        let period = rate.period().as_secs_f64();
+        let keep = (period * 10.0).max(60.0);
+        self.reserved.retain(|_, at| *at > now - keep);
+        // Room for a start now, or when there will be.
+        let free_at = match self.started.get(n - 1) {
+            Some(oldest) if *oldest > now - period => oldest + period,
+            _ => now,
+        };
+        let wait = |at: f64| RateDecision::Wait(Duration::from_secs_f64((at - now).max(0.0)));
+        if let Some(&turn) = self.reserved.get(id) {
+            if turn > now + TURN_GRACE {
+                return wait(turn);
+            }
+            if free_at > now {
+                // Starts that came late filled the window: a turn when it has room.
+                self.reserved.insert(id.clone(), free_at);
+                return wait(free_at);
+            }
+            self.reserved.remove(id);
+            return self.start(n, now);
+        }
+        let mut turn = now.max(free_at);
+        if let Some(newest) = self.planned.front() {
+            turn = turn.max(*newest);
+        }
+        if let Some(nth) = self.planned.get(n - 1) {
+            turn = turn.max(nth + period);
+        }
+        self.planned.push_front(turn);
+        self.planned.truncate(n);
+        if turn <= now + TURN_GRACE && free_at <= now {
+            return self.start(n, now);
+        }
+        self.reserved.insert(id.clone(), turn);
+        wait(turn)
+    }
+
+    fn start(&mut self, n: usize, now: f64) -> RateDecision {
+        self.started.push_front(now);
+        self.started.truncate(n);
+        RateDecision::Run
+    }
+}
+
+#[cfg(all(test, feature = "memory"))]
+mod tests {
+    use super::*;
+
+    /// Every start the limiter grants, for `tasks` arriving at once and each asking again at
+    /// its turn, on a clock that jumps from one answer to the next.
+    fn run_all(rate: Rate, tasks: usize) -> (Vec<f64>, usize) {
+        let mut state = RateState::default();
+        let mut asks = 0;
+        let mut queue: Vec<(f64, TaskId)> = (0..tasks).map(|_| (0.0, TaskId::random())).collect();
+        let mut starts = Vec::new();
+        while let Some(i) = (0..queue.len()).min_by(|a, b| queue[*a].0.total_cmp(&queue[*b].0)) {
+            let (at, id) = queue.swap_remove(i);
+            asks += 1;
+            match state.admit(&id, rate, at) {
+                RateDecision::Run => starts.push(at),
+                RateDecision::Wait(d) => queue.push((at + d.as_secs_f64(), id)),
+            }
+        }
+        (starts, asks)
+    }
+
+    #[test]
+    fn no_window_holds_more_starts_than_the_limit_and_each_task_asks_twice_at_most() {
+        let rate = Rate::new(50, Duration::from_secs(1));
+        let (starts, asks) = run_all(rate, 500);
+        assert_eq!(starts.len(), 500);
+        for (i, s) in starts.iter().enumerate() {
+            let in_window = starts[i..].iter().take_while(|t| **t < s + 1.0).count();
+            assert!(in_window <= 50, "{in_window} starts in the second from {s}");
+        }
+        // The first 50 at once, then the rest by turns: 10 periods for 500.
+        let last = starts.iter().cloned().fold(0.0, f64::max);
+        assert!((8.9..=9.1).contains(&last), "{last}");
+        assert!(asks <= 1000, "{asks} asks for 500 tasks");
+    }
+
+    #[test]
+    fn a_late_start_never_overfills_a_window() {
+        let rate = Rate::new(2, Duration::from_secs(1));
+        let mut state = RateState::default();
+        let ids: Vec<TaskId> = (0..4).map(|_| TaskId::random()).collect();
+        assert_eq!(state.admit(&ids[0], rate, 0.0), RateDecision::Run);
+        assert_eq!(state.admit(&ids[1], rate, 0.0), RateDecision::Run);
+        // Turns at 1.0 and 1.0 (the third and fourth of the window after).
+        let turn = |d: RateDecision| match d {
+            RateDecision::Wait(d) => d.as_secs_f64(),
+            RateDecision::Run => 0.0,
+        };
+        assert!((turn(state.admit(&ids[2], rate, 0.0)) - 1.0).abs() < 1e-9);
+        assert!((turn(state.admit(&ids[3], rate, 0.0)) - 1.0).abs() < 1e-9);
+        // The third comes at its turn; the fourth comes back before it: early, it waits.
+        assert_eq!(state.admit(&ids[2], rate, 1.0), RateDecision::Run);
+        assert!(turn(state.admit(&ids[3], rate, 0.5)) > 0.4);
+        assert_eq!(state.admit(&ids[3], rate, 1.0), RateDecision::Run);
+        // A new one now waits for the next window.
+        assert!((turn(state.admit(&TaskId::random(), rate, 1.0)) - 1.0).abs() < 1e-9);
+    }
+}

@@ -1,0 +1,221 @@
+//! Flow control declared on a task: a rate limit shared by every worker, per task or per key.
+
+use std::fmt;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::wire::{names, TaskMessage};
+
+/// At most `limit` starts in any window of `period`, across every worker: `"50/s"`, `"300/m"`,
+/// `"1000/h"`. Starts over it are not run, failed or counted as attempts: they wait, each for
+/// its own later turn.
+///
+/// ```
+/// use std::time::Duration;
+/// use ferriq::task::Rate;
+/// let r = Rate::parse("50/s").unwrap();
+/// assert_eq!((r.limit(), r.period()), (50, Duration::from_secs(1)));
+/// assert_eq!(Rate::parse("5/10s").unwrap().period(), Duration::from_secs(10));
+/// assert_eq!(r.to_string(), "50/s");
+/// assert!(Rate::parse("fast").is_err());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rate {
+    limit: u32,
+    period: Duration,
+}
+
+impl Rate {
+    /// `limit` starts per `period` (a limit of 0 reads as 1; a period under a millisecond as a
+    /// millisecond).
+    pub const fn new(limit: u32, period: Duration) -> Self {
+        let limit = if limit == 0 { 1 } else { limit };
+        let period = if period.as_millis() == 0 {
+            Duration::from_millis(1)
+        } else {
+            period
+        };
+        Rate { limit, period }
+    }
+
+    /// Reads `N/s`, `N/m`, `N/h` or `N/<count><s|m|h>` (`5/10s`): what the `rate` task option
+    /// and the `ferriq_rate` label hold.
+    pub fn parse(text: &str) -> Result<Rate, String> {
+        let bad =
+            || format!("rate {text:?}: write starts per period, as 50/s, 300/m, 1000/h or 5/10s");
+        let (limit, per) = text.trim().split_once('/').ok_or_else(bad)?;
+        let limit: u32 = limit.trim().parse().map_err(|_| bad())?;
+        let per = per.trim();
+        let unit_at = per.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?;
+        let count: u64 = match &per[..unit_at] {
+            "" => 1,
+            digits => digits.parse().map_err(|_| bad())?,
+        };
+        let unit = match &per[unit_at..] {
+            "s" => 1,
+            "m" => 60,
+            "h" => 3600,
+            _ => return Err(bad()),
+        };
+        if limit == 0 || count == 0 {
+            return Err(bad());
+        }
+        Ok(Rate::new(limit, Duration::from_secs(count * unit)))
+    }
+
+    /// Starts allowed per period.
+    pub const fn limit(&self) -> u32 {
+        self.limit
+    }
+
+    /// The window the limit counts over.
+    pub const fn period(&self) -> Duration {
+        self.period
+    }
+}
+
+impl fmt::Display for Rate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let secs = self.period.as_secs();
+        let (count, unit) = if secs % 3600 == 0 {
+            (secs / 3600, "h")
+        } else if secs % 60 == 0 {
+            (secs / 60, "m")
+        } else {
+            (secs, "s")
+        };
+        match count {
+            1 => write!(f, "{}/{unit}", self.limit),
+            _ => write!(f, "{}/{count}{unit}", self.limit),
+        }
+    }
+}
+
+/// Where a limit's key comes from: one limiter per value (per tenant, per customer, per API
+/// key). `#[task(rate_key = "tenant")]` names an argument of the task (taken from the call's
+/// positional or keyword arguments) or, when no parameter has that name, a label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeySource {
+    name: &'static str,
+    position: Option<usize>,
+}
+
+impl KeySource {
+    /// The label `name`.
+    pub const fn label(name: &'static str) -> Self {
+        KeySource {
+            name,
+            position: None,
+        }
+    }
+
+    /// The argument `name`, the `position`-th of the task's arguments.
+    pub const fn argument(name: &'static str, position: usize) -> Self {
+        KeySource {
+            name,
+            position: Some(position),
+        }
+    }
+
+    /// The argument or label name.
+    pub const fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// The key's value in `msg`: its keyword argument or its positional one for an argument,
+    /// else the label; `None` when the message carries none.
+    pub fn value_in(&self, msg: &TaskMessage) -> Option<String> {
+        let value = match self.position {
+            Some(position) => msg.kwargs.get(self.name).or_else(|| msg.args.get(position)),
+            None => None,
+        };
+        match value {
+            Some(v) => Some(key_text(v)),
+            None => msg
+                .labels
+                .get(self.name)
+                .map(|l| l.header_value().into_owned()),
+        }
+    }
+}
+
+fn key_text(value: &Value) -> String {
+    match value {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// The rate limiter a message's run counts against, and its rate: the `ferriq_rate` and
+/// `ferriq_rate_key` labels when a producer set them, else the task's `rate` and `rate_key`
+/// options. The limiter is the task name, or the task name and the key's value.
+pub(crate) fn rate_limiter(
+    task_rate: Option<Rate>,
+    task_key: Option<KeySource>,
+    msg: &TaskMessage,
+) -> Option<(String, Rate)> {
+    let from_label = msg
+        .labels
+        .get(names::RATE)
+        .and_then(|l| Rate::parse(&l.header_value()).ok());
+    let rate = from_label.or(task_rate)?;
+    let key = match msg.labels.get(names::RATE_KEY) {
+        Some(value) => Some(value.header_value().into_owned()),
+        None => task_key.and_then(|k| k.value_in(msg)),
+    };
+    let limiter = match key {
+        Some(key) => format!("{}\n{key}", msg.task_name),
+        None => msg.task_name.clone(),
+    };
+    Some((limiter, rate))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rates_read_and_print_as_written() {
+        for (text, limit, secs) in [
+            ("50/s", 50, 1),
+            ("300/m", 300, 60),
+            ("1000/h", 1000, 3600),
+            ("5/10s", 5, 10),
+            (" 7 / 2m ", 7, 120),
+        ] {
+            let r = Rate::parse(text).unwrap();
+            assert_eq!((r.limit(), r.period().as_secs()), (limit, secs), "{text}");
+            assert_eq!(Rate::parse(&r.to_string()).unwrap(), r);
+        }
+        for bad in ["", "50", "0/s", "50/", "50/d", "x/s", "5/0s", "-1/s"] {
+            assert!(Rate::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_key_comes_from_the_argument_then_the_label_and_labels_override() {
+        let mut msg = TaskMessage::new("api.call");
+        msg.args = vec![serde_json::json!("acme"), serde_json::json!(7)];
+        let by_arg = KeySource::argument("tenant", 0);
+        assert_eq!(by_arg.value_in(&msg).as_deref(), Some("acme"));
+        msg.kwargs.insert("tenant".into(), serde_json::json!(42));
+        assert_eq!(by_arg.value_in(&msg).as_deref(), Some("42"));
+        msg.labels.insert("customer", "c-9");
+        assert_eq!(
+            KeySource::label("customer").value_in(&msg).as_deref(),
+            Some("c-9")
+        );
+        let rate = Rate::new(5, Duration::from_secs(1));
+        let (limiter, r) = rate_limiter(Some(rate), Some(by_arg), &msg).unwrap();
+        assert_eq!((limiter.as_str(), r), ("api.call\n42", rate));
+        msg.labels.insert(names::RATE, "9/m");
+        msg.labels.insert(names::RATE_KEY, "k");
+        let (limiter, r) = rate_limiter(None, None, &msg).unwrap();
+        assert_eq!(
+            (limiter.as_str(), r.to_string().as_str()),
+            ("api.call\nk", "9/m")
+        );
+        assert!(rate_limiter(None, None, &TaskMessage::new("free")).is_none());
+    }
+}

@@ -1,0 +1,64 @@
+//! Flow control at the worker: a task over its rate limit waits for its turn — not run, not
+//! failed, no attempt spent — handed back to the broker until shortly before it, then held here
+//! for the last fraction of a second, as a delayed task is.
+
+use std::time::Duration;
+
+use super::running::Outcome;
+use super::Inner;
+use crate::broker::{Delivery, HOLD_WINDOW};
+use crate::store::RateDecision;
+use crate::task::Rate;
+use crate::wire::TaskMessage;
+
+/// How often a held task asks again before it is handed back anyway (a turn pushed back by
+/// late starts while it was held).
+const MAX_HOLDS: u32 = 3;
+
+/// The limiter counts a start when it grants it; the task's body starts a claim's round trip
+/// later, and on a loaded machine those delays differ from one start to the next. Windows are
+/// kept this much longer than the limit's period (5 %, at most 50 ms), so the bodies' own start
+/// times stay within the limit too.
+fn guarded(rate: Rate) -> Rate {
+    let guard = (rate.period() / 20).min(Duration::from_millis(50));
+    Rate::new(rate.limit(), rate.period() + guard)
+}
+
+impl Inner {
+    /// `None` when the task may start now (its start counted against `limiter`); otherwise
+    /// what became of the delivery: handed back until its turn.
+    pub(crate) async fn wait_for_turn(
+        &self,
+        d: &Delivery,
+        msg: &TaskMessage,
+        limiter: &str,
+        rate: Rate,
+    ) -> Option<Outcome> {
+        let rate = guarded(rate);
+        for _ in 0..MAX_HOLDS {
+            match self.store.admit_rate(limiter, &msg.task_id, rate).await {
+                Ok(RateDecision::Run) => return None,
+                Ok(RateDecision::Wait(wait)) if wait < HOLD_WINDOW => {
+                    tokio::time::sleep(wait).await;
+                }
+                Ok(RateDecision::Wait(wait)) => {
+                    tracing::debug!(turn_in = ?wait, "over its rate limit: handed back until its turn");
+                    // Whole seconds, so it comes back early rather than late; then held.
+                    let back_in = Duration::from_secs(wait.as_secs());
+                    return Some(self.release_after(d, back_in, Outcome::RateLimited).await);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "rate limiter unreachable: releasing the message");
+                    return Some(
+                        self.release(d, self.config.store_retry_after, Outcome::Released)
+                            .await,
+                    );
+                }
+            }
+        }
+        Some(
+            self.release(d, self.config.min_defer, Outcome::RateLimited)
+                .await,
+        )
+    }
+}
