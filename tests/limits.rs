@@ -117,3 +117,69 @@ async fn one_tenants_backlog_does_not_hold_another_tenants_task_back() {
     assert!(acme.most_in(Duration::from_secs(1)) <= 5);
     w.stop().await;
 }
+
+#[ferriq::task(name = "limits.report", unique_for = 60)]
+async fn report(starts: State<Arc<Starts>>, customer: String) -> String {
+    starts
+        .0
+        .lock()
+        .unwrap()
+        .push((Instant::now(), 1, customer.clone()));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    customer
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_thousand_concurrent_enqueues_of_one_call_run_it_once() {
+    let h = Harness::new();
+    let starts = Arc::new(Starts::default());
+    let w = h.start(h.worker(&[report::NAME]).state(Arc::clone(&starts)));
+    let enqueues = (0..1000).map(|_| {
+        let client = h.client.clone();
+        tokio::spawn(async move { report::kiq(&client, "acme".into()).await.unwrap() })
+    });
+    let handles = futures_util::future::join_all(enqueues).await;
+    let first = handles[0].as_ref().unwrap().task_id().clone();
+    assert!(handles
+        .iter()
+        .all(|h| *h.as_ref().unwrap().task_id() == first));
+    // Another customer is another call.
+    let other = report::kiq(&h.client, "globex".into()).await.unwrap();
+    assert_ne!(*other.task_id(), first);
+    for handle in handles {
+        assert_eq!(handle.unwrap().wait(LONG).await.unwrap(), "acme");
+    }
+    other.wait(LONG).await.unwrap();
+    assert_eq!(h.broker.stats().published, 2, "sent once per call");
+    // The outcome is stored: the key is free, and the same call is a new task.
+    let again = report::kiq(&h.client, "acme".into()).await.unwrap();
+    assert_ne!(*again.task_id(), first);
+    again.wait(LONG).await.unwrap();
+    assert_eq!(starts.0.lock().unwrap().len(), 3);
+    w.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_window_key_answers_until_its_window_ends() {
+    let h = Harness::new();
+    let starts = Arc::new(Starts::default());
+    let w = h.start(h.worker(&[report::NAME]).state(Arc::clone(&starts)));
+    let call = || {
+        report::call("acme".into()).with_dedup_key(
+            "nightly-acme",
+            Duration::from_secs(30),
+            ferriq::task::Dedup::Window,
+        )
+    };
+    let first = h.client.enqueue(call()).await.unwrap();
+    first.wait(LONG).await.unwrap();
+    // Finished, but within its window: the same answer, nothing sent.
+    let second = h.client.enqueue(call()).await.unwrap();
+    assert_eq!(second.task_id(), first.task_id());
+    tokio::time::sleep(Duration::from_secs(31)).await;
+    let third = h.client.enqueue(call()).await.unwrap();
+    assert_ne!(third.task_id(), first.task_id());
+    third.wait(LONG).await.unwrap();
+    assert_eq!(starts.0.lock().unwrap().len(), 2);
+    w.stop().await;
+}

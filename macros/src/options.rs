@@ -7,7 +7,7 @@ use syn::punctuated::Punctuated;
 use syn::{Error, Expr, ExprLit, Lit, LitStr, MetaNameValue, Token};
 
 const KNOWN: &str = "name, max_attempts, timeout, queue, backoff_initial, backoff_max, \
-                     retry_on_error, store_result, deadline, park_fatal, rate, rate_key, schedule, every, timezone, missed, \
+                     retry_on_error, store_result, deadline, park_fatal, rate, rate_key, unique_for, dedup, schedule, every, timezone, missed, \
                      catch_up_max, no_overlap, schedule_args";
 
 /// The parsed options.
@@ -26,6 +26,8 @@ pub(crate) struct TaskAttr {
     /// Starts allowed and the period in seconds.
     rate: Option<(u32, u64)>,
     rate_key: Option<LitStr>,
+    unique_for_ms: Option<u64>,
+    dedup_window: Option<bool>,
     schedule: Option<LitStr>,
     every: Option<u64>,
     timezone: Option<LitStr>,
@@ -115,6 +117,20 @@ impl Parse for TaskAttr {
                     attr.rate = Some(rate);
                 }
                 "rate_key" => attr.rate_key = Some(str_lit(&key, &lit)?),
+                "unique_for" => attr.unique_for_ms = Some(secs_lit(&key, &lit)?),
+                "dedup" => {
+                    let s = str_lit(&key, &lit)?;
+                    attr.dedup_window = Some(match s.value().as_str() {
+                        "active" => false,
+                        "window" => true,
+                        _ => {
+                            return Err(Error::new_spanned(
+                                &lit,
+                                "dedup is \"active\" (while queued or running) or \"window\"",
+                            ))
+                        }
+                    });
+                }
                 "schedule" => {
                     let s = str_lit(&key, &lit)?;
                     // Checked here, so a typo fails the build at the task rather than the
@@ -188,6 +204,12 @@ impl Parse for TaskAttr {
                 ),
             ));
         }
+        if attr.dedup_window.is_some() && attr.unique_for_ms.is_none() {
+            return Err(Error::new(
+                proc_macro2::Span::call_site(),
+                "`dedup` says how `unique_for` keeps its key: add `unique_for = SECS`",
+            ));
+        }
         if attr.rate_key.is_some() && attr.rate.is_none() {
             return Err(Error::new(
                 proc_macro2::Span::call_site(),
@@ -238,6 +260,14 @@ impl TaskAttr {
         }
         if let Some((limit, secs)) = self.rate {
             e = quote!(#e.rate(::ferriq::task::Rate::new(#limit, ::core::time::Duration::from_secs(#secs))));
+        }
+        if let Some(ms) = self.unique_for_ms {
+            let mode = if self.dedup_window == Some(true) {
+                quote!(::ferriq::task::Dedup::Window)
+            } else {
+                quote!(::ferriq::task::Dedup::WhileActive)
+            };
+            e = quote!(#e.unique_for(::core::time::Duration::from_millis(#ms), #mode));
         }
         if let Some(key) = &self.rate_key {
             let source = match args.iter().position(|a| *a == key.value()) {

@@ -35,7 +35,16 @@ pub struct Call<T> {
     task_id: Option<TaskId>,
     deadline: Option<Duration>,
     due: Option<Due>,
+    dedup: Option<DedupSpec>,
     _output: PhantomData<fn() -> T>,
+}
+
+/// An enqueue's deduplication: its key (`None`: the task and its arguments), window and mode.
+#[derive(Debug, Clone)]
+struct DedupSpec {
+    key: Option<String>,
+    window: Duration,
+    mode: crate::task::Dedup,
 }
 
 /// When a call is due.
@@ -71,6 +80,11 @@ impl<T> Call<T> {
             task_id: None,
             deadline: options.get_deadline(),
             due: None,
+            dedup: options.get_unique_for().map(|(window, mode)| DedupSpec {
+                key: None,
+                window,
+                mode,
+            }),
             _output: PhantomData,
         }
     }
@@ -134,6 +148,24 @@ impl<T> Call<T> {
         self
     }
 
+    /// Deduplicates this enqueue by `key`: another enqueue with the same key (of any task)
+    /// within `window` gets this one's handle back and sends nothing — while this task is
+    /// queued or running, or for the whole window with [`Dedup::Window`](crate::task::Dedup).
+    /// A task's `unique_for` option does the same with the task and its arguments as the key.
+    pub fn with_dedup_key(
+        mut self,
+        key: impl Into<String>,
+        window: Duration,
+        mode: crate::task::Dedup,
+    ) -> Self {
+        self.dedup = Some(DedupSpec {
+            key: Some(key.into()),
+            window,
+            mode,
+        });
+        self
+    }
+
     /// The message this call sends, timed by the system clock.
     pub fn into_message(self) -> Result<TaskMessage, WireError> {
         self.into_message_at(&Clock::system())
@@ -162,11 +194,27 @@ impl<T> Call<T> {
                 (from + within.as_secs_f64()).ceil().min(i64::MAX as f64) as i64,
             );
         }
+        let args = self.args?;
+        if let Some(dedup) = self.dedup {
+            let key = match dedup.key {
+                Some(key) => key,
+                // The task and its arguments: the same call is the same key. (serde_json's maps
+                // are ordered, so equal keyword arguments write equal text.)
+                None => {
+                    let call = serde_json::to_string(&(&args, &self.kwargs))
+                        .map_err(|e| WireError::Serialize(e.to_string()))?;
+                    TaskId::derived(&["ferriq-dedup", self.name, &call]).to_string()
+                }
+            };
+            labels.insert(names::DEDUP_KEY, key);
+            labels.insert(names::DEDUP_FOR, dedup.window.as_secs_f64().max(0.001));
+            labels.insert(names::DEDUP_MODE, dedup.mode.as_str());
+        }
         Ok(TaskMessage {
             task_id: self.task_id.unwrap_or_else(TaskId::random),
             task_name: self.name.to_owned(),
             labels,
-            args: self.args?,
+            args,
             kwargs: self.kwargs,
         })
     }

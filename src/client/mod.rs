@@ -68,6 +68,24 @@ pub enum EnqueueError {
     },
 }
 
+/// A prepared message's deduplication key and how long it holds at most.
+fn dedup_of(out: &OutgoingMessage) -> Option<(String, Duration)> {
+    let key = out
+        .labels
+        .get(names::DEDUP_KEY)?
+        .header_value()
+        .into_owned();
+    let secs = out
+        .labels
+        .get(names::DEDUP_FOR)
+        .and_then(|v| v.as_f64())
+        .filter(|s| s.is_finite() && *s > 0.0)?;
+    Some((
+        key,
+        Duration::from_secs_f64(secs.min(crate::wire::MAX_DELAY.as_secs_f64())),
+    ))
+}
+
 /// A message ready to publish, and (when middleware wants to hear how it went) the message.
 pub(crate) type Prepared = (Option<TaskMessage>, OutgoingMessage);
 
@@ -358,12 +376,57 @@ impl Client {
         Ok(outcome?)
     }
 
-    /// Enqueues one call; returns once the broker holds it durably.
+    /// Enqueues one call; returns once the broker holds it durably. A call with a
+    /// deduplication key (`unique_for`, [`Call::with_dedup_key`]) that another task holds
+    /// returns that task's handle, and sends nothing.
     pub async fn enqueue<T>(&self, call: Call<T>) -> Result<TaskHandle<T>, EnqueueError> {
         let prepared = self.prepare(call.into_message_at(&self.clock)?).await?;
-        let handle = self.sent_handle(prepared.1.task_id.clone(), prepared.1.queue.clone());
-        self.publish_prepared(vec![prepared]).await?;
-        Ok(handle)
+        let mut handles = self.send_deduplicated(vec![prepared]).await?;
+        Ok(handles.remove(0))
+    }
+
+    /// Publishes prepared calls, each deduplicated by its key when it has one: the handle of
+    /// each call, in order — of the task holding its key when another one does (that call is
+    /// not sent). A failed publish gives the keys it reserved back.
+    async fn send_deduplicated<T>(
+        &self,
+        prepared: Vec<Prepared>,
+    ) -> Result<Vec<TaskHandle<T>>, EnqueueError> {
+        let mut handles = Vec::with_capacity(prepared.len());
+        let mut to_send = Vec::with_capacity(prepared.len());
+        let mut reserved = Vec::new();
+        for p in prepared {
+            if let Some((key, ttl)) = dedup_of(&p.1) {
+                let id = p.1.task_id.clone();
+                match self.store.reserve_dedup(&key, &id, ttl).await {
+                    Ok(Some(holder)) => {
+                        handles.push(self.handle(holder));
+                        self.not_sent(vec![p]).await;
+                        continue;
+                    }
+                    Ok(None) => reserved.push((key, id)),
+                    Err(e) => {
+                        self.release_reserved(&reserved).await;
+                        return Err(EnqueueError::Store(e));
+                    }
+                }
+            }
+            handles.push(self.sent_handle(p.1.task_id.clone(), p.1.queue.clone()));
+            to_send.push(p);
+        }
+        if let Err(e) = self.publish_prepared(to_send).await {
+            self.release_reserved(&reserved).await;
+            return Err(e);
+        }
+        Ok(handles)
+    }
+
+    async fn release_reserved(&self, reserved: &[(String, TaskId)]) {
+        for (key, id) in reserved {
+            if let Err(e) = self.store.release_dedup(key, id).await {
+                tracing::warn!(error = %e, "could not give a deduplication key back; it lasts its window");
+            }
+        }
     }
 
     /// Enqueues many calls in one batch (fan-out); returns once the broker holds all of them.
@@ -371,15 +434,11 @@ impl Client {
         &self,
         calls: impl IntoIterator<Item = Call<T>>,
     ) -> Result<Vec<TaskHandle<T>>, EnqueueError> {
-        let mut handles = Vec::new();
         let mut batch = Vec::new();
         for call in calls {
-            let prepared = self.prepare(call.into_message_at(&self.clock)?).await?;
-            handles.push(self.sent_handle(prepared.1.task_id.clone(), prepared.1.queue.clone()));
-            batch.push(prepared);
+            batch.push(self.prepare(call.into_message_at(&self.clock)?).await?);
         }
-        self.publish_prepared(batch).await?;
-        Ok(handles)
+        self.send_deduplicated(batch).await
     }
 
     /// Enqueues a message built by hand (untyped result).
@@ -388,9 +447,8 @@ impl Client {
         msg: TaskMessage,
     ) -> Result<TaskHandle<Value>, EnqueueError> {
         let prepared = self.prepare(msg).await?;
-        let handle = self.sent_handle(prepared.1.task_id.clone(), prepared.1.queue.clone());
-        self.publish_prepared(vec![prepared]).await?;
-        Ok(handle)
+        let mut handles = self.send_deduplicated(vec![prepared]).await?;
+        Ok(handles.remove(0))
     }
 
     /// A handle on an existing task by id.

@@ -158,4 +158,29 @@ impl crate::store::FlowStore for MemoryStore {
         };
         Ok(limiter.admit(id, rate, now))
     }
+
+    async fn reserve_dedup(
+        &self,
+        key: &str,
+        id: &crate::wire::TaskId,
+        ttl: Duration,
+    ) -> Result<Option<crate::wire::TaskId>, StoreError> {
+        let now = Instant::now();
+        let mut state = self.lock();
+        match state.dedup.get(key) {
+            Some((holder, until)) if *until > now && holder != id => Ok(Some(holder.clone())),
+            _ => {
+                state.dedup.insert(key.to_owned(), (id.clone(), now + ttl));
+                Ok(None)
+            }
+        }
+    }
+
+    async fn release_dedup(&self, key: &str, id: &crate::wire::TaskId) -> Result<(), StoreError> {
+        let mut state = self.lock();
+        if state.dedup.get(key).is_some_and(|(holder, _)| holder == id) {
+            state.dedup.remove(key);
+        }
+        Ok(())
+    }
 }

@@ -41,6 +41,28 @@ pub trait FlowStore: Send + Sync + 'static {
                 .into(),
         ))
     }
+
+    /// Reserves deduplication `key` for task `id` for `ttl`: `None` when it is `id`'s now
+    /// (or was already), else the task that holds it.
+    async fn reserve_dedup(
+        &self,
+        key: &str,
+        id: &TaskId,
+        ttl: Duration,
+    ) -> Result<Option<TaskId>, StoreError> {
+        let _ = (key, id, ttl);
+        Err(StoreError::Config(
+            "this store keeps no deduplication keys: use one that does (Valkey, memory) for \
+             unique_for"
+                .into(),
+        ))
+    }
+
+    /// Releases deduplication `key` if task `id` holds it (its outcome is stored).
+    async fn release_dedup(&self, key: &str, id: &TaskId) -> Result<(), StoreError> {
+        let _ = (key, id);
+        Ok(())
+    }
 }
 
 /// The rate-limit decision, on any clock (seconds), over a limiter's state. Shared by the memory

@@ -92,6 +92,28 @@ impl fmt::Display for Rate {
     }
 }
 
+/// How long an enqueue's deduplication key keeps answering with its task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Dedup {
+    /// While the task is queued or running: released when its outcome is stored (and at the
+    /// end of the window at the latest).
+    #[default]
+    WhileActive,
+    /// For the whole window, whatever became of the task.
+    Window,
+}
+
+impl Dedup {
+    /// The `ferriq_dedup_mode` label's value.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Dedup::WhileActive => "active",
+            Dedup::Window => "window",
+        }
+    }
+}
+
 /// Where a limit's key comes from: one limiter per value (per tenant, per customer, per API
 /// key). `#[task(rate_key = "tenant")]` names an argument of the task (taken from the call's
 /// positional or keyword arguments) or, when no parameter has that name, a label.

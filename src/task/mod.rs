@@ -10,7 +10,7 @@ mod registration;
 pub use context::{AppState, State, TaskContext, TaskContextBuilder};
 pub use error::TaskError;
 pub(crate) use limits::rate_limiter;
-pub use limits::{KeySource, Rate};
+pub use limits::{Dedup, KeySource, Rate};
 pub use options::TaskOptions;
 pub use registration::{Invocation, RunFuture, StateRequirement, StaticSchedule, TaskRegistration};
 

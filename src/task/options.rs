@@ -23,6 +23,7 @@ pub struct TaskOptions {
     park_fatal: bool,
     rate: Option<super::Rate>,
     rate_key: Option<super::KeySource>,
+    unique_for: Option<(Duration, super::Dedup)>,
 }
 
 impl Default for TaskOptions {
@@ -48,6 +49,7 @@ impl TaskOptions {
             park_fatal: true,
             rate: None,
             rate_key: None,
+            unique_for: None,
         }
     }
 
@@ -128,6 +130,15 @@ impl TaskOptions {
         self
     }
 
+    /// Deduplicate enqueues: a second enqueue of the same call (task and arguments, or the
+    /// call's own [`Call::with_dedup_key`](crate::Call::with_dedup_key)) within `window`
+    /// returns the first one's handle and sends nothing — while the first is queued or
+    /// running ([`Dedup::WhileActive`]) or for the whole window ([`Dedup::Window`]).
+    pub const fn unique_for(mut self, window: Duration, mode: super::Dedup) -> Self {
+        self.unique_for = Some((window, mode));
+        self
+    }
+
     /// See [`TaskOptions::max_attempts`].
     pub const fn get_max_attempts(&self) -> u32 {
         self.max_attempts
@@ -163,6 +174,10 @@ impl TaskOptions {
     /// See [`TaskOptions::rate_key`].
     pub const fn get_rate_key(&self) -> Option<super::KeySource> {
         self.rate_key
+    }
+    /// See [`TaskOptions::unique_for`].
+    pub const fn get_unique_for(&self) -> Option<(Duration, super::Dedup)> {
+        self.unique_for
     }
     /// See [`TaskOptions::park_fatal`].
     pub const fn get_park_fatal(&self) -> bool {

@@ -433,6 +433,19 @@ macro_rules! forward_store_traits {
                 let $this = self;
                 $inner.admit_rate(limiter, id, rate).await
             }
+            async fn reserve_dedup(
+                &self,
+                key: &str,
+                id: &TaskId,
+                ttl: Duration,
+            ) -> Result<Option<TaskId>, StoreError> {
+                let $this = self;
+                $inner.reserve_dedup(key, id, ttl).await
+            }
+            async fn release_dedup(&self, key: &str, id: &TaskId) -> Result<(), StoreError> {
+                let $this = self;
+                $inner.release_dedup(key, id).await
+            }
         }
 
         #[async_trait]

@@ -298,6 +298,14 @@ pub mod names {
     pub const RATE: &str = "ferriq_rate";
     /// The key of the rate limit (one limiter per value), over the task's `rate_key`.
     pub const RATE_KEY: &str = "ferriq_rate_key";
+    /// The deduplication key an enqueue reserved (`unique_for`): its task's id stays the
+    /// answer to every enqueue of the key while the reservation lasts.
+    pub const DEDUP_KEY: &str = "ferriq_dedup_key";
+    /// How long the reservation lasts at most (seconds).
+    pub const DEDUP_FOR: &str = "ferriq_dedup_for";
+    /// `active` (the default: released when the task's outcome is stored) or `window` (kept
+    /// for the whole `ferriq_dedup_for`).
+    pub const DEDUP_MODE: &str = "ferriq_dedup_mode";
     pub const TICK: &str = "ferriq_tick";
 }
 

@@ -51,6 +51,10 @@ impl Inner {
         if let Some(channel) = reply_to {
             self.check_reply_channel(msg, channel);
         }
+        // Before the write that wakes the waiters: one that enqueues the same call again once
+        // its wait returns sends a new task. (If the write is then fenced off or fails, the task
+        // runs on with its key free: a second enqueue meanwhile sends a second task.)
+        self.release_dedup(msg).await;
         match self
             .store
             .complete(&msg.task_id, token, result.as_ref(), reply_to)
@@ -60,6 +64,7 @@ impl Inner {
                 if let (CompleteOutcome::Stored, Some(r)) = (written, &result) {
                     self.counters.result_written(&msg.task_name, r.is_err);
                 }
+
                 if !self.advance_workflow(msg, result.as_ref()).await {
                     let released = self
                         .release(d, self.advance_retry(), Outcome::Released)
@@ -97,6 +102,29 @@ impl Inner {
                     .await;
                 (released, None)
             }
+        }
+    }
+
+    /// Gives back the deduplication key an enqueue reserved for this task while it was queued
+    /// or running (`ferriq_dedup_mode` `active`): its outcome is stored, so the next enqueue
+    /// of the key sends a new task. A key kept for its whole window stays.
+    async fn release_dedup(&self, msg: &TaskMessage) {
+        let Some(key) = msg.labels.get(crate::wire::names::DEDUP_KEY) else {
+            return;
+        };
+        let window = msg
+            .labels
+            .get(crate::wire::names::DEDUP_MODE)
+            .is_some_and(|m| m.header_value() == crate::task::Dedup::Window.as_str());
+        if window {
+            return;
+        }
+        if let Err(e) = self
+            .store
+            .release_dedup(&key.header_value(), &msg.task_id)
+            .await
+        {
+            tracing::warn!(error = %e, "could not give the deduplication key back; it lasts its window");
         }
     }
 

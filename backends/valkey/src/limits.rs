@@ -61,7 +61,31 @@ expire()
 return {'wait', turn - now}
 "#;
 
+/// KEYS: the dedup key. ARGV: task id, ttl ms. Returns '' when the key is the task's now (or
+/// was), else the id of the task holding it.
+const RESERVE_DEDUP: &str = r#"
+local cur = redis.call('GET', KEYS[1])
+if cur and cur ~= ARGV[1] then return cur end
+if not cur then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) end
+return ''
+"#;
+
+/// KEYS: the dedup key. ARGV: task id. Deletes it when the task holds it.
+const RELEASE_DEDUP: &str = r#"
+if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
+return 1
+"#;
+
 impl ValkeyStore {
+    /// A deduplication key's key (its digest: a key may hold any character).
+    fn dedup_key(&self, key: &str) -> String {
+        format!(
+            "{}:dedup:{}",
+            self.prefix(),
+            TaskId::derived(&["ferriq-dedup-key", key])
+        )
+    }
+
     /// A limiter's keys, hash-tagged on a digest of its name (a name may hold any character).
     fn limiter_keys(&self, limiter: &str) -> Vec<String> {
         let tag = TaskId::derived(&["ferriq-rate", limiter]);
@@ -111,5 +135,38 @@ impl FlowStore for ValkeyStore {
                 "unexpected rate limiter answer".into(),
             )),
         }
+    }
+
+    async fn reserve_dedup(
+        &self,
+        key: &str,
+        id: &TaskId,
+        ttl: std::time::Duration,
+    ) -> Result<Option<TaskId>, StoreError> {
+        let keys = vec![self.dedup_key(key)];
+        let argv = vec![id.to_string(), ttl.as_millis().max(1).to_string()];
+        let script = Script::from_lua(RESERVE_DEDUP);
+        let answer = scripts::call(&self.core().pool, &script, || (keys.clone(), argv.clone()))
+            .await
+            .map_err(store_error)?;
+        match answer.as_str().as_deref() {
+            None | Some("") => Ok(None),
+            Some(holder) => TaskId::parse(holder)
+                .map(Some)
+                .map_err(|e| StoreError::Corrupt {
+                    task_id: id.to_string(),
+                    reason: format!("deduplication key holder: {e}"),
+                }),
+        }
+    }
+
+    async fn release_dedup(&self, key: &str, id: &TaskId) -> Result<(), StoreError> {
+        let keys = vec![self.dedup_key(key)];
+        let argv = vec![id.to_string()];
+        let script = Script::from_lua(RELEASE_DEDUP);
+        scripts::call(&self.core().pool, &script, || (keys.clone(), argv.clone()))
+            .await
+            .map_err(store_error)?;
+        Ok(())
     }
 }
