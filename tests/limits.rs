@@ -183,3 +183,146 @@ async fn a_window_key_answers_until_its_window_ends() {
     assert_eq!(starts.0.lock().unwrap().len(), 2);
     w.stop().await;
 }
+
+/// Runs in progress now and the most at once, per key.
+#[derive(Default)]
+struct Running(Mutex<std::collections::HashMap<String, (usize, usize)>>);
+
+impl Running {
+    fn enter(&self, key: &str) {
+        let mut all = self.0.lock().unwrap();
+        let (now, most) = all.entry(key.to_owned()).or_default();
+        *now += 1;
+        *most = (*most).max(*now);
+    }
+    fn leave(&self, key: &str) {
+        self.0.lock().unwrap().get_mut(key).unwrap().0 -= 1;
+    }
+    fn most(&self, key: &str) -> usize {
+        self.0.lock().unwrap().get(key).map_or(0, |e| e.1)
+    }
+}
+
+#[ferriq::task(name = "limits.export", concurrency = 4)]
+async fn export(
+    running: State<Arc<Running>>,
+    starts: State<Arc<Starts>>,
+    ctx: TaskContext,
+    n: u32,
+) -> u32 {
+    running.enter("all");
+    starts
+        .0
+        .lock()
+        .unwrap()
+        .push((Instant::now(), ctx.attempt(), String::new()));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    running.leave("all");
+    n
+}
+
+#[ferriq::task(
+    name = "limits.per_tenant_export",
+    concurrency = 1,
+    concurrency_key = "tenant"
+)]
+async fn per_tenant_export(running: State<Arc<Running>>, tenant: String) -> String {
+    running.enter(&tenant);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    running.leave(&tenant);
+    tenant
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_more_than_four_run_at_once_across_three_workers() {
+    let h = Harness::new();
+    let running = Arc::new(Running::default());
+    let starts = Arc::new(Starts::default());
+    let workers: Vec<_> = (0..3)
+        .map(|_| {
+            h.start(
+                h.worker(&[export::NAME])
+                    .state(Arc::clone(&running))
+                    .state(Arc::clone(&starts)),
+            )
+        })
+        .collect();
+    let begin = Instant::now();
+    let handles = h
+        .client
+        .enqueue_batch((0..40).map(export::call))
+        .await
+        .unwrap();
+    for (i, handle) in handles.iter().enumerate() {
+        assert_eq!(handle.wait(LONG).await.unwrap(), i as u32);
+    }
+    assert_eq!(running.most("all"), 4);
+    assert!(
+        starts.0.lock().unwrap().iter().all(|s| s.1 == 1),
+        "no attempt spent waiting"
+    );
+    // 40 runs of 1 s, 4 at a time: 10 s, and not much more.
+    let took = begin.elapsed();
+    assert!(took < Duration::from_secs(16), "{took:?}");
+    let received = h.broker.stats().received;
+    assert!(received <= 200, "{received} receives for 40 tasks");
+    for w in workers {
+        w.stop().await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_tenants_backlog_leaves_another_tenant_its_slot() {
+    let h = Harness::new();
+    let running = Arc::new(Running::default());
+    let w = h.start(
+        h.worker(&[per_tenant_export::NAME])
+            .state(Arc::clone(&running)),
+    );
+    let backlog = h
+        .client
+        .enqueue_batch((0..50).map(|_| per_tenant_export::call("acme".into())))
+        .await
+        .unwrap();
+    let sent = Instant::now();
+    let other = per_tenant_export::kiq(&h.client, "globex".into())
+        .await
+        .unwrap();
+    other.wait(LONG).await.unwrap();
+    assert!(
+        sent.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        sent.elapsed()
+    );
+    for handle in &backlog {
+        handle.wait(LONG).await.unwrap();
+    }
+    assert_eq!(running.most("acme"), 1);
+    w.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_slot_whose_worker_died_frees_itself_within_its_lease() {
+    use ferriq::store::{FlowStore, SlotDecision};
+    let h = Harness::new();
+    let store = h.memory();
+    let (dead, next) = (
+        ferriq::wire::TaskId::random(),
+        ferriq::wire::TaskId::random(),
+    );
+    let lease = Duration::from_secs(3);
+    assert_eq!(
+        store.acquire_slot("l", &dead, 1, lease).await.unwrap(),
+        SlotDecision::Held
+    );
+    // Its worker dies: no renewal, no release.
+    assert!(matches!(
+        store.acquire_slot("l", &next, 1, lease).await.unwrap(),
+        SlotDecision::Wait(_)
+    ));
+    tokio::time::sleep(lease + Duration::from_millis(10)).await;
+    assert_eq!(
+        store.acquire_slot("l", &next, 1, lease).await.unwrap(),
+        SlotDecision::Held
+    );
+}

@@ -7,7 +7,8 @@ use syn::punctuated::Punctuated;
 use syn::{Error, Expr, ExprLit, Lit, LitStr, MetaNameValue, Token};
 
 const KNOWN: &str = "name, max_attempts, timeout, queue, backoff_initial, backoff_max, \
-                     retry_on_error, store_result, deadline, park_fatal, rate, rate_key, unique_for, dedup, schedule, every, timezone, missed, \
+                     retry_on_error, store_result, deadline, park_fatal, rate, rate_key, concurrency, \
+                     concurrency_key, unique_for, dedup, schedule, every, timezone, missed, \
                      catch_up_max, no_overlap, schedule_args";
 
 /// The parsed options.
@@ -26,6 +27,8 @@ pub(crate) struct TaskAttr {
     /// Starts allowed and the period in seconds.
     rate: Option<(u32, u64)>,
     rate_key: Option<LitStr>,
+    concurrency: Option<u32>,
+    concurrency_key: Option<LitStr>,
     unique_for_ms: Option<u64>,
     dedup_window: Option<bool>,
     schedule: Option<LitStr>,
@@ -118,6 +121,22 @@ impl Parse for TaskAttr {
                 }
                 "rate_key" => attr.rate_key = Some(str_lit(&key, &lit)?),
                 "unique_for" => attr.unique_for_ms = Some(secs_lit(&key, &lit)?),
+                "concurrency" => {
+                    let n = match &lit {
+                        Lit::Int(i) => i.base10_parse::<u32>()?,
+                        _ => {
+                            return Err(Error::new_spanned(
+                                &lit,
+                                "concurrency takes a whole number of runs",
+                            ))
+                        }
+                    };
+                    if n == 0 {
+                        return Err(Error::new_spanned(&lit, "concurrency is 1 or more"));
+                    }
+                    attr.concurrency = Some(n);
+                }
+                "concurrency_key" => attr.concurrency_key = Some(str_lit(&key, &lit)?),
                 "dedup" => {
                     let s = str_lit(&key, &lit)?;
                     attr.dedup_window = Some(match s.value().as_str() {
@@ -210,6 +229,12 @@ impl Parse for TaskAttr {
                 "`dedup` says how `unique_for` keeps its key: add `unique_for = SECS`",
             ));
         }
+        if attr.concurrency_key.is_some() && attr.concurrency.is_none() {
+            return Err(Error::new(
+                proc_macro2::Span::call_site(),
+                "`concurrency_key` names the key of a concurrency limit: add `concurrency = N`",
+            ));
+        }
         if attr.rate_key.is_some() && attr.rate.is_none() {
             return Err(Error::new(
                 proc_macro2::Span::call_site(),
@@ -269,12 +294,20 @@ impl TaskAttr {
             };
             e = quote!(#e.unique_for(::core::time::Duration::from_millis(#ms), #mode));
         }
+        let source = |key: &LitStr| match args.iter().position(|a| *a == key.value()) {
+            Some(position) => quote!(::ferriq::task::KeySource::argument(#key, #position)),
+            None => quote!(::ferriq::task::KeySource::label(#key)),
+        };
         if let Some(key) = &self.rate_key {
-            let source = match args.iter().position(|a| *a == key.value()) {
-                Some(position) => quote!(::ferriq::task::KeySource::argument(#key, #position)),
-                None => quote!(::ferriq::task::KeySource::label(#key)),
-            };
+            let source = source(key);
             e = quote!(#e.rate_key(#source));
+        }
+        if let Some(n) = self.concurrency {
+            e = quote!(#e.concurrency(#n));
+        }
+        if let Some(key) = &self.concurrency_key {
+            let source = source(key);
+            e = quote!(#e.concurrency_key(#source));
         }
         e
     }

@@ -159,6 +159,46 @@ impl crate::store::FlowStore for MemoryStore {
         Ok(limiter.admit(id, rate, now))
     }
 
+    async fn acquire_slot(
+        &self,
+        limiter: &str,
+        id: &crate::wire::TaskId,
+        limit: u32,
+        lease: Duration,
+    ) -> Result<crate::store::SlotDecision, StoreError> {
+        let now = self.inner.clock.now_unix();
+        let mut state = self.lock();
+        let slots = state.slots.entry(limiter.to_owned()).or_default();
+        Ok(slots.acquire(id, limit, lease.as_secs_f64(), now))
+    }
+
+    async fn renew_slots(
+        &self,
+        slots: &[(String, crate::wire::TaskId)],
+        lease: Duration,
+    ) -> Result<(), StoreError> {
+        let now = self.inner.clock.now_unix();
+        let mut state = self.lock();
+        for (limiter, id) in slots {
+            if let Some(s) = state.slots.get_mut(limiter) {
+                s.renew(id, lease.as_secs_f64(), now);
+            }
+        }
+        Ok(())
+    }
+
+    async fn release_slot(
+        &self,
+        limiter: &str,
+        id: &crate::wire::TaskId,
+    ) -> Result<(), StoreError> {
+        let now = self.inner.clock.now_unix();
+        if let Some(s) = self.lock().slots.get_mut(limiter) {
+            s.release(id, now);
+        }
+        Ok(())
+    }
+
     async fn reserve_dedup(
         &self,
         key: &str,

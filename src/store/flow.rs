@@ -19,6 +19,18 @@ pub enum RateDecision {
     Wait(Duration),
 }
 
+/// A concurrency limiter's answer for one run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SlotDecision {
+    /// The run holds a slot (for the lease given; renew it with the run's heartbeats and
+    /// release it when the run ends).
+    Held,
+    /// Every slot is taken: ask again after this long (an estimate of when this task's turn
+    /// among the waiting comes; it keeps its place meanwhile).
+    Wait(Duration),
+}
+
 /// Rate limiters, one atomic decision per call. Object-safe.
 ///
 /// A limiter lets at most `rate.limit()` starts happen in any window of `rate.period()`,
@@ -40,6 +52,41 @@ pub trait FlowStore: Send + Sync + 'static {
              with a rate"
                 .into(),
         ))
+    }
+
+    /// Takes one of `limit` slots of `limiter` for task `id`'s run, for `lease` (a task that
+    /// holds one already — its redelivery — keeps it). Slots whose lease ran out (their worker
+    /// died) are free. The tasks waiting take free slots in the order they were told to come
+    /// back.
+    async fn acquire_slot(
+        &self,
+        limiter: &str,
+        id: &TaskId,
+        limit: u32,
+        lease: Duration,
+    ) -> Result<SlotDecision, StoreError> {
+        let _ = (limiter, id, limit, lease);
+        Err(StoreError::Config(
+            "this store keeps no concurrency limiters: use one that does (Valkey, memory) for \
+             tasks with a concurrency limit"
+                .into(),
+        ))
+    }
+
+    /// Extends the slots held by these runs (`(limiter, task id)`) to `lease` from now.
+    async fn renew_slots(
+        &self,
+        slots: &[(String, TaskId)],
+        lease: Duration,
+    ) -> Result<(), StoreError> {
+        let _ = (slots, lease);
+        Ok(())
+    }
+
+    /// Frees task `id`'s slot of `limiter` (its run ended), counting how long it ran.
+    async fn release_slot(&self, limiter: &str, id: &TaskId) -> Result<(), StoreError> {
+        let _ = (limiter, id);
+        Ok(())
     }
 
     /// Reserves deduplication `key` for task `id` for `ttl`: `None` when it is `id`'s now
@@ -128,6 +175,87 @@ impl RateState {
         self.started.truncate(n);
         RateDecision::Run
     }
+}
+
+/// A concurrency limiter's state, on any clock (seconds), for the memory store; the Valkey
+/// store runs the same steps in one script.
+#[cfg(feature = "memory")]
+#[derive(Debug, Default)]
+pub(crate) struct SlotState {
+    /// Slots held: task → (lease end, when it was taken).
+    held: std::collections::HashMap<TaskId, (f64, f64)>,
+    /// Tasks waiting: task → when it was told to come back.
+    waiting: std::collections::HashMap<TaskId, f64>,
+    /// How long a run holds a slot, on average (seconds).
+    average_run: Option<f64>,
+}
+
+#[cfg(feature = "memory")]
+impl SlotState {
+    pub(crate) fn acquire(
+        &mut self,
+        id: &TaskId,
+        limit: u32,
+        lease: f64,
+        now: f64,
+    ) -> SlotDecision {
+        self.held.retain(|_, (until, _)| *until > now);
+        self.waiting.retain(|_, back| *back > now - 3600.0);
+        if let Some((until, _)) = self.held.get_mut(id) {
+            *until = now + lease;
+            return SlotDecision::Held;
+        }
+        let free = (limit as usize).saturating_sub(self.held.len());
+        let mine = self.waiting.get(id).copied();
+        if let Some(back) = mine {
+            if back > now + TURN_GRACE {
+                return SlotDecision::Wait(Duration::from_secs_f64(back - now));
+            }
+        }
+        // The waiting tasks before this one (all of them, for one not waiting yet): those due
+        // back by now go first to a free slot; every one counts toward its turn.
+        let before = |back: f64| mine.is_none_or(|m| back < m);
+        let (mut due, mut ahead) = (0, 0);
+        for (other, back) in &self.waiting {
+            if other != id && before(*back) {
+                ahead += 1;
+                if *back <= now + TURN_GRACE {
+                    due += 1;
+                }
+            }
+        }
+        if due < free {
+            self.waiting.remove(id);
+            self.held.insert(id.clone(), (now + lease, now));
+            return SlotDecision::Held;
+        }
+        let back = now + slot_wait(ahead, limit, self.average_run);
+        self.waiting.insert(id.clone(), back);
+        SlotDecision::Wait(Duration::from_secs_f64(back - now))
+    }
+
+    pub(crate) fn renew(&mut self, id: &TaskId, lease: f64, now: f64) {
+        if let Some((until, _)) = self.held.get_mut(id) {
+            *until = now + lease;
+        }
+    }
+
+    pub(crate) fn release(&mut self, id: &TaskId, now: f64) {
+        if let Some((_, taken)) = self.held.remove(id) {
+            let ran = (now - taken).max(0.0);
+            self.average_run = Some(self.average_run.map_or(ran, |a| a * 0.8 + ran * 0.2));
+        }
+    }
+}
+
+/// How long a task with `ahead` due waiters before it waits for a slot: its turn comes after
+/// `ahead / limit` rounds of the average run, and at least a second (every hand-back costs a
+/// receive).
+#[cfg(feature = "memory")]
+fn slot_wait(ahead: usize, limit: u32, average_run: Option<f64>) -> f64 {
+    let run = average_run.unwrap_or(1.0).clamp(0.05, 600.0);
+    let rounds = (ahead / limit.max(1) as usize + 1) as f64;
+    (rounds * run).clamp(1.0, 600.0)
 }
 
 #[cfg(all(test, feature = "memory"))]

@@ -8,9 +8,9 @@ mod ops;
 mod schedule;
 mod workflow;
 
+pub use flow::{FlowStore, RateDecision, SlotDecision};
 #[cfg(feature = "memory")]
-pub(crate) use flow::RateState;
-pub use flow::{FlowStore, RateDecision};
+pub(crate) use flow::{RateState, SlotState};
 pub use ops::{OpsStore, RedriveReset, RunInfo, WorkerInfo};
 pub use schedule::ScheduleStore;
 

@@ -193,6 +193,32 @@ pub(crate) fn rate_limiter(
     Some((limiter, rate))
 }
 
+/// The concurrency limiter a message's run takes a slot of, and its number of slots: the
+/// `ferriq_concurrency` and `ferriq_concurrency_key` labels when set, else the task's
+/// `concurrency` and `concurrency_key` options.
+pub(crate) fn concurrency_limiter(
+    task_limit: Option<u32>,
+    task_key: Option<KeySource>,
+    msg: &TaskMessage,
+) -> Option<(String, u32)> {
+    let from_label = msg
+        .labels
+        .get(names::CONCURRENCY)
+        .and_then(|l| l.as_i64())
+        .filter(|n| *n > 0)
+        .map(|n| n.min(i64::from(u32::MAX)) as u32);
+    let limit = from_label.or(task_limit)?;
+    let key = match msg.labels.get(names::CONCURRENCY_KEY) {
+        Some(value) => Some(value.header_value().into_owned()),
+        None => task_key.and_then(|k| k.value_in(msg)),
+    };
+    let limiter = match key {
+        Some(key) => format!("{}\n{key}", msg.task_name),
+        None => msg.task_name.clone(),
+    };
+    Some((limiter, limit))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

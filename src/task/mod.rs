@@ -9,7 +9,7 @@ mod registration;
 
 pub use context::{AppState, State, TaskContext, TaskContextBuilder};
 pub use error::TaskError;
-pub(crate) use limits::rate_limiter;
+pub(crate) use limits::{concurrency_limiter, rate_limiter};
 pub use limits::{Dedup, KeySource, Rate};
 pub use options::TaskOptions;
 pub use registration::{Invocation, RunFuture, StateRequirement, StaticSchedule, TaskRegistration};

@@ -24,6 +24,8 @@ pub struct TaskOptions {
     rate: Option<super::Rate>,
     rate_key: Option<super::KeySource>,
     unique_for: Option<(Duration, super::Dedup)>,
+    concurrency: Option<u32>,
+    concurrency_key: Option<super::KeySource>,
 }
 
 impl Default for TaskOptions {
@@ -50,6 +52,8 @@ impl TaskOptions {
             rate: None,
             rate_key: None,
             unique_for: None,
+            concurrency: None,
+            concurrency_key: None,
         }
     }
 
@@ -130,6 +134,21 @@ impl TaskOptions {
         self
     }
 
+    /// At most `n` runs of the task at once across every worker (one limiter per value of
+    /// [`TaskOptions::concurrency_key`] when set). A slot is held like a claim: kept alive by
+    /// the run's heartbeats, freed when the run ends, and within a lease when its worker dies.
+    /// A task finding every slot taken is not run and spends no attempt: it waits its turn.
+    pub const fn concurrency(mut self, n: u32) -> Self {
+        self.concurrency = Some(if n == 0 { 1 } else { n });
+        self
+    }
+
+    /// One concurrency limiter per value of this argument or label.
+    pub const fn concurrency_key(mut self, key: super::KeySource) -> Self {
+        self.concurrency_key = Some(key);
+        self
+    }
+
     /// Deduplicate enqueues: a second enqueue of the same call (task and arguments, or the
     /// call's own [`Call::with_dedup_key`](crate::Call::with_dedup_key)) within `window`
     /// returns the first one's handle and sends nothing — while the first is queued or
@@ -174,6 +193,14 @@ impl TaskOptions {
     /// See [`TaskOptions::rate_key`].
     pub const fn get_rate_key(&self) -> Option<super::KeySource> {
         self.rate_key
+    }
+    /// See [`TaskOptions::concurrency`].
+    pub const fn get_concurrency(&self) -> Option<u32> {
+        self.concurrency
+    }
+    /// See [`TaskOptions::concurrency_key`].
+    pub const fn get_concurrency_key(&self) -> Option<super::KeySource> {
+        self.concurrency_key
     }
     /// See [`TaskOptions::unique_for`].
     pub const fn get_unique_for(&self) -> Option<(Duration, super::Dedup)> {

@@ -433,6 +433,24 @@ macro_rules! forward_store_traits {
                 let $this = self;
                 $inner.admit_rate(limiter, id, rate).await
             }
+            async fn acquire_slot(
+                &self,
+                limiter: &str,
+                id: &TaskId,
+                limit: u32,
+                lease: Duration,
+            ) -> Result<crate::store::SlotDecision, StoreError> {
+                let $this = self;
+                $inner.acquire_slot(limiter, id, limit, lease).await
+            }
+            async fn renew_slots(&self, slots: &[(String, TaskId)], lease: Duration) -> Result<(), StoreError> {
+                let $this = self;
+                $inner.renew_slots(slots, lease).await
+            }
+            async fn release_slot(&self, limiter: &str, id: &TaskId) -> Result<(), StoreError> {
+                let $this = self;
+                $inner.release_slot(limiter, id).await
+            }
             async fn reserve_dedup(
                 &self,
                 key: &str,

@@ -298,6 +298,10 @@ pub mod names {
     pub const RATE: &str = "ferriq_rate";
     /// The key of the rate limit (one limiter per value), over the task's `rate_key`.
     pub const RATE_KEY: &str = "ferriq_rate_key";
+    /// Most runs at once for this message's task (a whole number), over its `concurrency`.
+    pub const CONCURRENCY: &str = "ferriq_concurrency";
+    /// The key of the concurrency limit (one limiter per value), over `concurrency_key`.
+    pub const CONCURRENCY_KEY: &str = "ferriq_concurrency_key";
     /// The deduplication key an enqueue reserved (`unique_for`): its task's id stays the
     /// answer to every enqueue of the key while the reservation lasts.
     pub const DEDUP_KEY: &str = "ferriq_dedup_key";

@@ -328,6 +328,7 @@ impl WorkerBuilder {
                 warned_foreign_client: Default::default(),
                 connected: self.connected,
                 ordered: Default::default(),
+                slots: Default::default(),
             }),
         })
     }

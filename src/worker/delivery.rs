@@ -149,6 +149,37 @@ impl Inner {
             }
         }
 
+        // Every slot taken: its turn comes later (before the claim too). A slot taken is held
+        // while the delivery is settled, whatever the outcome.
+        let slot = match crate::task::concurrency_limiter(
+            options.get_concurrency(),
+            options.get_concurrency_key(),
+            &msg,
+        ) {
+            None => None,
+            Some((limiter, limit)) => {
+                match Box::pin(self.take_slot(d, &msg, &limiter, limit)).await {
+                    Ok(()) => Some((limiter, msg.task_id.clone())),
+                    Err(outcome) => return outcome,
+                }
+            }
+        };
+        let Some((limiter, id)) = slot else {
+            return self.claim_and_run(d, msg, task).await;
+        };
+        let outcome = Box::pin(self.claim_and_run(d, msg, task)).await;
+        self.give_slot_back(&limiter, &id).await;
+        outcome
+    }
+
+    /// Claims the task and runs it (design §6, from the claim on).
+    async fn claim_and_run(
+        &self,
+        d: &Delivery,
+        msg: TaskMessage,
+        task: &'static crate::task::TaskRegistration,
+    ) -> Outcome {
+        let config = &self.config;
         // Rare paths are boxed (`Box::pin`) throughout: a future is as large as its largest
         // state, and this one is moved into its task on every delivery.
         let claim = self

@@ -122,6 +122,13 @@ async fn broker_beat(inner: Arc<Inner>) {
 
 async fn claim_beat(inner: Arc<Inner>) {
     inner.sweep_pending();
+    // Concurrency slots live as long as their runs do: renewed with the claims.
+    let slots = inner.held_slots();
+    if !slots.is_empty() {
+        if let Err(e) = inner.store.renew_slots(&slots, inner.config.lease).await {
+            tracing::warn!(error = %e, "could not renew concurrency slots");
+        }
+    }
     let entries = inner.running.claims();
     if entries.is_empty() {
         return;

@@ -7,9 +7,9 @@ use std::time::Duration;
 use super::running::Outcome;
 use super::Inner;
 use crate::broker::{Delivery, HOLD_WINDOW};
-use crate::store::RateDecision;
+use crate::store::{RateDecision, SlotDecision};
 use crate::task::Rate;
-use crate::wire::TaskMessage;
+use crate::wire::{TaskId, TaskMessage};
 
 /// How often a held task asks again before it is handed back anyway (a turn pushed back by
 /// late starts while it was held).
@@ -60,5 +60,62 @@ impl Inner {
             self.release(d, self.config.min_defer, Outcome::RateLimited)
                 .await,
         )
+    }
+
+    /// Takes a slot of `limiter` for the message's run, or hands the message back until its
+    /// turn among the waiting (`Err`: what became of it). The slot is renewed with the claims'
+    /// heartbeats until [`Inner::give_slot_back`].
+    pub(crate) async fn take_slot(
+        &self,
+        d: &Delivery,
+        msg: &TaskMessage,
+        limiter: &str,
+        limit: u32,
+    ) -> Result<(), Outcome> {
+        match self
+            .store
+            .acquire_slot(limiter, &msg.task_id, limit, self.config.lease)
+            .await
+        {
+            Ok(SlotDecision::Held) => {
+                self.slots
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(msg.task_id.clone(), limiter.to_owned());
+                Ok(())
+            }
+            Ok(SlotDecision::Wait(wait)) => {
+                tracing::debug!(turn_in = ?wait, "every slot of its concurrency limit is taken: handed back");
+                Err(self.release(d, wait, Outcome::ConcurrencyLimited).await)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "concurrency limiter unreachable: releasing the message");
+                Err(self
+                    .release(d, self.config.store_retry_after, Outcome::Released)
+                    .await)
+            }
+        }
+    }
+
+    /// Frees the run's slot (it is settled). A slot that cannot be freed now runs out with its
+    /// lease, no longer renewed.
+    pub(crate) async fn give_slot_back(&self, limiter: &str, id: &TaskId) {
+        self.slots
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(id);
+        if let Err(e) = self.store.release_slot(limiter, id).await {
+            tracing::warn!(error = %e, "could not free a concurrency slot; it frees itself within a lease");
+        }
+    }
+
+    /// The slots held by this worker's runs, to renew with their claims.
+    pub(crate) fn held_slots(&self) -> Vec<(String, TaskId)> {
+        self.slots
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .map(|(id, limiter)| (limiter.clone(), id.clone()))
+            .collect()
     }
 }

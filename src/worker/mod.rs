@@ -58,6 +58,8 @@ pub(crate) struct Inner {
     probe_listener: Mutex<Option<std::net::TcpListener>>,
     /// Deliveries waiting for the run of their message group ahead of them.
     ordered: ordered::OrderedGroups,
+    /// Concurrency slots held by this worker's runs: task → limiter.
+    slots: Mutex<crate::FastMap<crate::wire::TaskId, String>>,
     /// The connections the builder made itself: closed when `run_until_signal` ends.
     connected: builder::Connected,
     /// Set once a message from a client with another result prefix was reported (once is

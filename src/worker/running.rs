@@ -185,6 +185,9 @@ pub enum Outcome {
     NotDue,
     /// Over its rate limit; released until its turn, nothing run, no attempt spent.
     RateLimited,
+    /// Every slot of its concurrency limit taken; released until its likely turn, nothing
+    /// run, no attempt spent.
+    ConcurrencyLimited,
     /// The broker took the delivery back mid-run; nothing written.
     DeliveryLost,
     /// Another worker took the claim mid-run; released, never acked.
@@ -226,6 +229,7 @@ impl Outcome {
             Outcome::Released => "released",
             Outcome::NotDue => "not_due",
             Outcome::RateLimited => "rate_limited",
+            Outcome::ConcurrencyLimited => "concurrency_limited",
             Outcome::DeliveryLost => "delivery_lost",
             Outcome::ClaimLost => "claim_lost",
             Outcome::Stale => "stale",
@@ -234,7 +238,7 @@ impl Outcome {
         }
     }
 
-    pub(crate) const ALL: [Outcome; 16] = [
+    pub(crate) const ALL: [Outcome; 17] = [
         Outcome::Succeeded,
         Outcome::Failed,
         Outcome::Retried,
@@ -246,6 +250,7 @@ impl Outcome {
         Outcome::Released,
         Outcome::NotDue,
         Outcome::RateLimited,
+        Outcome::ConcurrencyLimited,
         Outcome::DeliveryLost,
         Outcome::ClaimLost,
         Outcome::Stale,

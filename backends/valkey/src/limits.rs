@@ -2,7 +2,7 @@
 //! `RateState` (see `ferriq::store::FlowStore`), timed by the server.
 
 use async_trait::async_trait;
-use ferriq::store::{FlowStore, RateDecision, StoreError};
+use ferriq::store::{FlowStore, RateDecision, SlotDecision, StoreError};
 use ferriq::task::Rate;
 use ferriq::wire::TaskId;
 use fred::types::scripts::Script;
@@ -61,6 +61,84 @@ expire()
 return {'wait', turn - now}
 "#;
 
+/// KEYS: a concurrency limiter's held slots (sorted set: task id by lease end), when each was
+/// taken (hash), its waiting tasks (sorted set: task id by when it was told to come back) and
+/// its statistics (hash: `avg`, a run's average µs). ARGV: task id, limit, lease µs, grace µs.
+/// Returns {'held'} or {'wait', µs}. The same steps as the core's `SlotState`.
+const ACQUIRE_SLOT: &str = r#"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local id, n, lease, grace = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local function fmt(x) return string.format('%d', x) end
+local dead = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', fmt(now))
+if #dead > 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', fmt(now))
+  redis.call('HDEL', KEYS[2], unpack(dead))
+end
+redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', fmt(now - 3600000000))
+local ttl = fmt(math.floor(lease / 1000) + 3600000)
+local function expire() for i = 1, 4 do redis.call('PEXPIRE', KEYS[i], ttl) end end
+if redis.call('ZSCORE', KEYS[1], id) then
+  redis.call('ZADD', KEYS[1], fmt(now + lease), id)
+  expire()
+  return {'held'}
+end
+local free = n - redis.call('ZCARD', KEYS[1])
+local mine = redis.call('ZSCORE', KEYS[3], id)
+-- The waiting tasks before this one (all of them, for one not waiting yet): those due back by
+-- now go first to a free slot; every one counts toward its turn.
+local due, ahead
+if mine then
+  mine = tonumber(mine)
+  if mine > now + grace then return {'wait', mine - now} end
+  due = redis.call('ZCOUNT', KEYS[3], '-inf', '(' .. fmt(mine))
+  ahead = due
+else
+  due = redis.call('ZCOUNT', KEYS[3], '-inf', fmt(now + grace))
+  ahead = redis.call('ZCARD', KEYS[3])
+end
+if due < free then
+  redis.call('ZREM', KEYS[3], id)
+  redis.call('ZADD', KEYS[1], fmt(now + lease), id)
+  redis.call('HSET', KEYS[2], id, fmt(now))
+  expire()
+  return {'held'}
+end
+local avg = tonumber(redis.call('HGET', KEYS[4], 'avg') or '1000000')
+avg = math.min(math.max(avg, 50000), 600000000)
+local wait = math.min(math.max((math.floor(ahead / n) + 1) * avg, 1000000), 600000000)
+redis.call('ZADD', KEYS[3], fmt(now + wait), id)
+expire()
+return {'wait', wait}
+"#;
+
+/// KEYS: held slots. ARGV: task id, lease µs. Extends the slot if the task holds one.
+const RENEW_SLOT: &str = r#"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+if redis.call('ZSCORE', KEYS[1], ARGV[1]) then
+  redis.call('ZADD', KEYS[1], string.format('%d', now + tonumber(ARGV[2])), ARGV[1])
+end
+return 1
+"#;
+
+/// KEYS: held slots, when taken, statistics. ARGV: task id. Frees the slot and folds the run's
+/// time into the average.
+const RELEASE_SLOT: &str = r#"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local taken = redis.call('HGET', KEYS[2], ARGV[1])
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('HDEL', KEYS[2], ARGV[1])
+if taken then
+  local ran = math.max(now - tonumber(taken), 0)
+  local avg = redis.call('HGET', KEYS[3], 'avg')
+  if avg then avg = tonumber(avg) * 0.8 + ran * 0.2 else avg = ran end
+  redis.call('HSET', KEYS[3], 'avg', string.format('%d', avg))
+end
+return 1
+"#;
+
 /// KEYS: the dedup key. ARGV: task id, ttl ms. Returns '' when the key is the task's now (or
 /// was), else the id of the task holding it.
 const RESERVE_DEDUP: &str = r#"
@@ -84,6 +162,28 @@ impl ValkeyStore {
             self.prefix(),
             TaskId::derived(&["ferriq-dedup-key", key])
         )
+    }
+
+    /// A concurrency limiter's keys (held, taken, waiting, stats), hash-tagged like a rate
+    /// limiter's.
+    fn slot_keys(&self, limiter: &str) -> Vec<String> {
+        let tag = TaskId::derived(&["ferriq-slots", limiter]);
+        ["held", "taken", "waiting", "stats"]
+            .iter()
+            .map(|part| format!("{}:slots:{{{tag}}}:{part}", self.prefix()))
+            .collect()
+    }
+
+    async fn run(
+        &self,
+        body: &str,
+        keys: Vec<String>,
+        argv: Vec<String>,
+    ) -> Result<Value, StoreError> {
+        let script = Script::from_lua(body);
+        scripts::call(&self.core().pool, &script, || (keys.clone(), argv.clone()))
+            .await
+            .map_err(store_error)
     }
 
     /// A limiter's keys, hash-tagged on a digest of its name (a name may hold any character).
@@ -135,6 +235,66 @@ impl FlowStore for ValkeyStore {
                 "unexpected rate limiter answer".into(),
             )),
         }
+    }
+
+    async fn acquire_slot(
+        &self,
+        limiter: &str,
+        id: &TaskId,
+        limit: u32,
+        lease: std::time::Duration,
+    ) -> Result<SlotDecision, StoreError> {
+        let argv = vec![
+            id.to_string(),
+            limit.to_string(),
+            lease.as_micros().to_string(),
+            "2000".to_owned(),
+        ];
+        let answer = self
+            .run(ACQUIRE_SLOT, self.slot_keys(limiter), argv)
+            .await?;
+        let parts = match answer {
+            Value::Array(parts) => parts,
+            _ => Vec::new(),
+        };
+        match (
+            parts.first().and_then(Value::as_str).as_deref(),
+            parts.get(1),
+        ) {
+            (Some("held"), _) => Ok(SlotDecision::Held),
+            (Some("wait"), Some(us)) => Ok(SlotDecision::Wait(std::time::Duration::from_micros(
+                us.as_u64().unwrap_or(0),
+            ))),
+            _ => Err(StoreError::Unavailable(
+                "unexpected concurrency limiter answer".into(),
+            )),
+        }
+    }
+
+    async fn renew_slots(
+        &self,
+        slots: &[(String, TaskId)],
+        lease: std::time::Duration,
+    ) -> Result<(), StoreError> {
+        let renewals = slots.iter().map(|(limiter, id)| {
+            let keys = self.slot_keys(limiter)[..1].to_vec();
+            self.run(
+                RENEW_SLOT,
+                keys,
+                vec![id.to_string(), lease.as_micros().to_string()],
+            )
+        });
+        for renewed in futures_util::future::join_all(renewals).await {
+            renewed?;
+        }
+        Ok(())
+    }
+
+    async fn release_slot(&self, limiter: &str, id: &TaskId) -> Result<(), StoreError> {
+        let mut keys = self.slot_keys(limiter);
+        keys.remove(2); // not the waiting set
+        self.run(RELEASE_SLOT, keys, vec![id.to_string()]).await?;
+        Ok(())
     }
 
     async fn reserve_dedup(

@@ -66,6 +66,8 @@ pub(super) struct State {
     pub(super) ops: super::ops::MemOps,
     /// Rate limiters by name.
     pub(super) rates: std::collections::HashMap<String, crate::store::RateState>,
+    /// Concurrency limiters by name.
+    pub(super) slots: std::collections::HashMap<String, crate::store::SlotState>,
     /// Deduplication keys: the task holding each, until when.
     pub(super) dedup: std::collections::HashMap<String, (TaskId, Instant)>,
 }
