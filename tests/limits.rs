@@ -73,9 +73,10 @@ async fn no_second_holds_more_starts_than_the_limit_across_three_workers() {
     );
     // Waiting for a turn is not an attempt.
     assert!(starts.0.lock().unwrap().iter().all(|s| s.1 == 1));
-    // Each task was received about twice (its turn given, then run); a few three times.
+    // Each task is received at most three times: its turn given, the last second before it,
+    // its run.
     let received = h.broker.stats().received;
-    assert!(received <= 250, "{received} receives for 100 tasks");
+    assert!(received <= 300, "{received} receives for 100 tasks");
     for w in workers {
         w.stop().await;
     }

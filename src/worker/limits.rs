@@ -1,6 +1,6 @@
 //! Flow control at the worker: a task over its rate limit waits for its turn — not run, not
 //! failed, no attempt spent — handed back to the broker until shortly before it, then held here
-//! for the last fraction of a second, as a delayed task is.
+//! for the last few milliseconds.
 
 use std::time::Duration;
 
@@ -14,6 +14,13 @@ use crate::wire::{TaskId, TaskMessage};
 /// How often a held task asks again before it is handed back anyway (a turn pushed back by
 /// late starts while it was held).
 const MAX_HOLDS: u32 = 3;
+
+/// A turn closer than this is waited for here; a later one is waited for in the broker. A task
+/// held here takes one of the worker's slots, and a key's backlog held that way would keep the
+/// worker from receiving other keys' tasks queued behind it: handed back, it moves out of
+/// their way (RabbitMQ: to the end of the lane, held by the worker that receives it again if
+/// its turn is then under a second away; SQS: hidden until its turn, rounded up to a second).
+const HOLD_FOR_TURN: Duration = Duration::from_millis(50);
 
 /// The limiter counts a start when it grants it; the task's body starts a claim's round trip
 /// later, and on a loaded machine those delays differ from one start to the next. Windows are
@@ -38,13 +45,19 @@ impl Inner {
         for _ in 0..MAX_HOLDS {
             match self.store.admit_rate(limiter, &msg.task_id, rate).await {
                 Ok(RateDecision::Run) => return None,
-                Ok(RateDecision::Wait(wait)) if wait < HOLD_WINDOW => {
+                Ok(RateDecision::Wait(wait)) if wait < HOLD_FOR_TURN => {
                     tokio::time::sleep(wait).await;
                 }
                 Ok(RateDecision::Wait(wait)) => {
                     tracing::debug!(turn_in = ?wait, "over its rate limit: handed back until its turn");
-                    // Whole seconds, so it comes back early rather than late; then held.
-                    let back_in = Duration::from_secs(wait.as_secs());
+                    // Under a second: exactly (a broker that cannot wait that little comes back
+                    // later, never sooner); else whole seconds, so it comes back early rather
+                    // than late, then is held.
+                    let back_in = if wait < HOLD_WINDOW {
+                        wait
+                    } else {
+                        Duration::from_secs(wait.as_secs())
+                    };
                     return Some(self.release_after(d, back_in, Outcome::RateLimited).await);
                 }
                 Err(e) => {
