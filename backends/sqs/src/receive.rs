@@ -71,6 +71,12 @@ pub(crate) struct Receiver {
     pollers: Mutex<Vec<JoinHandle<()>>>,
     /// Told whenever a poll ends.
     settled: Notify,
+    /// Held while a poll's deliveries go into the buffer, and while a receive takes from it:
+    /// a receive takes a poll's messages together (as many as it may take), so the messages
+    /// of one FIFO group that SQS handed over at once reach the worker's ordering together
+    /// (split over two receives, a head that went back in between could see a later one start
+    /// a run of its own).
+    handing_over: Mutex<()>,
 }
 
 impl Receiver {
@@ -84,6 +90,7 @@ impl Receiver {
             buffered: AtomicUsize::new(0),
             pollers: Mutex::new(Vec::new()),
             settled: Notify::new(),
+            handing_over: Mutex::new(()),
         }
     }
 
@@ -118,6 +125,7 @@ impl Receiver {
             Ok(None) => return Err(BrokerError::Unavailable("the broker was closed".into())),
             Err(_) => return Ok(out),
         }
+        let _whole_polls = self.handing_over.lock().unwrap_or_else(|p| p.into_inner());
         while out.len() < max {
             match rx.try_recv() {
                 Ok(d) => out.push(d),
@@ -294,11 +302,17 @@ async fn poll(shared: Arc<Shared>, lane: Arc<Queue>) {
                 // flight (it would grant no credits and wait out its whole wait).
                 receiver.buffered.fetch_add(got, Ordering::SeqCst);
                 receiver.settle(asked, got);
-                for m in messages {
-                    if let Some(d) = delivery(&shared, &lane, m, received_at) {
-                        let _ = receiver.tx.send(d);
-                    } else {
-                        receiver.buffered.fetch_sub(1, Ordering::SeqCst);
+                {
+                    let _whole_poll = receiver
+                        .handing_over
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner());
+                    for m in messages {
+                        if let Some(d) = delivery(&shared, &lane, m, received_at) {
+                            let _ = receiver.tx.send(d);
+                        } else {
+                            receiver.buffered.fetch_sub(1, Ordering::SeqCst);
+                        }
                     }
                 }
                 if got > 0 && receiver.is_stopping() {
