@@ -33,19 +33,11 @@ async fn a_thousand_concurrent_enqueues_of_one_call_send_one_task() {
         .all(|h| *h.as_ref().unwrap().task_id() == first));
     assert_eq!(broker.stats().published, 1);
     let starts = Arc::new(Starts::default());
-    let worker = ferriq::testing::RunningWorker::spawn(
-        ferriq::Worker::builder()
-            .broker(broker.clone())
-            .store(store.clone())
-            .registry(
-                ferriq::Registry::from_inventory()
-                    .unwrap()
-                    .only(&[report::NAME])
-                    .unwrap(),
-            )
-            .state(Arc::clone(&starts))
-            .build()
-            .unwrap(),
+    let worker = common::spawn_worker_with(
+        broker.clone(),
+        store.clone(),
+        &[report::NAME],
+        Arc::clone(&starts),
     );
     let handle = client.handle::<String>(first.clone());
     assert_eq!(handle.wait(Duration::from_secs(30)).await.unwrap(), "acme");

@@ -31,19 +31,11 @@ async fn three_workers_share_four_slots() {
     let running = Arc::new(Running::default());
     let workers: Vec<_> = (0..3)
         .map(|_| {
-            ferriq::testing::RunningWorker::spawn(
-                ferriq::Worker::builder()
-                    .broker(broker.clone())
-                    .store(store.clone())
-                    .registry(
-                        ferriq::Registry::from_inventory()
-                            .unwrap()
-                            .only(&[export::NAME])
-                            .unwrap(),
-                    )
-                    .state(Arc::clone(&running))
-                    .build()
-                    .unwrap(),
+            common::spawn_worker_with(
+                broker.clone(),
+                store.clone(),
+                &[export::NAME],
+                Arc::clone(&running),
             )
         })
         .collect();

@@ -29,19 +29,11 @@ async fn three_workers_share_one_limit_with_no_second_over_it() {
     let starts = Arc::new(Starts::default());
     let workers: Vec<_> = (0..3)
         .map(|_| {
-            ferriq::testing::RunningWorker::spawn(
-                ferriq::Worker::builder()
-                    .broker(broker.clone())
-                    .store(store.clone())
-                    .registry(
-                        ferriq::Registry::from_inventory()
-                            .unwrap()
-                            .only(&[call::NAME])
-                            .unwrap(),
-                    )
-                    .state(Arc::clone(&starts))
-                    .build()
-                    .unwrap(),
+            common::spawn_worker_with(
+                broker.clone(),
+                store.clone(),
+                &[call::NAME],
+                Arc::clone(&starts),
             )
         })
         .collect();

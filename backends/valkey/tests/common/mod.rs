@@ -306,19 +306,35 @@ pub fn spawn_worker(
     store: std::sync::Arc<ValkeyStore>,
     names: &[&str],
 ) -> ferriq::testing::RunningWorker {
+    ferriq::testing::RunningWorker::spawn(worker(broker, store, names).build().unwrap())
+}
+
+/// [`spawn_worker`], with `state` for the tasks that take it.
+pub fn spawn_worker_with<S: Send + Sync + 'static>(
+    broker: std::sync::Arc<ferriq::memory::MemoryBroker>,
+    store: std::sync::Arc<ValkeyStore>,
+    names: &[&str],
+    state: S,
+) -> ferriq::testing::RunningWorker {
     ferriq::testing::RunningWorker::spawn(
-        ferriq::Worker::builder()
-            .broker(broker)
-            .store(store)
-            .registry(
-                ferriq::Registry::from_inventory()
-                    .unwrap()
-                    .only(names)
-                    .unwrap(),
-            )
-            .build()
-            .unwrap(),
+        worker(broker, store, names).state(state).build().unwrap(),
     )
+}
+
+fn worker(
+    broker: std::sync::Arc<ferriq::memory::MemoryBroker>,
+    store: std::sync::Arc<ValkeyStore>,
+    names: &[&str],
+) -> ferriq::WorkerBuilder {
+    ferriq::Worker::builder()
+        .broker(broker)
+        .store(store)
+        .registry(
+            ferriq::Registry::from_inventory()
+                .unwrap()
+                .only(names)
+                .unwrap(),
+        )
 }
 
 /// Polls `check` every 20 ms until it holds; panics after `limit`.
