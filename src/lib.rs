@@ -43,6 +43,7 @@ pub mod client;
 pub mod clock;
 pub mod connect;
 pub mod dead_letters;
+pub mod limits;
 #[cfg(feature = "memory")]
 pub mod memory;
 pub mod middleware;

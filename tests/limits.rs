@@ -327,3 +327,139 @@ async fn a_slot_whose_worker_died_frees_itself_within_its_lease() {
         SlotDecision::Held
     );
 }
+
+#[ferriq::task(name = "limits.tunable", concurrency = 4)]
+async fn tunable(running: State<Arc<Running>>, batch: String) -> String {
+    running.enter(&batch);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    running.leave(&batch);
+    batch
+}
+
+#[ferriq::task(name = "limits.free")]
+async fn free(starts: State<Arc<Starts>>, n: u32) -> u32 {
+    starts
+        .0
+        .lock()
+        .unwrap()
+        .push((Instant::now(), 1, String::new()));
+    n
+}
+
+async fn run_batch(h: &Harness, batch: &str, n: usize) {
+    let handles = h
+        .client
+        .enqueue_batch((0..n).map(|_| tunable::call(batch.into())))
+        .await
+        .unwrap();
+    for handle in handles {
+        handle.wait(LONG).await.unwrap();
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_limit_set_at_run_time_applies_within_the_refresh_and_is_listed() {
+    use ferriq::store::{LimitOverride, LimiterKind, OVERRIDES_REFRESH};
+    let h = Harness::new();
+    let running = Arc::new(Running::default());
+    let workers: Vec<_> = (0..2)
+        .map(|_| h.start(h.worker(&[tunable::NAME]).state(Arc::clone(&running))))
+        .collect();
+    run_batch(&h, "declared", 12).await;
+    assert_eq!(running.most("declared"), 4);
+
+    let limits = h.client.limits();
+    let one = LimitOverride::default().concurrency(1);
+    limits.set(tunable::NAME, None, one).await.unwrap();
+    tokio::time::sleep(OVERRIDES_REFRESH + Duration::from_millis(100)).await;
+    run_batch(&h, "overridden", 6).await;
+    assert_eq!(running.most("overridden"), 1);
+    // Listed: the limiter, the limit applied (set), nothing running or waiting now.
+    tokio::time::sleep(OVERRIDES_REFRESH).await;
+    let listed = limits.list().await.unwrap();
+    let view = listed
+        .iter()
+        .find(|l| l.task == tunable::NAME && l.kind == LimiterKind::Concurrency)
+        .expect("the limiter is listed");
+    assert_eq!(
+        (
+            view.limit.as_str(),
+            view.overridden,
+            view.used,
+            view.key.clone()
+        ),
+        ("1", true, 0, None)
+    );
+    assert_eq!(limits.overrides().await.unwrap()[0].limits, one);
+
+    assert!(limits.reset(tunable::NAME, None).await.unwrap());
+    assert!(!limits.reset(tunable::NAME, None).await.unwrap());
+    tokio::time::sleep(OVERRIDES_REFRESH + Duration::from_millis(100)).await;
+    run_batch(&h, "reset", 12).await;
+    assert_eq!(running.most("reset"), 4);
+    for w in workers {
+        w.stop().await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_task_that_declares_no_limit_takes_one_set_at_run_time() {
+    use ferriq::store::LimitOverride;
+    use ferriq::task::Rate;
+    let h = Harness::new();
+    let starts = Arc::new(Starts::default());
+    let rate = LimitOverride::default().rate(Rate::parse("5/s").unwrap());
+    // Set before the worker starts: it applies from the first delivery.
+    h.client.limits().set(free::NAME, None, rate).await.unwrap();
+    let w = h.start(h.worker(&[free::NAME]).state(Arc::clone(&starts)));
+    let begin = Instant::now();
+    let handles = h
+        .client
+        .enqueue_batch((0..20).map(free::call))
+        .await
+        .unwrap();
+    for handle in handles {
+        handle.wait(LONG).await.unwrap();
+    }
+    assert!(starts.most_in(Duration::from_secs(1)) <= 5);
+    assert!(
+        begin.elapsed() >= Duration::from_secs(3),
+        "{:?}",
+        begin.elapsed()
+    );
+    // Bad input is refused, and names what to give.
+    let err = h
+        .client
+        .limits()
+        .set(free::NAME, None, LimitOverride::default())
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("rate or a concurrency"), "{err}");
+    w.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_waiter_is_told_to_wait_past_the_first_lease_end() {
+    use ferriq::store::{FlowStore, SlotDecision};
+    let h = Harness::new();
+    let store = h.memory();
+    let lease = Duration::from_secs(1);
+    let holder = ferriq::wire::TaskId::random();
+    assert_eq!(
+        store.acquire_slot("l", &holder, 1, lease).await.unwrap(),
+        SlotDecision::Held
+    );
+    // The last of four waiters would wait four average runs; the holder's lease ends sooner.
+    let mut last = Duration::ZERO;
+    for _ in 0..4 {
+        match store
+            .acquire_slot("l", &ferriq::wire::TaskId::random(), 1, lease)
+            .await
+            .unwrap()
+        {
+            SlotDecision::Wait(wait) => last = wait,
+            other => panic!("{other:?}"),
+        }
+    }
+    assert!(last <= Duration::from_millis(1100), "{last:?}");
+}

@@ -76,6 +76,43 @@ pub(crate) enum Command {
     /// Schedules: list, add, remove, pause, resume.
     #[command(subcommand)]
     Schedules(ScheduleCommand),
+    /// Rate and concurrency limits: each limiter's use per key (the default), and limits set
+    /// at run time over the declared ones, which every worker applies within 2 s.
+    Limits {
+        /// What to do (default: list).
+        #[command(subcommand)]
+        action: Option<LimitsCommand>,
+    },
+}
+
+/// Limit commands.
+#[derive(Debug, Subcommand)]
+pub(crate) enum LimitsCommand {
+    /// Each limiter used in the last day: its limit, how much of it is in use, how many tasks
+    /// wait; then the limits set at run time.
+    List,
+    /// Set a task's limits (or one key's) over what the task declares.
+    Set {
+        /// The task's name.
+        task: String,
+        /// Only this key's limiter (a tenant, a customer), over the task's.
+        #[arg(long)]
+        key: Option<String>,
+        /// Starts per period: 50/s, 300/m, 1000/h, 5/10s.
+        #[arg(long)]
+        rate: Option<String>,
+        /// Runs at once, across every worker.
+        #[arg(long)]
+        concurrency: Option<u32>,
+    },
+    /// Go back to the declared limits.
+    Reset {
+        /// The task's name.
+        task: String,
+        /// The key, when the limit was set for one.
+        #[arg(long)]
+        key: Option<String>,
+    },
 }
 
 /// Lane commands.

@@ -1,11 +1,12 @@
 #![warn(missing_docs)]
 //! `ferriq`: the on-call engineer's command. It connects with the same URLs and `FERRIQ_*`
 //! environment as a worker, and shows queues, workers and their runs, dead letters (listed,
-//! shown, redriven, purged) and tasks (status, result, revoke). Tables for people, `--json`
+//! shown, redriven, purged), tasks (status, result, revoke), schedules and limits. Tables for people, `--json`
 //! for scripts; destructive commands ask first unless `--yes`.
 
 mod args;
 mod dlq;
+mod limits;
 mod output;
 mod schedules;
 mod task;
@@ -118,6 +119,7 @@ fn check_usage(cli: &Cli) -> Result<(), Failure> {
         Command::Dlq(command) => dlq::check_usage(command),
         Command::Task(command) => task::check_usage(command),
         Command::Schedules(command) => schedules::check_usage(command),
+        Command::Limits { action } => limits::check_usage(action),
         Command::Queues { .. } | Command::Workers => Ok(()),
     }
 }
@@ -133,6 +135,7 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         } => views::delete_lane(&client, &cli, lane, *force).await,
         Command::Schedules(command) => schedules::run(&client, &out, command).await,
         Command::Workers => views::workers(&client, &out).await,
+        Command::Limits { action } => limits::run(&client, &out, action).await,
         Command::Dlq(command) => dlq::run(&client, &out, &cli, command).await,
         Command::Task(command) => task::run(&client, &out, &cli, command).await,
     };

@@ -64,6 +64,8 @@ async fn help_is_complete_and_mistakes_exit_with_two() {
         &["task", "revoke", "--help"],
         &["queues", "--help"],
         &["workers", "--help"],
+        &["limits", "--help"],
+        &["limits", "set", "--help"],
     ] {
         let out = setup.run(sub, None).await;
         assert!(out.status.success(), "{sub:?}");
@@ -525,4 +527,54 @@ async fn a_typo_lane_is_deleted_and_one_with_messages_only_with_force() {
         .run(&["queues", "delete", &empty, "--yes"], None)
         .await;
     assert!(deleted.status.success(), "{}", text(&deleted).1);
+}
+
+#[tokio::test]
+async fn limits_are_listed_set_and_reset_from_the_command_line() {
+    use ferriq::store::{LimiterKind, LimiterSeen};
+    let setup = Setup::new();
+    let client = setup.client().await;
+    // Mistakes are found before connecting.
+    for args in [
+        &["limits", "set", "api.call"][..],
+        &["limits", "set", "api.call", "--rate", "fast"],
+        &["limits", "set", "api.call", "--concurrency", "0"],
+    ] {
+        let out = setup.run(args, None).await;
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {:?}", text(&out));
+    }
+    let out = setup
+        .run(
+            &[
+                "limits", "set", "api.call", "--key", "acme", "--rate", "20/s",
+            ],
+            None,
+        )
+        .await;
+    assert!(out.status.success(), "{:?}", text(&out));
+    assert!(text(&out).0.contains("within 2 s"), "{:?}", text(&out));
+    // A worker used the key's limiter (workers note them every 2 s).
+    client
+        .store()
+        .note_limiters(&[LimiterSeen {
+            kind: LimiterKind::Rate,
+            limiter: "api.call\nacme".into(),
+            limit: "20/s".into(),
+        }])
+        .await
+        .unwrap();
+    let listed = setup.json(&["limits"]).await;
+    assert_eq!(listed["overrides"][0]["rate"], "20/s", "{listed}");
+    assert_eq!(listed["overrides"][0]["key"], "acme", "{listed}");
+    let limiter = &listed["limiters"][0];
+    assert_eq!(
+        (&limiter["task"], &limiter["key"], &limiter["overridden"]),
+        (&"api.call".into(), &"acme".into(), &true.into()),
+        "{listed}"
+    );
+    let (table, _) = text(&setup.run(&["limits", "list"], None).await);
+    assert!(table.contains("20/s (set)"), "{table}");
+    let reset = ["limits", "reset", "api.call", "--key", "acme"];
+    assert!(setup.run(&reset, None).await.status.success());
+    assert_eq!(setup.run(&reset, None).await.status.code(), Some(3));
 }

@@ -7,6 +7,7 @@
 
 mod broker;
 mod dead;
+mod flow;
 mod ops;
 mod schedules;
 mod store;

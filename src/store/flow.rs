@@ -31,6 +31,130 @@ pub enum SlotDecision {
     Wait(Duration),
 }
 
+/// What an operator set at run time over the limits tasks declare (and over the labels
+/// producers set): read by every worker within [`OVERRIDES_REFRESH`]. A field left `None` keeps
+/// what the task declares.
+///
+/// ```
+/// use ferriq::store::LimitOverride;
+/// use ferriq::task::Rate;
+/// let o = LimitOverride::default().rate(Rate::parse("10/s").unwrap()).concurrency(2);
+/// assert_eq!(o.to_string(), "rate 10/s, concurrency 2");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct LimitOverride {
+    /// The rate limit, instead of the declared one.
+    pub rate: Option<Rate>,
+    /// The number of slots, instead of the declared one.
+    pub concurrency: Option<u32>,
+}
+
+impl LimitOverride {
+    /// With this rate limit.
+    pub fn rate(mut self, rate: Rate) -> Self {
+        self.rate = Some(rate);
+        self
+    }
+
+    /// With this many slots (0 reads as 1).
+    pub fn concurrency(mut self, slots: u32) -> Self {
+        self.concurrency = Some(slots.max(1));
+        self
+    }
+
+    /// The form stores keep: `{"rate":"10/s","concurrency":2}`.
+    pub fn to_json(&self) -> String {
+        serde_json::json!({
+            "rate": self.rate.map(|r| r.to_string()),
+            "concurrency": self.concurrency,
+        })
+        .to_string()
+    }
+
+    /// Reads [`LimitOverride::to_json`]'s form (what it cannot read is left `None`).
+    pub fn from_json(text: &str) -> Self {
+        let v: serde_json::Value = serde_json::from_str(text).unwrap_or_default();
+        LimitOverride {
+            rate: v["rate"].as_str().and_then(|r| Rate::parse(r).ok()),
+            concurrency: v["concurrency"]
+                .as_u64()
+                .map(|n| n.clamp(1, u64::from(u32::MAX)) as u32),
+        }
+    }
+}
+
+impl std::fmt::Display for LimitOverride {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (self.rate, self.concurrency) {
+            (Some(r), Some(c)) => write!(f, "rate {r}, concurrency {c}"),
+            (Some(r), None) => write!(f, "rate {r}"),
+            (None, Some(c)) => write!(f, "concurrency {c}"),
+            (None, None) => f.write_str("none"),
+        }
+    }
+}
+
+/// How soon a worker applies a limit changed at run time: it reads the overrides this often.
+pub const OVERRIDES_REFRESH: Duration = Duration::from_secs(2);
+
+/// What a limiter limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LimiterKind {
+    /// Starts per period.
+    Rate,
+    /// Runs at once.
+    Concurrency,
+}
+
+impl LimiterKind {
+    /// `rate` or `concurrency`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            LimiterKind::Rate => "rate",
+            LimiterKind::Concurrency => "concurrency",
+        }
+    }
+}
+
+/// A limiter a worker used, and the limit it applied (a [`Rate`] as text, or a slot count).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct LimiterSeen {
+    /// What it limits.
+    pub kind: LimiterKind,
+    /// Its name: the task name, or the task name, a newline and the key's value.
+    pub limiter: String,
+    /// The limit applied: `50/s`, or `4`.
+    pub limit: String,
+}
+
+/// A limiter's use, as [`FlowStore::limiters`] reads it.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct LimiterUsage {
+    /// The limiter and the limit last applied to it.
+    pub seen: LimiterSeen,
+    /// Rate: starts in the last period. Concurrency: slots held now.
+    pub used: u64,
+    /// Tasks handed back that wait for their turn or a slot.
+    pub waiting: u64,
+    /// When a worker last reported it (unix seconds).
+    pub last_seen: f64,
+}
+
+impl LimiterUsage {
+    /// A limiter's use, as a store reads it.
+    pub fn new(seen: LimiterSeen, used: u64, waiting: u64, last_seen: f64) -> Self {
+        LimiterUsage {
+            seen,
+            used,
+            waiting,
+            last_seen,
+        }
+    }
+}
+
 /// Rate limiters, one atomic decision per call. Object-safe.
 ///
 /// A limiter lets at most `rate.limit()` starts happen in any window of `rate.period()`,
@@ -110,7 +234,40 @@ pub trait FlowStore: Send + Sync + 'static {
         let _ = (key, id);
         Ok(())
     }
+
+    /// Sets the limits of `target` (a task name, or a task name, a newline and a key's value)
+    /// over the declared ones; `None` removes what was set. Returns whether one was set before.
+    async fn set_limit_override(
+        &self,
+        target: &str,
+        limits: Option<LimitOverride>,
+    ) -> Result<bool, StoreError> {
+        let _ = (target, limits);
+        Err(StoreError::Config(
+            "this store keeps no limits: use one that does (Valkey, memory)".into(),
+        ))
+    }
+
+    /// Every override set, by target.
+    async fn limit_overrides(&self) -> Result<Vec<(String, LimitOverride)>, StoreError> {
+        Ok(Vec::new())
+    }
+
+    /// Notes limiters a worker used lately (off the hot path, batched), so operators can list
+    /// them; a limiter not noted for a day is forgotten.
+    async fn note_limiters(&self, seen: &[LimiterSeen]) -> Result<(), StoreError> {
+        let _ = seen;
+        Ok(())
+    }
+
+    /// The limiters noted in the last day, with their use now.
+    async fn limiters(&self) -> Result<Vec<LimiterUsage>, StoreError> {
+        Ok(Vec::new())
+    }
 }
+
+/// How long a limiter nobody used stays listed.
+pub const LIMITER_LISTED_FOR: Duration = Duration::from_secs(24 * 3600);
 
 /// The rate-limit decision, on any clock (seconds), over a limiter's state. Shared by the memory
 /// store; the Valkey store runs the same steps in one script.
@@ -123,6 +280,8 @@ pub(crate) struct RateState {
     planned: std::collections::VecDeque<f64>,
     /// Reserved turns by task.
     reserved: std::collections::HashMap<TaskId, f64>,
+    /// The period of the latest decision (for the usage read).
+    period: f64,
 }
 
 /// Early by this much still counts as a task's turn (a broker rounds times).
@@ -135,6 +294,7 @@ impl RateState {
         let n = rate.limit() as usize;
         let period = rate.period().as_secs_f64();
         let keep = (period * 10.0).max(60.0);
+        self.period = period;
         self.reserved.retain(|_, at| *at > now - keep);
         // Room for a start now, or when there will be.
         let free_at = match self.started.get(n - 1) {
@@ -168,6 +328,16 @@ impl RateState {
         }
         self.reserved.insert(id.clone(), turn);
         wait(turn)
+    }
+
+    /// Starts in the last period, turns reserved.
+    pub(crate) fn usage(&self, now: f64) -> (u64, u64) {
+        let used = self
+            .started
+            .iter()
+            .filter(|at| **at > now - self.period)
+            .count();
+        (used as u64, self.reserved.len() as u64)
     }
 
     fn start(&mut self, n: usize, now: f64) -> RateDecision {
@@ -229,9 +399,24 @@ impl SlotState {
             self.held.insert(id.clone(), (now + lease, now));
             return SlotDecision::Held;
         }
-        let back = now + slot_wait(ahead, limit, self.average_run);
+        // A slot whose worker died frees itself when its lease runs out: nobody waits past
+        // the first lease end (then at least a second, as a hand-back costs a receive), so a
+        // dead run's slot is taken again within a lease and a second of its last heartbeat.
+        let first_end = self
+            .held
+            .values()
+            .map(|(until, _)| until - now)
+            .fold(f64::INFINITY, f64::min);
+        let wait = slot_wait(ahead, limit, self.average_run).min((first_end + 0.05).max(1.0));
+        let back = now + wait;
         self.waiting.insert(id.clone(), back);
         SlotDecision::Wait(Duration::from_secs_f64(back - now))
+    }
+
+    /// Slots held now, tasks waiting.
+    pub(crate) fn usage(&self, now: f64) -> (u64, u64) {
+        let held = self.held.values().filter(|(until, _)| *until > now).count();
+        (held as u64, self.waiting.len() as u64)
     }
 
     pub(crate) fn renew(&mut self, id: &TaskId, lease: f64, now: f64) {

@@ -8,7 +8,10 @@ mod ops;
 mod schedule;
 mod workflow;
 
-pub use flow::{FlowStore, RateDecision, SlotDecision};
+pub use flow::{
+    FlowStore, LimitOverride, LimiterKind, LimiterSeen, LimiterUsage, RateDecision, SlotDecision,
+    LIMITER_LISTED_FOR, OVERRIDES_REFRESH,
+};
 #[cfg(feature = "memory")]
 pub(crate) use flow::{RateState, SlotState};
 pub use ops::{OpsStore, RedriveReset, RunInfo, WorkerInfo};

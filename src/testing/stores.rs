@@ -464,6 +464,31 @@ macro_rules! forward_store_traits {
                 let $this = self;
                 $inner.release_dedup(key, id).await
             }
+            async fn set_limit_override(
+                &self,
+                target: &str,
+                limits: Option<crate::store::LimitOverride>,
+            ) -> Result<bool, StoreError> {
+                let $this = self;
+                $inner.set_limit_override(target, limits).await
+            }
+            async fn limit_overrides(
+                &self,
+            ) -> Result<Vec<(String, crate::store::LimitOverride)>, StoreError> {
+                let $this = self;
+                $inner.limit_overrides().await
+            }
+            async fn note_limiters(
+                &self,
+                seen: &[crate::store::LimiterSeen],
+            ) -> Result<(), StoreError> {
+                let $this = self;
+                $inner.note_limiters(seen).await
+            }
+            async fn limiters(&self) -> Result<Vec<crate::store::LimiterUsage>, StoreError> {
+                let $this = self;
+                $inner.limiters().await
+            }
         }
 
         #[async_trait]

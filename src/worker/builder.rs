@@ -329,6 +329,7 @@ impl WorkerBuilder {
                 connected: self.connected,
                 ordered: Default::default(),
                 slots: Default::default(),
+                limits: Default::default(),
             }),
         })
     }

@@ -141,9 +141,7 @@ impl Inner {
         // Over its rate limit: its turn comes later (before the claim, so no attempt is spent
         // and no claim taken while it waits).
         let options = task.options();
-        if let Some((limiter, rate)) =
-            crate::task::rate_limiter(options.get_rate(), options.get_rate_key(), &msg)
-        {
+        if let Some((limiter, rate)) = self.rate_limiter(options, &msg) {
             if let Some(outcome) = Box::pin(self.wait_for_turn(d, &msg, &limiter, rate)).await {
                 return outcome;
             }
@@ -151,11 +149,7 @@ impl Inner {
 
         // Every slot taken: its turn comes later (before the claim too). A slot taken is held
         // while the delivery is settled, whatever the outcome.
-        let slot = match crate::task::concurrency_limiter(
-            options.get_concurrency(),
-            options.get_concurrency_key(),
-            &msg,
-        ) {
+        let slot = match self.concurrency_limiter(options, &msg) {
             None => None,
             Some((limiter, limit)) => {
                 match Box::pin(self.take_slot(d, &msg, &limiter, limit)).await {

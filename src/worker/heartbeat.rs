@@ -46,9 +46,23 @@ pub(crate) fn spawn(inner: Arc<Inner>) -> Heartbeats {
         let (inner, stop) = (Arc::clone(&inner), stop.clone());
         tokio::spawn(async move { every_period(&inner, &stop, report).await })
     };
+    let limits_loop = {
+        let (inner, stop) = (Arc::clone(&inner), stop.clone());
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(crate::store::OVERRIDES_REFRESH);
+            tick.set_missed_tick_behavior(MissedTickBehavior::Delay);
+            tick.tick().await;
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = tick.tick() => inner.refresh_limits().await,
+                }
+            }
+        })
+    };
     Heartbeats {
         stop,
-        tasks: vec![broker_loop, claim_loop, report_loop],
+        tasks: vec![broker_loop, claim_loop, report_loop, limits_loop],
     }
 }
 

@@ -2,14 +2,55 @@
 //! failed, no attempt spent — handed back to the broker until shortly before it, then held here
 //! for the last few milliseconds.
 
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use super::running::Outcome;
 use super::Inner;
 use crate::broker::{Delivery, HOLD_WINDOW};
-use crate::store::{RateDecision, SlotDecision};
-use crate::task::Rate;
+use crate::store::{LimitOverride, LimiterKind, LimiterSeen, RateDecision, SlotDecision};
+use crate::task::{Rate, TaskOptions};
 use crate::wire::{TaskId, TaskMessage};
+
+/// The limits operators set at run time, as this worker last read them, and the limiters it
+/// used since it last noted them in the store.
+#[derive(Default)]
+pub(crate) struct LiveLimits {
+    overrides: RwLock<Arc<HashMap<String, LimitOverride>>>,
+    seen: Mutex<HashSet<LimiterSeen>>,
+}
+
+impl LiveLimits {
+    fn overrides(&self) -> Arc<HashMap<String, LimitOverride>> {
+        Arc::clone(&self.overrides.read().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    fn note(&self, kind: LimiterKind, limiter: &str, limit: String) {
+        let seen = LimiterSeen {
+            kind,
+            limiter: limiter.to_owned(),
+            limit,
+        };
+        self.seen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(seen);
+    }
+}
+
+/// The override for `limiter` (a key's own first, then its task's), picked by `field`.
+fn overridden<T>(
+    overrides: &HashMap<String, LimitOverride>,
+    limiter: &str,
+    task: &str,
+    field: impl Fn(&LimitOverride) -> Option<T>,
+) -> Option<T> {
+    overrides
+        .get(limiter)
+        .and_then(&field)
+        .or_else(|| overrides.get(task).and_then(&field))
+}
 
 /// How often a held task asks again before it is handed back anyway (a turn pushed back by
 /// late starts while it was held).
@@ -32,6 +73,90 @@ fn guarded(rate: Rate) -> Rate {
 }
 
 impl Inner {
+    /// Reads the limits set at run time and notes the limiters used lately (every
+    /// [`crate::store::OVERRIDES_REFRESH`]). A failed read keeps the limits read before.
+    pub(crate) async fn refresh_limits(&self) {
+        match self.store.limit_overrides().await {
+            Ok(read) => {
+                let read: HashMap<_, _> = read.into_iter().collect();
+                let mut current = self
+                    .limits
+                    .overrides
+                    .write()
+                    .unwrap_or_else(|p| p.into_inner());
+                if **current != read {
+                    tracing::info!(overrides = read.len(), "limits set at run time changed");
+                    *current = Arc::new(read);
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, "could not read the limits set at run time"),
+        }
+        let seen: Vec<LimiterSeen> = {
+            let mut seen = self.limits.seen.lock().unwrap_or_else(|p| p.into_inner());
+            seen.drain().collect()
+        };
+        if !seen.is_empty() {
+            if let Err(e) = self.store.note_limiters(&seen).await {
+                tracing::debug!(error = %e, "could not note the limiters used");
+            }
+        }
+    }
+
+    /// The rate limiter a message's run counts against: as the message's labels or its task
+    /// declare it, unless an operator set another limit for it (or for a task that declares
+    /// none).
+    pub(crate) fn rate_limiter(
+        &self,
+        options: &TaskOptions,
+        msg: &TaskMessage,
+    ) -> Option<(String, Rate)> {
+        let overrides = self.limits.overrides();
+        let declared = crate::task::rate_limiter(options.get_rate(), options.get_rate_key(), msg);
+        let (limiter, rate) = match declared {
+            Some((limiter, rate)) if overrides.is_empty() => (limiter, rate),
+            Some((limiter, rate)) => {
+                let set = overridden(&overrides, &limiter, &msg.task_name, |o| o.rate);
+                (limiter, set.unwrap_or(rate))
+            }
+            None => {
+                let rate = overrides.get(&msg.task_name)?.rate?;
+                (msg.task_name.clone(), rate)
+            }
+        };
+        self.limits
+            .note(LimiterKind::Rate, &limiter, rate.to_string());
+        Some((limiter, rate))
+    }
+
+    /// The concurrency limiter a message's run takes a slot of, and its number of slots: as
+    /// declared, unless an operator set another limit.
+    pub(crate) fn concurrency_limiter(
+        &self,
+        options: &TaskOptions,
+        msg: &TaskMessage,
+    ) -> Option<(String, u32)> {
+        let overrides = self.limits.overrides();
+        let declared = crate::task::concurrency_limiter(
+            options.get_concurrency(),
+            options.get_concurrency_key(),
+            msg,
+        );
+        let (limiter, limit) = match declared {
+            Some((limiter, limit)) if overrides.is_empty() => (limiter, limit),
+            Some((limiter, limit)) => {
+                let set = overridden(&overrides, &limiter, &msg.task_name, |o| o.concurrency);
+                (limiter, set.unwrap_or(limit))
+            }
+            None => {
+                let limit = overrides.get(&msg.task_name)?.concurrency?;
+                (msg.task_name.clone(), limit)
+            }
+        };
+        self.limits
+            .note(LimiterKind::Concurrency, &limiter, limit.to_string());
+        Some((limiter, limit))
+    }
+
     /// `None` when the task may start now (its start counted against `limiter`); otherwise
     /// what became of the delivery: handed back until its turn.
     pub(crate) async fn wait_for_turn(

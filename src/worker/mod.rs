@@ -60,6 +60,8 @@ pub(crate) struct Inner {
     ordered: ordered::OrderedGroups,
     /// Concurrency slots held by this worker's runs: task → limiter.
     slots: Mutex<crate::FastMap<crate::wire::TaskId, String>>,
+    /// Limits set at run time, and the limiters used since they were last noted.
+    limits: limits::LiveLimits,
     /// The connections the builder made itself: closed when `run_until_signal` ends.
     connected: builder::Connected,
     /// Set once a message from a client with another result prefix was reported (once is
@@ -215,6 +217,8 @@ impl Worker {
             .store
             .report_worker(&inner.report(), inner.config.lease)
             .await;
+        // The limits operators set apply from the first delivery.
+        inner.refresh_limits().await;
         inner.broker.prepare_consumer(&ConsumerSettings::new(
             inner.config.concurrency,
             inner.config.lease,

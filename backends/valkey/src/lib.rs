@@ -57,6 +57,7 @@ mod error;
 mod from_url;
 mod keys;
 mod limits;
+mod limits_live;
 mod ops;
 mod ops_store;
 mod schedules;

@@ -2,7 +2,9 @@
 //! `RateState` (see `ferriq::store::FlowStore`), timed by the server.
 
 use async_trait::async_trait;
-use ferriq::store::{FlowStore, RateDecision, SlotDecision, StoreError};
+use ferriq::store::{
+    FlowStore, LimitOverride, LimiterSeen, LimiterUsage, RateDecision, SlotDecision, StoreError,
+};
 use ferriq::task::Rate;
 use ferriq::wire::TaskId;
 use fred::types::scripts::Script;
@@ -107,6 +109,11 @@ end
 local avg = tonumber(redis.call('HGET', KEYS[4], 'avg') or '1000000')
 avg = math.min(math.max(avg, 50000), 600000000)
 local wait = math.min(math.max((math.floor(ahead / n) + 1) * avg, 1000000), 600000000)
+-- A slot whose worker died frees itself when its lease runs out: nobody waits past the first
+-- lease end (then at least a second), so a dead run's slot is taken again within a lease and a
+-- second of its last heartbeat.
+local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+if first[2] then wait = math.min(wait, math.max(tonumber(first[2]) - now + 50000, 1000000)) end
 redis.call('ZADD', KEYS[3], fmt(now + wait), id)
 expire()
 return {'wait', wait}
@@ -166,7 +173,7 @@ impl ValkeyStore {
 
     /// A concurrency limiter's keys (held, taken, waiting, stats), hash-tagged like a rate
     /// limiter's.
-    fn slot_keys(&self, limiter: &str) -> Vec<String> {
+    pub(crate) fn slot_keys(&self, limiter: &str) -> Vec<String> {
         let tag = TaskId::derived(&["ferriq-slots", limiter]);
         ["held", "taken", "waiting", "stats"]
             .iter()
@@ -174,7 +181,7 @@ impl ValkeyStore {
             .collect()
     }
 
-    async fn run(
+    pub(crate) async fn run(
         &self,
         body: &str,
         keys: Vec<String>,
@@ -187,7 +194,7 @@ impl ValkeyStore {
     }
 
     /// A limiter's keys, hash-tagged on a digest of its name (a name may hold any character).
-    fn limiter_keys(&self, limiter: &str) -> Vec<String> {
+    pub(crate) fn limiter_keys(&self, limiter: &str) -> Vec<String> {
         let tag = TaskId::derived(&["ferriq-rate", limiter]);
         ["started", "turns", "reserved"]
             .iter()
@@ -318,6 +325,26 @@ impl FlowStore for ValkeyStore {
                     reason: format!("deduplication key holder: {e}"),
                 }),
         }
+    }
+
+    async fn set_limit_override(
+        &self,
+        target: &str,
+        limits: Option<LimitOverride>,
+    ) -> Result<bool, StoreError> {
+        self.set_override(target, limits).await
+    }
+
+    async fn limit_overrides(&self) -> Result<Vec<(String, LimitOverride)>, StoreError> {
+        self.overrides().await
+    }
+
+    async fn note_limiters(&self, seen: &[LimiterSeen]) -> Result<(), StoreError> {
+        self.note(seen).await
+    }
+
+    async fn limiters(&self) -> Result<Vec<LimiterUsage>, StoreError> {
+        self.usage().await
     }
 
     async fn release_dedup(&self, key: &str, id: &TaskId) -> Result<(), StoreError> {

@@ -70,6 +70,7 @@ pub(super) struct State {
     pub(super) slots: std::collections::HashMap<String, crate::store::SlotState>,
     /// Deduplication keys: the task holding each, until when.
     pub(super) dedup: std::collections::HashMap<String, (TaskId, Instant)>,
+    pub(super) limits: super::flow::MemLimits,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

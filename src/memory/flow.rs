@@ -1,0 +1,167 @@
+//! The memory store's flow control: rate and concurrency limiters, deduplication keys and the
+//! limits set at run time, with the same steps as Valkey's scripts.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::time::Instant;
+
+use super::store::MemoryStore;
+use crate::store::{
+    FlowStore, LimitOverride, LimiterKind, LimiterSeen, LimiterUsage, StoreError,
+    LIMITER_LISTED_FOR,
+};
+
+/// Limits set at run time and limiters workers noted.
+#[derive(Default)]
+pub(crate) struct MemLimits {
+    overrides: BTreeMap<String, LimitOverride>,
+    /// (kind, limiter) → (limit applied, when noted).
+    seen: HashMap<(LimiterKind, String), (String, f64)>,
+}
+
+#[async_trait]
+impl FlowStore for MemoryStore {
+    async fn admit_rate(
+        &self,
+        limiter: &str,
+        id: &crate::wire::TaskId,
+        rate: crate::task::Rate,
+    ) -> Result<crate::store::RateDecision, StoreError> {
+        let now = self.inner.clock.now_unix();
+        let mut state = self.lock();
+        let limiter = match state.rates.get_mut(limiter) {
+            Some(l) => l,
+            None => state.rates.entry(limiter.to_owned()).or_default(),
+        };
+        Ok(limiter.admit(id, rate, now))
+    }
+
+    async fn acquire_slot(
+        &self,
+        limiter: &str,
+        id: &crate::wire::TaskId,
+        limit: u32,
+        lease: Duration,
+    ) -> Result<crate::store::SlotDecision, StoreError> {
+        let now = self.inner.clock.now_unix();
+        let mut state = self.lock();
+        let slots = state.slots.entry(limiter.to_owned()).or_default();
+        Ok(slots.acquire(id, limit, lease.as_secs_f64(), now))
+    }
+
+    async fn renew_slots(
+        &self,
+        slots: &[(String, crate::wire::TaskId)],
+        lease: Duration,
+    ) -> Result<(), StoreError> {
+        let now = self.inner.clock.now_unix();
+        let mut state = self.lock();
+        for (limiter, id) in slots {
+            if let Some(s) = state.slots.get_mut(limiter) {
+                s.renew(id, lease.as_secs_f64(), now);
+            }
+        }
+        Ok(())
+    }
+
+    async fn release_slot(
+        &self,
+        limiter: &str,
+        id: &crate::wire::TaskId,
+    ) -> Result<(), StoreError> {
+        let now = self.inner.clock.now_unix();
+        if let Some(s) = self.lock().slots.get_mut(limiter) {
+            s.release(id, now);
+        }
+        Ok(())
+    }
+
+    async fn reserve_dedup(
+        &self,
+        key: &str,
+        id: &crate::wire::TaskId,
+        ttl: Duration,
+    ) -> Result<Option<crate::wire::TaskId>, StoreError> {
+        let now = Instant::now();
+        let mut state = self.lock();
+        match state.dedup.get(key) {
+            Some((holder, until)) if *until > now && holder != id => Ok(Some(holder.clone())),
+            _ => {
+                state.dedup.insert(key.to_owned(), (id.clone(), now + ttl));
+                Ok(None)
+            }
+        }
+    }
+
+    async fn release_dedup(&self, key: &str, id: &crate::wire::TaskId) -> Result<(), StoreError> {
+        let mut state = self.lock();
+        if state.dedup.get(key).is_some_and(|(holder, _)| holder == id) {
+            state.dedup.remove(key);
+        }
+        Ok(())
+    }
+
+    async fn set_limit_override(
+        &self,
+        target: &str,
+        limits: Option<LimitOverride>,
+    ) -> Result<bool, StoreError> {
+        let overrides = &mut self.lock().limits.overrides;
+        Ok(match limits {
+            Some(l) => overrides.insert(target.to_owned(), l).is_some(),
+            None => overrides.remove(target).is_some(),
+        })
+    }
+
+    async fn limit_overrides(&self) -> Result<Vec<(String, LimitOverride)>, StoreError> {
+        let state = self.lock();
+        Ok(state
+            .limits
+            .overrides
+            .iter()
+            .map(|(t, l)| (t.clone(), *l))
+            .collect())
+    }
+
+    async fn note_limiters(&self, seen: &[LimiterSeen]) -> Result<(), StoreError> {
+        let now = self.inner.clock.now_unix();
+        let noted = &mut self.lock().limits.seen;
+        for s in seen {
+            noted.insert((s.kind, s.limiter.clone()), (s.limit.clone(), now));
+        }
+        noted.retain(|_, (_, at)| *at > now - LIMITER_LISTED_FOR.as_secs_f64());
+        Ok(())
+    }
+
+    async fn limiters(&self) -> Result<Vec<LimiterUsage>, StoreError> {
+        let now = self.inner.clock.now_unix();
+        let state = self.lock();
+        let mut out = Vec::new();
+        for ((kind, limiter), (limit, at)) in &state.limits.seen {
+            if *at <= now - LIMITER_LISTED_FOR.as_secs_f64() {
+                continue;
+            }
+            let (used, waiting) = match kind {
+                LimiterKind::Rate => state.rates.get(limiter).map(|r| r.usage(now)),
+                _ => state.slots.get(limiter).map(|s| s.usage(now)),
+            }
+            .unwrap_or_default();
+            out.push(LimiterUsage {
+                seen: LimiterSeen {
+                    kind: *kind,
+                    limiter: limiter.clone(),
+                    limit: limit.clone(),
+                },
+                used,
+                waiting,
+                last_seen: *at,
+            });
+        }
+        out.sort_by(|a, b| {
+            (&a.seen.limiter, a.seen.kind.as_str()).cmp(&(&b.seen.limiter, b.seen.kind.as_str()))
+        });
+        Ok(out)
+    }
+}
