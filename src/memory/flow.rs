@@ -59,9 +59,8 @@ impl FlowStore for MemoryStore {
         let now = self.inner.clock.now_unix();
         let mut state = self.lock();
         for (limiter, id) in slots {
-            if let Some(s) = state.slots.get_mut(limiter) {
-                s.renew(id, lease.as_secs_f64(), now);
-            }
+            let s = state.slots.entry(limiter.clone()).or_default();
+            s.renew(id, lease.as_secs_f64(), now);
         }
         Ok(())
     }

@@ -197,7 +197,9 @@ pub trait FlowStore: Send + Sync + 'static {
         ))
     }
 
-    /// Extends the slots held by these runs (`(limiter, task id)`) to `lease` from now.
+    /// Extends the slots held by these runs (`(limiter, task id)`) to `lease` from now; a slot
+    /// the store lost (it restarted without its data) is taken again, so a restart lets at
+    /// most one heartbeat interval's starts past the limit.
     async fn renew_slots(
         &self,
         slots: &[(String, TaskId)],
@@ -419,9 +421,16 @@ impl SlotState {
         (held as u64, self.waiting.len() as u64)
     }
 
+    /// Extends a run's slot. A slot missing while no run was ever counted was lost with the
+    /// state (a store restarted without its data): taken again, the runs still going count
+    /// against the limit again; otherwise it was released or ran out, and stays free.
     pub(crate) fn renew(&mut self, id: &TaskId, lease: f64, now: f64) {
-        if let Some((until, _)) = self.held.get_mut(id) {
-            *until = now + lease;
+        match self.held.get_mut(id) {
+            Some((until, _)) => *until = now + lease,
+            None if self.average_run.is_none() => {
+                self.held.insert(id.clone(), (now + lease, now));
+            }
+            None => {}
         }
     }
 

@@ -119,12 +119,17 @@ expire()
 return {'wait', wait}
 "#;
 
-/// KEYS: held slots. ARGV: task id, lease µs. Extends the slot if the task holds one.
+/// KEYS: held slots, when taken, statistics. ARGV: task id, lease µs. Extends the run's
+/// slot. A slot missing while the limiter has no statistics either was lost with the store's
+/// data (a restart): it is taken again, so the runs still going count against the limit from
+/// their next heartbeat. (With statistics, it was released or ran out: left alone.)
 const RENEW_SLOT: &str = r#"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-if redis.call('ZSCORE', KEYS[1], ARGV[1]) then
+local held = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if held or redis.call('HEXISTS', KEYS[3], 'avg') == 0 then
   redis.call('ZADD', KEYS[1], string.format('%d', now + tonumber(ARGV[2])), ARGV[1])
+  if not held then redis.call('HSETNX', KEYS[2], ARGV[1], string.format('%d', now)) end
 end
 return 1
 "#;
@@ -284,7 +289,8 @@ impl FlowStore for ValkeyStore {
         lease: std::time::Duration,
     ) -> Result<(), StoreError> {
         let renewals = slots.iter().map(|(limiter, id)| {
-            let keys = self.slot_keys(limiter)[..1].to_vec();
+            let mut keys = self.slot_keys(limiter);
+            keys.remove(2); // not the waiting set
             self.run(
                 RENEW_SLOT,
                 keys,

@@ -184,3 +184,52 @@ async fn limits_set_at_run_time_are_kept_and_listed_with_their_use() {
     assert!(store.set_limit_override("t\nacme", None).await.unwrap());
     assert!(store.limit_overrides().await.unwrap().is_empty());
 }
+
+#[tokio::test]
+async fn runs_going_on_take_their_slots_again_after_the_store_lost_its_data() {
+    use ferriq::store::{FlowStore, SlotDecision};
+    let mut redis = common::PrivateRedis::start().await;
+    let store = common::store_at(&redis.url(), &common::prefix(), |b| b).await;
+    let lease = Duration::from_secs(30);
+    let (running, next) = (
+        ferriq::wire::TaskId::random(),
+        ferriq::wire::TaskId::random(),
+    );
+    assert_eq!(
+        store.acquire_slot("l", &running, 1, lease).await.unwrap(),
+        SlotDecision::Held
+    );
+    // Restarted without persistence: the limiter's state is gone, its run still going.
+    redis.restart().await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    // The run's next heartbeat renews its slot (once the store answers again).
+    while store
+        .renew_slots(&[("l".into(), running.clone())], lease)
+        .await
+        .is_err()
+    {
+        assert!(Instant::now() < deadline, "the store never came back");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        matches!(
+            store.acquire_slot("l", &next, 1, lease).await.unwrap(),
+            SlotDecision::Wait(_)
+        ),
+        "a second run took the slot the first still holds"
+    );
+    // Released, the slot is free, and a late renewal of the finished run does not take it.
+    store.release_slot("l", &running).await.unwrap();
+    store
+        .renew_slots(&[("l".into(), running.clone())], lease)
+        .await
+        .unwrap();
+    let free_by = Instant::now() + Duration::from_secs(3);
+    loop {
+        match store.acquire_slot("l", &next, 1, lease).await.unwrap() {
+            SlotDecision::Held => break,
+            _ => assert!(Instant::now() < free_by, "the released slot stayed taken"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
