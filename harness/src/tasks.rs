@@ -50,6 +50,18 @@ pub async fn work(ctx: TaskContext, ms: u64) -> Result<u64, TaskError> {
     Ok(ms)
 }
 
+/// Slots of `fault.limited`, across every worker.
+pub const LIMITED_SLOTS: usize = 2;
+
+/// Works for `ms` milliseconds, at most [`LIMITED_SLOTS`] runs at once across every worker.
+#[ferriq::task(name = "fault.limited", max_attempts = 3, concurrency = 2)]
+pub async fn limited(ctx: TaskContext, ms: u64) -> Result<u64, TaskError> {
+    report("start", &ctx);
+    tokio::time::sleep(Duration::from_millis(ms)).await;
+    report("done", &ctx);
+    Ok(ms)
+}
+
 /// Always panics.
 #[ferriq::task(name = "fault.panics", max_attempts = 3, backoff_initial = 0.2)]
 pub async fn panics(ctx: TaskContext) -> Result<(), TaskError> {
@@ -92,8 +104,9 @@ pub async fn tick(ctx: TaskContext) -> Result<(), TaskError> {
 }
 
 /// Every task name the workers serve.
-pub const ALL: [&str; 6] = [
+pub const ALL: [&str; 7] = [
     work::NAME,
+    limited::NAME,
     panics::NAME,
     aborts::NAME,
     member::NAME,

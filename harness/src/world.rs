@@ -336,12 +336,17 @@ impl World {
 
     /// Enqueues `n` `fault.work` tasks of `ms` each, in batches.
     pub async fn enqueue_work(&mut self, n: usize, ms: impl Fn(usize) -> u64) {
+        self.enqueue(n, |k| crate::tasks::work::call(ms(k))).await;
+    }
+
+    /// Enqueues `n` calls, in batches.
+    pub async fn enqueue(&mut self, n: usize, call: impl Fn(usize) -> ferriq::Call<u64>) {
         let mut i = 0;
         while i < n {
             let end = (i + 500).min(n);
             let handles = self
                 .client
-                .enqueue_batch((i..end).map(|k| crate::tasks::work::call(ms(k))))
+                .enqueue_batch((i..end).map(&call))
                 .await
                 .expect("the producer enqueues");
             self.sent

@@ -402,14 +402,15 @@ impl SlotState {
             return SlotDecision::Held;
         }
         // A slot whose worker died frees itself when its lease runs out: nobody waits past
-        // the first lease end (then at least a second, as a hand-back costs a receive), so a
-        // dead run's slot is taken again within a lease and a second of its last heartbeat.
+        // the first lease end (and a moment), so a dead run's slot is taken again soon after.
+        // A live holder's lease keeps moving ahead with its heartbeats, so this adds a
+        // receive per waiter and lease at most.
         let first_end = self
             .held
             .values()
             .map(|(until, _)| until - now)
             .fold(f64::INFINITY, f64::min);
-        let wait = slot_wait(ahead, limit, self.average_run).min((first_end + 0.05).max(1.0));
+        let wait = slot_wait(ahead, limit, self.average_run).min((first_end + 0.05).max(0.25));
         let back = now + wait;
         self.waiting.insert(id.clone(), back);
         SlotDecision::Wait(Duration::from_secs_f64(back - now))

@@ -110,10 +110,11 @@ local avg = tonumber(redis.call('HGET', KEYS[4], 'avg') or '1000000')
 avg = math.min(math.max(avg, 50000), 600000000)
 local wait = math.min(math.max((math.floor(ahead / n) + 1) * avg, 1000000), 600000000)
 -- A slot whose worker died frees itself when its lease runs out: nobody waits past the first
--- lease end (then at least a second), so a dead run's slot is taken again within a lease and a
--- second of its last heartbeat.
+-- lease end (and a moment), so a dead run's slot is taken again soon after. A live holder's
+-- lease keeps moving ahead with its heartbeats, so this adds a receive per waiter and lease
+-- at most.
 local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-if first[2] then wait = math.min(wait, math.max(tonumber(first[2]) - now + 50000, 1000000)) end
+if first[2] then wait = math.min(wait, math.max(tonumber(first[2]) - now + 50000, 250000)) end
 redis.call('ZADD', KEYS[3], fmt(now + wait), id)
 expire()
 return {'wait', wait}

@@ -10,6 +10,7 @@ use rand::Rng;
 use tokio::time::Instant;
 
 mod fifo;
+mod limits;
 mod outages;
 
 use outages::{backlog, blackhole, chord_and_schedule, sigterm_drain, store_restart};
@@ -50,7 +51,7 @@ impl Size {
 }
 
 /// Every scenario, by name.
-pub const ALL: [&str; 13] = [
+pub const ALL: [&str; 15] = [
     "sigkill_workers",
     "sigstop_past_lease",
     "longer_than_lease",
@@ -64,6 +65,8 @@ pub const ALL: [&str; 13] = [
     "backlog",
     "chord_and_schedule_sigkill",
     "fifo_sigkill",
+    "slot_holder_sigkill",
+    "store_restart_slots",
 ];
 
 /// Whether scenario `name` applies to `backend` (FIFO message groups are SQS's).
@@ -87,6 +90,8 @@ pub async fn run(name: &str, backend: Backend, size: Size, root: &Path) -> Row {
         "backlog" => backlog(backend, size, root).await,
         "chord_and_schedule_sigkill" => chord_and_schedule(backend, root).await,
         "fifo_sigkill" => fifo::fifo_sigkill(backend, size, root).await,
+        "slot_holder_sigkill" => limits::slot_holder_sigkill(backend, size, root).await,
+        "store_restart_slots" => limits::store_restart_waiting(backend, size, root).await,
         "bad_input" => crate::bad_input::run(backend, root).await,
         other => panic!("no scenario {other}"),
     }

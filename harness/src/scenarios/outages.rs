@@ -30,19 +30,7 @@ pub(super) async fn store_restart(backend: Backend, size: Size, root: &Path, aof
     while w.written() < w.sent.len() / 3 {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    // Nothing reaches the new server before the oracle listens to it.
-    w.redis_proxy.blackhole();
-    // Every write a worker was told of is counted before the server dies with its notice.
-    w.oracle.flush().await;
-    let down_at = now_ms();
-    w.redis.kill().await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    w.redis.restart().await;
-    w.oracle.attach(w.redis.port, false).await;
-    let ids: Vec<String> = w.sent.iter().map(|id| id.to_string()).collect();
-    let unheard = w.oracle.recover(w.redis.port, &ids, down_at).await;
-    let up_at = now_ms();
-    w.redis_proxy.reset();
+    let (down_at, up_at, unheard) = restart_store(&mut w).await;
     let drained = w.wait_written(DRAIN).await;
     let scenario = if aof {
         "6b. store SIGKILLed and restarted, AOF always"
@@ -97,6 +85,25 @@ pub(super) async fn store_restart(backend: Backend, size: Size, root: &Path, aof
     let row = j.row;
     w.cleanup().await;
     row
+}
+
+/// SIGKILLs the store, restarts it 3 s later and lets the workers back to it: when it went
+/// down and came back (unix ms), and how many writes' notices died with it.
+pub(super) async fn restart_store(w: &mut World) -> (u64, u64, usize) {
+    // Nothing reaches the new server before the oracle listens to it.
+    w.redis_proxy.blackhole();
+    // Every write a worker was told of is counted before the server dies with its notice.
+    w.oracle.flush().await;
+    let down_at = now_ms();
+    w.redis.kill().await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    w.redis.restart().await;
+    w.oracle.attach(w.redis.port, false).await;
+    let ids: Vec<String> = w.sent.iter().map(|id| id.to_string()).collect();
+    let unheard = w.oracle.recover(w.redis.port, &ids, down_at).await;
+    let up_at = now_ms();
+    w.redis_proxy.reset();
+    (down_at, up_at, unheard)
 }
 
 /// Scenario 7: Store and broker connections blackholed, then reset.
