@@ -69,7 +69,10 @@ pub use worker::{Shutdown, Worker, WorkerBuilder, WorkerConfig};
 ///
 /// Options: `name = "…"` (the stable wire name; default `module_path:function`),
 /// `max_attempts = N`, `timeout = SECS`, `queue = "…"`, `backoff_initial = SECS`,
-/// `backoff_max = SECS`, `retry_on_error = bool`, `store_result = bool`; and for a task that
+/// `backoff_max = SECS`, `retry_on_error = bool`, `store_result = bool`, `deadline = SECS`,
+/// `park_fatal = bool`; flow control: `rate = "50/s"`, `rate_key = "…"`, `concurrency = N`,
+/// `concurrency_key = "…"`, `unique_for = SECS`, `dedup = "active" | "window" | "debounce"`,
+/// `dedup_key = "…"` (see the README's flow control); and for a task that
 /// runs on a schedule, `schedule = "cron with seconds"` or `every = SECS`, `timezone = "…"`,
 /// `missed = "latest" | "skip" | "catch_up"`, `catch_up_max = N`, `no_overlap = bool`,
 /// `schedule_args = "[JSON array]"` (the arguments each tick is sent with).

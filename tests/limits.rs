@@ -463,3 +463,58 @@ async fn no_waiter_is_told_to_wait_past_the_first_lease_end() {
     }
     assert!(last <= Duration::from_millis(1100), "{last:?}");
 }
+
+#[ferriq::task(
+    name = "limits.reindex",
+    unique_for = 2,
+    dedup = "debounce",
+    dedup_key = "doc"
+)]
+async fn reindex(starts: State<Arc<Starts>>, doc: String, version: u32) -> u32 {
+    starts
+        .0
+        .lock()
+        .unwrap()
+        .push((Instant::now(), version, doc));
+    version
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_debounced_task_runs_once_when_its_key_is_quiet_with_the_latest_arguments() {
+    let h = Harness::new();
+    let starts = Arc::new(Starts::default());
+    let w = h.start(h.worker(&[reindex::NAME]).state(Arc::clone(&starts)));
+    let begin = Instant::now();
+    let mut edits = Vec::new();
+    for version in 1..=4 {
+        edits.push(reindex::kiq(&h.client, "a".into(), version).await.unwrap());
+        tokio::time::sleep(Duration::from_millis(900)).await;
+    }
+    let other = reindex::kiq(&h.client, "b".into(), 1).await.unwrap();
+    // One task for document a, whichever edit a caller holds; another for b.
+    assert!(edits.iter().all(|e| e.task_id() == edits[0].task_id()));
+    assert_ne!(other.task_id(), edits[0].task_id());
+    for edit in &edits {
+        assert_eq!(
+            edit.wait(LONG).await.unwrap(),
+            4,
+            "the latest arguments win"
+        );
+    }
+    assert_eq!(other.wait(LONG).await.unwrap(), 1);
+    let runs = starts.0.lock().unwrap().clone();
+    let of_a: Vec<_> = runs.iter().filter(|r| r.2 == "a").collect();
+    assert_eq!(of_a.len(), 1, "{runs:?}");
+    // The last edit at 2.7 s, then 2 s of quiet.
+    let ran_at = of_a[0].0 - begin;
+    assert!(
+        ran_at >= Duration::from_millis(4700) && ran_at < Duration::from_millis(5200),
+        "{ran_at:?}"
+    );
+    assert_eq!(h.broker.stats().published, 2, "one message per document");
+    // Once it ran, an edit starts a new debounce.
+    let later = reindex::kiq(&h.client, "a".into(), 5).await.unwrap();
+    assert_ne!(later.task_id(), edits[0].task_id());
+    assert_eq!(later.wait(LONG).await.unwrap(), 5);
+    w.stop().await;
+}

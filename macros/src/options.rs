@@ -8,7 +8,7 @@ use syn::{Error, Expr, ExprLit, Lit, LitStr, MetaNameValue, Token};
 
 const KNOWN: &str = "name, max_attempts, timeout, queue, backoff_initial, backoff_max, \
                      retry_on_error, store_result, deadline, park_fatal, rate, rate_key, concurrency, \
-                     concurrency_key, unique_for, dedup, schedule, every, timezone, missed, \
+                     concurrency_key, unique_for, dedup, dedup_key, schedule, every, timezone, missed, \
                      catch_up_max, no_overlap, schedule_args";
 
 /// The parsed options.
@@ -30,7 +30,9 @@ pub(crate) struct TaskAttr {
     concurrency: Option<u32>,
     concurrency_key: Option<LitStr>,
     unique_for_ms: Option<u64>,
-    dedup_window: Option<bool>,
+    /// `active`, `window` or `debounce`.
+    dedup: Option<LitStr>,
+    dedup_key: Option<LitStr>,
     schedule: Option<LitStr>,
     every: Option<u64>,
     timezone: Option<LitStr>,
@@ -139,17 +141,15 @@ impl Parse for TaskAttr {
                 "concurrency_key" => attr.concurrency_key = Some(str_lit(&key, &lit)?),
                 "dedup" => {
                     let s = str_lit(&key, &lit)?;
-                    attr.dedup_window = Some(match s.value().as_str() {
-                        "active" => false,
-                        "window" => true,
-                        _ => {
-                            return Err(Error::new_spanned(
-                                &lit,
-                                "dedup is \"active\" (while queued or running) or \"window\"",
-                            ))
-                        }
-                    });
+                    if !["active", "window", "debounce"].contains(&s.value().as_str()) {
+                        return Err(Error::new_spanned(
+                            &lit,
+                            "dedup is \"active\" (while queued or running), \"window\" or \"debounce\" (runs once the key is quiet, with the latest arguments)",
+                        ));
+                    }
+                    attr.dedup = Some(s);
                 }
+                "dedup_key" => attr.dedup_key = Some(str_lit(&key, &lit)?),
                 "schedule" => {
                     let s = str_lit(&key, &lit)?;
                     // Checked here, so a typo fails the build at the task rather than the
@@ -223,10 +223,16 @@ impl Parse for TaskAttr {
                 ),
             ));
         }
-        if attr.dedup_window.is_some() && attr.unique_for_ms.is_none() {
+        if attr.dedup.is_some() && attr.unique_for_ms.is_none() {
             return Err(Error::new(
                 proc_macro2::Span::call_site(),
                 "`dedup` says how `unique_for` keeps its key: add `unique_for = SECS`",
+            ));
+        }
+        if attr.dedup_key.is_some() && attr.unique_for_ms.is_none() {
+            return Err(Error::new(
+                proc_macro2::Span::call_site(),
+                "`dedup_key` names the key `unique_for` keeps: add `unique_for = SECS`",
             ));
         }
         if attr.concurrency_key.is_some() && attr.concurrency.is_none() {
@@ -287,10 +293,10 @@ impl TaskAttr {
             e = quote!(#e.rate(::ferriq::task::Rate::new(#limit, ::core::time::Duration::from_secs(#secs))));
         }
         if let Some(ms) = self.unique_for_ms {
-            let mode = if self.dedup_window == Some(true) {
-                quote!(::ferriq::task::Dedup::Window)
-            } else {
-                quote!(::ferriq::task::Dedup::WhileActive)
+            let mode = match self.dedup.as_ref().map(LitStr::value).as_deref() {
+                Some("window") => quote!(::ferriq::task::Dedup::Window),
+                Some("debounce") => quote!(::ferriq::task::Dedup::Debounce),
+                _ => quote!(::ferriq::task::Dedup::WhileActive),
             };
             e = quote!(#e.unique_for(::core::time::Duration::from_millis(#ms), #mode));
         }
@@ -298,6 +304,10 @@ impl TaskAttr {
             Some(position) => quote!(::ferriq::task::KeySource::argument(#key, #position)),
             None => quote!(::ferriq::task::KeySource::label(#key)),
         };
+        if let Some(key) = &self.dedup_key {
+            let source = source(key);
+            e = quote!(#e.dedup_key(#source));
+        }
         if let Some(key) = &self.rate_key {
             let source = source(key);
             e = quote!(#e.rate_key(#source));

@@ -43,6 +43,8 @@ pub struct Call<T> {
 #[derive(Debug, Clone)]
 struct DedupSpec {
     key: Option<String>,
+    /// The argument or label the key is taken from (the task's `dedup_key`).
+    source: Option<crate::task::KeySource>,
     window: Duration,
     mode: crate::task::Dedup,
 }
@@ -82,6 +84,7 @@ impl<T> Call<T> {
             due: None,
             dedup: options.get_unique_for().map(|(window, mode)| DedupSpec {
                 key: None,
+                source: options.get_dedup_key(),
                 window,
                 mode,
             }),
@@ -160,6 +163,7 @@ impl<T> Call<T> {
     ) -> Self {
         self.dedup = Some(DedupSpec {
             key: Some(key.into()),
+            source: None,
             window,
             mode,
         });
@@ -175,11 +179,18 @@ impl<T> Call<T> {
     pub fn into_message_at(self, clock: &Clock) -> Result<TaskMessage, WireError> {
         let mut labels = self.labels;
         let now = clock.now_unix();
-        let due = match self.due {
+        let mut due = match self.due {
             None => None,
             Some(Due::After(delay)) => Some(now + delay.as_secs_f64()),
             Some(Due::At(at)) => Some(at.min(now + MAX_DELAY.as_secs_f64())),
         };
+        if let Some(dedup) = &self.dedup {
+            if dedup.mode == crate::task::Dedup::Debounce {
+                // It runs once its key has been quiet for the window: not before the window.
+                let quiet = now + dedup.window.as_secs_f64().min(MAX_DELAY.as_secs_f64());
+                due = Some(due.map_or(quiet, |d| d.max(quiet)));
+            }
+        }
         if let Some(due) = due.filter(|due| *due > now) {
             // Milliseconds are plenty, and keep the label short.
             labels.insert(names::DUE_AT, (due * 1000.0).ceil() / 1000.0);
@@ -194,29 +205,37 @@ impl<T> Call<T> {
                 (from + within.as_secs_f64()).ceil().min(i64::MAX as f64) as i64,
             );
         }
-        let args = self.args?;
+        let mut msg = TaskMessage {
+            task_id: self.task_id.unwrap_or_else(TaskId::random),
+            task_name: self.name.to_owned(),
+            labels,
+            args: self.args?,
+            kwargs: self.kwargs,
+        };
         if let Some(dedup) = self.dedup {
-            let key = match dedup.key {
-                Some(key) => key,
+            let from_source = dedup
+                .source
+                .and_then(|source| source.value_in(&msg))
+                .map(|value| format!("{}\n{value}", self.name));
+            let key = match (dedup.key, from_source) {
+                (Some(key), _) => key,
+                (None, Some(key)) => key,
+                // Debounced, the latest arguments win: the key is the task.
+                (None, None) if dedup.mode == crate::task::Dedup::Debounce => self.name.to_owned(),
                 // The task and its arguments: the same call is the same key. (serde_json's maps
                 // are ordered, so equal keyword arguments write equal text.)
-                None => {
-                    let call = serde_json::to_string(&(&args, &self.kwargs))
+                (None, None) => {
+                    let call = serde_json::to_string(&(&msg.args, &msg.kwargs))
                         .map_err(|e| WireError::Serialize(e.to_string()))?;
                     TaskId::derived(&["ferriq-dedup", self.name, &call]).to_string()
                 }
             };
-            labels.insert(names::DEDUP_KEY, key);
-            labels.insert(names::DEDUP_FOR, dedup.window.as_secs_f64().max(0.001));
-            labels.insert(names::DEDUP_MODE, dedup.mode.as_str());
+            msg.labels.insert(names::DEDUP_KEY, key);
+            msg.labels
+                .insert(names::DEDUP_FOR, dedup.window.as_secs_f64().max(0.001));
+            msg.labels.insert(names::DEDUP_MODE, dedup.mode.as_str());
         }
-        Ok(TaskMessage {
-            task_id: self.task_id.unwrap_or_else(TaskId::random),
-            task_name: self.name.to_owned(),
-            labels,
-            args,
-            kwargs: self.kwargs,
-        })
+        Ok(msg)
     }
 }
 

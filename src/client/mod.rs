@@ -68,6 +68,13 @@ pub enum EnqueueError {
     },
 }
 
+/// Whether a prepared message is debounced (`ferriq_dedup_mode` `debounce`).
+fn debounced(out: &OutgoingMessage) -> bool {
+    out.labels
+        .get(names::DEDUP_MODE)
+        .is_some_and(|m| m.header_value() == crate::task::Dedup::Debounce.as_str())
+}
+
 /// A prepared message's deduplication key and how long it holds at most.
 fn dedup_of(out: &OutgoingMessage) -> Option<(String, Duration)> {
     let key = out
@@ -398,13 +405,20 @@ impl Client {
         for p in prepared {
             if let Some((key, ttl)) = dedup_of(&p.1) {
                 let id = p.1.task_id.clone();
-                match self.store.reserve_dedup(&key, &id, ttl).await {
+                let debounce = debounced(&p.1);
+                let held = if debounce {
+                    let body = String::from_utf8_lossy(&p.1.body);
+                    self.store.debounce(&key, &id, &body, ttl).await
+                } else {
+                    self.store.reserve_dedup(&key, &id, ttl).await
+                };
+                match held {
                     Ok(Some(holder)) => {
                         handles.push(self.handle(holder));
                         self.not_sent(vec![p]).await;
                         continue;
                     }
-                    Ok(None) => reserved.push((key, id)),
+                    Ok(None) => reserved.push((key, id, debounce)),
                     Err(e) => {
                         self.release_reserved(&reserved).await;
                         return Err(EnqueueError::Store(e));
@@ -421,9 +435,14 @@ impl Client {
         Ok(handles)
     }
 
-    async fn release_reserved(&self, reserved: &[(String, TaskId)]) {
-        for (key, id) in reserved {
-            if let Err(e) = self.store.release_dedup(key, id).await {
+    async fn release_reserved(&self, reserved: &[(String, TaskId, bool)]) {
+        for (key, id, debounce) in reserved {
+            let released = if *debounce {
+                self.store.abandon_debounce(key, id).await
+            } else {
+                self.store.release_dedup(key, id).await
+            };
+            if let Err(e) = released {
                 tracing::warn!(error = %e, "could not give a deduplication key back; it lasts its window");
             }
         }

@@ -9,9 +9,10 @@ use tokio::time::Instant;
 
 use super::store::MemoryStore;
 use crate::store::{
-    FlowStore, LimitOverride, LimiterKind, LimiterSeen, LimiterUsage, StoreError,
+    Debounced, FlowStore, LimitOverride, LimiterKind, LimiterSeen, LimiterUsage, StoreError,
     LIMITER_LISTED_FOR,
 };
+use crate::wire::TaskId;
 
 /// Limits set at run time and limiters workers noted.
 #[derive(Default)]
@@ -19,6 +20,16 @@ pub(crate) struct MemLimits {
     overrides: BTreeMap<String, LimitOverride>,
     /// (kind, limiter) → (limit applied, when noted).
     seen: HashMap<(LimiterKind, String), (String, f64)>,
+    /// Debounce keys: the task waiting under each, and every debounced task's record.
+    debounce_waiting: HashMap<String, TaskId>,
+    debounced: HashMap<TaskId, DebounceRecord>,
+}
+
+/// A debounced task: when it may run, the latest body, and whether it was let run (when).
+struct DebounceRecord {
+    due: f64,
+    body: String,
+    taken_at: Option<f64>,
 }
 
 #[async_trait]
@@ -99,6 +110,67 @@ impl FlowStore for MemoryStore {
         if state.dedup.get(key).is_some_and(|(holder, _)| holder == id) {
             state.dedup.remove(key);
         }
+        Ok(())
+    }
+
+    async fn debounce(
+        &self,
+        key: &str,
+        id: &TaskId,
+        body: &str,
+        window: Duration,
+    ) -> Result<Option<TaskId>, StoreError> {
+        let now = self.inner.clock.now_unix();
+        let limits = &mut self.lock().limits;
+        let due = now + window.as_secs_f64();
+        if let Some(waiting) = limits.debounce_waiting.get(key).cloned() {
+            if let Some(r) = limits.debounced.get_mut(&waiting) {
+                if r.taken_at.is_none() {
+                    (r.due, r.body) = (due, body.to_owned());
+                    return Ok((waiting != *id).then_some(waiting));
+                }
+            }
+        }
+        // Records of tasks let run more than an hour ago are forgotten.
+        limits
+            .debounced
+            .retain(|_, r| r.taken_at.is_none_or(|at| at > now - 3600.0));
+        limits.debounce_waiting.insert(key.to_owned(), id.clone());
+        limits.debounced.insert(
+            id.clone(),
+            DebounceRecord {
+                due,
+                body: body.to_owned(),
+                taken_at: None,
+            },
+        );
+        Ok(None)
+    }
+
+    async fn take_debounced(&self, key: &str, id: &TaskId) -> Result<Debounced, StoreError> {
+        let now = self.inner.clock.now_unix();
+        let limits = &mut self.lock().limits;
+        let Some(r) = limits.debounced.get_mut(id) else {
+            return Ok(Debounced::Run(None));
+        };
+        if r.taken_at.is_none() {
+            if r.due > now + 0.002 {
+                return Ok(Debounced::Wait(Duration::from_secs_f64(r.due - now)));
+            }
+            r.taken_at = Some(now);
+            if limits.debounce_waiting.get(key) == Some(id) {
+                limits.debounce_waiting.remove(key);
+            }
+        }
+        Ok(Debounced::Run(Some(r.body.clone())))
+    }
+
+    async fn abandon_debounce(&self, key: &str, id: &TaskId) -> Result<(), StoreError> {
+        let limits = &mut self.lock().limits;
+        if limits.debounce_waiting.get(key) == Some(id) {
+            limits.debounce_waiting.remove(key);
+        }
+        limits.debounced.remove(id);
         Ok(())
     }
 

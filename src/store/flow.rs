@@ -31,6 +31,18 @@ pub enum SlotDecision {
     Wait(Duration),
 }
 
+/// A debounced task's turn, as the worker asks for it ([`FlowStore::take_debounced`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Debounced {
+    /// Its key was not quiet long enough: come back after this long.
+    Wait(Duration),
+    /// Run it now, with the arguments of this message body (the latest enqueue's); `None`:
+    /// the store keeps nothing for it (a producer that does not debounce, or lost state), so
+    /// run the message as it is.
+    Run(Option<String>),
+}
+
 /// What an operator set at run time over the limits tasks declare (and over the labels
 /// producers set): read by every worker within [`OVERRIDES_REFRESH`]. A field left `None` keeps
 /// what the task declares.
@@ -233,6 +245,38 @@ pub trait FlowStore: Send + Sync + 'static {
 
     /// Releases deduplication `key` if task `id` holds it (its outcome is stored).
     async fn release_dedup(&self, key: &str, id: &TaskId) -> Result<(), StoreError> {
+        let _ = (key, id);
+        Ok(())
+    }
+
+    /// Debounces an enqueue of task `id` under `key`, whose message `body` is due `window`
+    /// from now: when a task of the key still waits to run, the key's quiet time starts again
+    /// and that task will run with `body`'s arguments — its id is returned and nothing is to be
+    /// sent; otherwise `id` becomes the key's waiting task (`None`: send it).
+    async fn debounce(
+        &self,
+        key: &str,
+        id: &TaskId,
+        body: &str,
+        window: Duration,
+    ) -> Result<Option<TaskId>, StoreError> {
+        let _ = (key, id, body, window);
+        Err(StoreError::Config(
+            "this store keeps no deduplication keys: use one that does (Valkey, memory) for              debounced tasks"
+                .into(),
+        ))
+    }
+
+    /// The worker's question for debounced task `id` of `key` when its message is due: wait
+    /// (the key was enqueued again since), or run — with the latest enqueue's body. Asked
+    /// again (a redelivery), a task that was let run gets the same answer.
+    async fn take_debounced(&self, key: &str, id: &TaskId) -> Result<Debounced, StoreError> {
+        let _ = (key, id);
+        Ok(Debounced::Run(None))
+    }
+
+    /// Forgets debounced task `id` of `key` (its message could not be sent).
+    async fn abandon_debounce(&self, key: &str, id: &TaskId) -> Result<(), StoreError> {
         let _ = (key, id);
         Ok(())
     }

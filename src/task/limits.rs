@@ -102,6 +102,10 @@ pub enum Dedup {
     WhileActive,
     /// For the whole window, whatever became of the task.
     Window,
+    /// Debounce: the task runs once the key has been quiet for the window — each enqueue
+    /// within it pushes the run back, and the latest enqueue's arguments win. Every caller
+    /// gets the handle of the one task that runs.
+    Debounce,
 }
 
 impl Dedup {
@@ -110,6 +114,7 @@ impl Dedup {
         match self {
             Dedup::WhileActive => "active",
             Dedup::Window => "window",
+            Dedup::Debounce => "debounce",
         }
     }
 }

@@ -24,6 +24,7 @@ pub struct TaskOptions {
     rate: Option<super::Rate>,
     rate_key: Option<super::KeySource>,
     unique_for: Option<(Duration, super::Dedup)>,
+    dedup_key: Option<super::KeySource>,
     concurrency: Option<u32>,
     concurrency_key: Option<super::KeySource>,
 }
@@ -52,6 +53,7 @@ impl TaskOptions {
             rate: None,
             rate_key: None,
             unique_for: None,
+            dedup_key: None,
             concurrency: None,
             concurrency_key: None,
         }
@@ -152,10 +154,26 @@ impl TaskOptions {
     /// Deduplicate enqueues: a second enqueue of the same call (task and arguments, or the
     /// call's own [`Call::with_dedup_key`](crate::Call::with_dedup_key)) within `window`
     /// returns the first one's handle and sends nothing — while the first is queued or
-    /// running ([`Dedup::WhileActive`]) or for the whole window ([`Dedup::Window`]).
+    /// running ([`Dedup::WhileActive`](super::Dedup::WhileActive)) or for the whole window ([`Dedup::Window`](super::Dedup::Window)). With
+    /// [`Dedup::Debounce`](super::Dedup::Debounce) the first enqueue's task runs once the key has been quiet for
+    /// `window`, with the latest enqueue's arguments.
     pub const fn unique_for(mut self, window: Duration, mode: super::Dedup) -> Self {
         self.unique_for = Some((window, mode));
         self
+    }
+
+    /// The deduplication key [`TaskOptions::unique_for`] keeps: the task name and this
+    /// argument's (or label's) value, instead of the task and all its arguments — one key per
+    /// document, user or tenant. With [`Dedup::Debounce`](super::Dedup::Debounce) (whose
+    /// latest arguments win), without one the key is the task name alone.
+    pub const fn dedup_key(mut self, key: super::KeySource) -> Self {
+        self.dedup_key = Some(key);
+        self
+    }
+
+    /// See [`TaskOptions::dedup_key`].
+    pub const fn get_dedup_key(&self) -> Option<super::KeySource> {
+        self.dedup_key
     }
 
     /// See [`TaskOptions::max_attempts`].

@@ -464,6 +464,28 @@ macro_rules! forward_store_traits {
                 let $this = self;
                 $inner.release_dedup(key, id).await
             }
+            async fn debounce(
+                &self,
+                key: &str,
+                id: &TaskId,
+                body: &str,
+                window: Duration,
+            ) -> Result<Option<TaskId>, StoreError> {
+                let $this = self;
+                $inner.debounce(key, id, body, window).await
+            }
+            async fn take_debounced(
+                &self,
+                key: &str,
+                id: &TaskId,
+            ) -> Result<crate::store::Debounced, StoreError> {
+                let $this = self;
+                $inner.take_debounced(key, id).await
+            }
+            async fn abandon_debounce(&self, key: &str, id: &TaskId) -> Result<(), StoreError> {
+                let $this = self;
+                $inner.abandon_debounce(key, id).await
+            }
             async fn set_limit_override(
                 &self,
                 target: &str,

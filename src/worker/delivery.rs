@@ -126,6 +126,10 @@ impl Inner {
         if let Some(outcome) = self.wait_until_due(d, &msg).await {
             return outcome;
         }
+        let msg = match self.debounced(d, msg).await {
+            Ok(msg) => msg,
+            Err(outcome) => return outcome,
+        };
 
         let Some(task) = self.registry.get(&msg.task_name) else {
             return Box::pin(self.unknown_task(d, &msg)).await;

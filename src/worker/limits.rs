@@ -9,7 +9,9 @@ use std::time::Duration;
 use super::running::Outcome;
 use super::Inner;
 use crate::broker::{Delivery, HOLD_WINDOW};
-use crate::store::{LimitOverride, LimiterKind, LimiterSeen, RateDecision, SlotDecision};
+use crate::store::{
+    Debounced, LimitOverride, LimiterKind, LimiterSeen, RateDecision, SlotDecision,
+};
 use crate::task::{Rate, TaskOptions};
 use crate::wire::{TaskId, TaskMessage};
 
@@ -255,5 +257,53 @@ impl Inner {
             .iter()
             .map(|(id, limiter)| (limiter.clone(), id.clone()))
             .collect()
+    }
+
+    /// A debounced message (`ferriq_dedup_mode` `debounce`) runs once its key has been quiet
+    /// for its window, with the latest enqueue's arguments: handed back while the key is
+    /// enqueued again (like a task not due yet), else the message with those arguments.
+    pub(crate) async fn debounced(
+        &self,
+        d: &Delivery,
+        mut msg: TaskMessage,
+    ) -> Result<TaskMessage, Outcome> {
+        let debounce = msg
+            .labels
+            .get(crate::wire::names::DEDUP_MODE)
+            .is_some_and(|m| m.header_value() == crate::task::Dedup::Debounce.as_str());
+        let key = match msg.labels.get(crate::wire::names::DEDUP_KEY) {
+            Some(key) if debounce => key.header_value().into_owned(),
+            _ => return Ok(msg),
+        };
+        loop {
+            match self.store.take_debounced(&key, &msg.task_id).await {
+                Ok(Debounced::Wait(wait)) if wait < crate::broker::HOLD_WINDOW => {
+                    tokio::time::sleep(wait).await;
+                }
+                Ok(Debounced::Wait(wait)) => {
+                    tracing::debug!(quiet_in = ?wait, "debounced: enqueued again, released until its key is quiet");
+                    let whole_seconds = Duration::from_secs(wait.as_secs());
+                    return Err(self.release_after(d, whole_seconds, Outcome::NotDue).await);
+                }
+                Ok(Debounced::Run(None)) => return Ok(msg),
+                Ok(Debounced::Run(Some(body))) => {
+                    // The latest enqueue's arguments; a body that does not read (it was
+                    // written by a client of this task) leaves the message's own.
+                    match TaskMessage::from_json(body.as_bytes()) {
+                        Ok(latest) => (msg.args, msg.kwargs) = (latest.args, latest.kwargs),
+                        Err(e) => {
+                            tracing::warn!(error = %e, "debounced: the latest arguments do not read; running the first enqueue's")
+                        }
+                    }
+                    return Ok(msg);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "debounce state unreachable: releasing the message");
+                    return Err(self
+                        .release(d, self.config.store_retry_after, Outcome::Released)
+                        .await);
+                }
+            }
+        }
     }
 }

@@ -112,11 +112,13 @@ impl Inner {
         let Some(key) = msg.labels.get(crate::wire::names::DEDUP_KEY) else {
             return;
         };
-        let window = msg
+        // A key kept for its window stays; a debounced task gave its key up when it was let
+        // run.
+        let kept = msg
             .labels
             .get(crate::wire::names::DEDUP_MODE)
-            .is_some_and(|m| m.header_value() == crate::task::Dedup::Window.as_str());
-        if window {
+            .is_some_and(|m| m.header_value() != crate::task::Dedup::WhileActive.as_str());
+        if kept {
             return;
         }
         if let Err(e) = self

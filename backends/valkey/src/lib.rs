@@ -53,6 +53,7 @@
 
 mod batch;
 mod config;
+mod debounce;
 mod error;
 mod from_url;
 mod keys;

@@ -3,7 +3,8 @@
 
 use async_trait::async_trait;
 use ferriq::store::{
-    FlowStore, LimitOverride, LimiterSeen, LimiterUsage, RateDecision, SlotDecision, StoreError,
+    Debounced, FlowStore, LimitOverride, LimiterSeen, LimiterUsage, RateDecision, SlotDecision,
+    StoreError,
 };
 use ferriq::task::Rate;
 use ferriq::wire::TaskId;
@@ -332,6 +333,24 @@ impl FlowStore for ValkeyStore {
                     reason: format!("deduplication key holder: {e}"),
                 }),
         }
+    }
+
+    async fn debounce(
+        &self,
+        key: &str,
+        id: &TaskId,
+        body: &str,
+        window: std::time::Duration,
+    ) -> Result<Option<TaskId>, StoreError> {
+        self.debounce_enqueue(key, id, body, window).await
+    }
+
+    async fn take_debounced(&self, key: &str, id: &TaskId) -> Result<Debounced, StoreError> {
+        self.debounce_take(key, id).await
+    }
+
+    async fn abandon_debounce(&self, key: &str, id: &TaskId) -> Result<(), StoreError> {
+        self.debounce_abandon(key, id).await
     }
 
     async fn set_limit_override(

@@ -48,3 +48,94 @@ async fn a_thousand_concurrent_enqueues_of_one_call_send_one_task() {
     assert_eq!(starts.0.lock().unwrap().len(), 2);
     worker.stop().await;
 }
+
+#[ferriq::task(
+    name = "valkey.limits.reindex",
+    unique_for = 1,
+    dedup = "debounce",
+    dedup_key = "doc"
+)]
+async fn reindex(starts: State<Arc<Starts>>, doc: String, version: u32) -> u32 {
+    let _ = doc;
+    starts.0.lock().unwrap().push((Instant::now(), version));
+    version
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_debounced_task_runs_once_when_its_key_is_quiet_with_the_latest_arguments() {
+    let store = Arc::new(common::store().await);
+    let broker = Arc::new(ferriq::memory::MemoryBroker::new());
+    let client = Client::new(broker.clone(), store.clone());
+    let starts = Arc::new(Starts::default());
+    let worker = common::spawn_worker_with(
+        broker.clone(),
+        store.clone(),
+        &[reindex::NAME],
+        Arc::clone(&starts),
+    );
+    let mut edits = Vec::new();
+    let mut last_edit = Instant::now();
+    for version in 1..=4 {
+        last_edit = Instant::now();
+        edits.push(reindex::kiq(&client, "a".into(), version).await.unwrap());
+        tokio::time::sleep(Duration::from_millis(400)).await;
+    }
+    assert!(edits.iter().all(|e| e.task_id() == edits[0].task_id()));
+    for edit in &edits {
+        assert_eq!(edit.wait(Duration::from_secs(30)).await.unwrap(), 4);
+    }
+    let runs = starts.0.lock().unwrap().clone();
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    // A window of quiet after the last edit (the server's clock, so a little slack).
+    let quiet = runs[0].0 - last_edit;
+    assert!(quiet >= Duration::from_millis(950), "{quiet:?}");
+    assert_eq!(broker.stats().published, 1);
+    worker.stop().await;
+}
+
+#[tokio::test]
+async fn a_debounced_task_let_run_gets_the_same_arguments_when_redelivered() {
+    use ferriq::store::{Debounced, FlowStore};
+    let store = common::store().await;
+    let (first, second) = (
+        ferriq::wire::TaskId::random(),
+        ferriq::wire::TaskId::random(),
+    );
+    let window = Duration::from_millis(200);
+    assert_eq!(
+        store.debounce("k", &first, "v1", window).await.unwrap(),
+        None
+    );
+    assert_eq!(
+        store.debounce("k", &second, "v2", window).await.unwrap(),
+        Some(first.clone())
+    );
+    assert!(matches!(
+        store.take_debounced("k", &first).await.unwrap(),
+        Debounced::Wait(_)
+    ));
+    tokio::time::sleep(window + Duration::from_millis(50)).await;
+    let run = Debounced::Run(Some("v2".into()));
+    assert_eq!(store.take_debounced("k", &first).await.unwrap(), run);
+    // Its worker died: the redelivery runs with the same arguments, though the key moved on.
+    assert_eq!(
+        store.debounce("k", &second, "v3", window).await.unwrap(),
+        None
+    );
+    assert_eq!(store.take_debounced("k", &first).await.unwrap(), run);
+    // A producer that does not debounce: no record, run the message as it is.
+    assert_eq!(
+        store
+            .take_debounced("k", &ferriq::wire::TaskId::random())
+            .await
+            .unwrap(),
+        Debounced::Run(None)
+    );
+    // A message that could not be sent is forgotten: the next enqueue is a new task.
+    store.abandon_debounce("k", &second).await.unwrap();
+    let third = ferriq::wire::TaskId::random();
+    assert_eq!(
+        store.debounce("k", &third, "v4", window).await.unwrap(),
+        None
+    );
+}
