@@ -307,6 +307,15 @@ pub(super) async fn warm_up(client: &Client) {
 /// N tasks enqueued in batches of 1000, then every result awaited: (enqueue, end to end)
 /// seconds.
 pub(super) async fn bulk(client: &Client, n: u64) -> (Duration, Duration) {
+    bulk_of(client, n, noop::call).await
+}
+
+/// [`bulk`] with calls made by `call` (a task returning its argument).
+pub(super) async fn bulk_of(
+    client: &Client,
+    n: u64,
+    call: fn(u64) -> ferriq::Call<u64>,
+) -> (Duration, Duration) {
     let wait = Duration::from_secs(120);
     let start = Instant::now();
     let mut handles = Vec::with_capacity(n as usize);
@@ -314,7 +323,7 @@ pub(super) async fn bulk(client: &Client, n: u64) -> (Duration, Duration) {
     for chunk in ids.chunks(1000) {
         handles.extend(
             client
-                .enqueue_batch(chunk.iter().map(|i| noop::call(*i)))
+                .enqueue_batch(chunk.iter().map(|i| call(*i)))
                 .await
                 .unwrap(),
         );

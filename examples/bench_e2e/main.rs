@@ -64,14 +64,26 @@ mod modes;
 mod rounds;
 
 use load::{
-    as_raw_client, bulk, drive, fmt_cost, fmt_cpu, fmt_runs, metered, raw_client_name, report,
-    round_trips, warm_up, Figures,
+    as_raw_client, bulk, bulk_of, drive, fmt_cost, fmt_cpu, fmt_runs, metered, raw_client_name,
+    report, round_trips, warm_up, Figures,
 };
-use modes::{compare_middlewares, memory_round, rss_run};
-use rounds::{amqp_rounds, AmqpWorld};
+use modes::{compare_middlewares, limits_rounds, memory_round, rss_run};
+use rounds::{amqp_rounds, print_cpu_table, AmqpWorld};
 
 #[ferriq::task(name = "bench.noop")]
 async fn noop(n: u64) -> u64 {
+    n
+}
+
+/// `bench.noop` under a rate limit it never reaches (`--limits`).
+#[ferriq::task(name = "bench.rated", rate = "50000/s")]
+async fn rated(n: u64) -> u64 {
+    n
+}
+
+/// `bench.noop` under a concurrency limit it never reaches (`--limits`).
+#[ferriq::task(name = "bench.slotted", concurrency = 1000)]
+async fn slotted(n: u64) -> u64 {
     n
 }
 
@@ -157,7 +169,7 @@ fn worker_with(
         .registry(
             Registry::from_inventory()
                 .unwrap()
-                .only(&[noop::NAME])
+                .only(&[noop::NAME, rated::NAME, slotted::NAME])
                 .unwrap(),
         )
         .concurrency(CONCURRENCY)
@@ -232,6 +244,9 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let (figures, raw, rss, what) = match broker_kind.as_str() {
         "amqp" if arg("--backlog", "0") != "0" => {
             return rss_run(tag, arg("--backlog", "0").parse()?).await;
+        }
+        "amqp" if arg("--limits", "0") != "0" => {
+            return limits_rounds(tag, n, arg("--limits", "0").parse()?).await;
         }
         "amqp" if arg("--rounds", "0") != "0" => {
             return amqp_rounds(tag, n, lat_n, arg("--rounds", "0").parse()?).await;

@@ -106,3 +106,71 @@ pub(super) async fn compare_middlewares(
     );
     Ok(())
 }
+
+/// `--broker amqp --limits R`: R rounds on RabbitMQ + Redis, each N tasks without a limit, N
+/// under a rate limit they never reach (50,000/s) and N under a concurrency limit they never
+/// reach (1,000 slots), in turns; medians and their ratios to the run without. What a limit
+/// costs when it does not bind: a store round trip per task (and the slot's release).
+pub(super) async fn limits_rounds(
+    tag: &str,
+    n: u64,
+    rounds: usize,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let mut world = AmqpWorld::start(tag).await?;
+    warm_up(&world.client).await;
+    let kinds: [(&str, fn(u64) -> ferriq::Call<u64>); 3] = [
+        ("no limit", noop::call),
+        ("rate = \"50000/s\"", rated::call),
+        ("concurrency = 1000", slotted::call),
+    ];
+    let mut runs: Vec<Vec<f64>> = vec![Vec::new(); kinds.len()];
+    let meter = Meter::new(vec![
+        ("bench process", Some(std::process::id())),
+        ("worker", Some(world.pid)),
+        ("RabbitMQ", find_process("beam.smp")),
+        ("Redis", find_process("redis-server")),
+    ]);
+    let mut cpu: Vec<Vec<Vec<f64>>> = vec![Vec::new(); kinds.len()];
+    for round in 0..rounds {
+        // Each round starts with another kind, so none always runs on a warmer worker.
+        for k in 0..kinds.len() {
+            let k = (k + round) % kinds.len();
+            let before = meter.read();
+            let (_, took) = bulk_of(&world.client, n, kinds[k].1).await;
+            cpu[k].push(meter.per_task_us(&before, n));
+            runs[k].push(n as f64 / took.as_secs_f64());
+        }
+    }
+    world.stop_worker().await;
+    world.remove().await;
+    let median = |v: &[f64]| {
+        let mut v = v.to_vec();
+        v.sort_by(|a, b| a.total_cmp(b));
+        v[v.len() / 2]
+    };
+    let base = median(&runs[0]);
+    println!("ferriq bench_e2e --limits {rounds}: RabbitMQ + Redis, worker in its own process; N={n} per run, concurrency {CONCURRENCY}");
+    println!("CPU: {}", ferriq_examples::cpu_model());
+    println!("| task | end to end, median of {rounds} | of no limit | runs |");
+    println!("|---|---|---|---|");
+    for (k, (what, _)) in kinds.iter().enumerate() {
+        let m = median(&runs[k]);
+        println!(
+            "| {what} | {m:.0} tasks/s | {:.3} | {} |",
+            m / base,
+            fmt_runs(&runs[k])
+        );
+    }
+    let rows: Vec<(&str, &[Vec<f64>], bool)> = kinds
+        .iter()
+        .zip(&cpu)
+        .map(|((what, _), c)| (*what, c.as_slice(), true))
+        .collect();
+    print_cpu_table(&meter.names(), rounds, &rows);
+    println!(
+        "no_limit_tasks_per_s={base:.0} rate_ratio={:.3} concurrency_ratio={:.3}",
+        median(&runs[1]) / base,
+        median(&runs[2]) / base
+    );
+    Ok(())
+}

@@ -80,10 +80,10 @@ impl FlowStore for MemoryStore {
         &self,
         limiter: &str,
         id: &crate::wire::TaskId,
+        held: Duration,
     ) -> Result<(), StoreError> {
-        let now = self.inner.clock.now_unix();
         if let Some(s) = self.lock().slots.get_mut(limiter) {
-            s.release(id, now);
+            s.release(id, held.as_secs_f64());
         }
         Ok(())
     }

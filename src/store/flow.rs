@@ -221,9 +221,15 @@ pub trait FlowStore: Send + Sync + 'static {
         Ok(())
     }
 
-    /// Frees task `id`'s slot of `limiter` (its run ended), counting how long it ran.
-    async fn release_slot(&self, limiter: &str, id: &TaskId) -> Result<(), StoreError> {
-        let _ = (limiter, id);
+    /// Frees task `id`'s slot of `limiter`: its run ended after holding it for `held` (folded
+    /// into the limiter's average, which times the waiting tasks' returns).
+    async fn release_slot(
+        &self,
+        limiter: &str,
+        id: &TaskId,
+        held: Duration,
+    ) -> Result<(), StoreError> {
+        let _ = (limiter, id, held);
         Ok(())
     }
 
@@ -398,8 +404,8 @@ impl RateState {
 #[cfg(feature = "memory")]
 #[derive(Debug, Default)]
 pub(crate) struct SlotState {
-    /// Slots held: task → (lease end, when it was taken).
-    held: std::collections::HashMap<TaskId, (f64, f64)>,
+    /// Slots held: task → lease end.
+    held: std::collections::HashMap<TaskId, f64>,
     /// Tasks waiting: task → when it was told to come back.
     waiting: std::collections::HashMap<TaskId, f64>,
     /// How long a run holds a slot, on average (seconds).
@@ -415,9 +421,9 @@ impl SlotState {
         lease: f64,
         now: f64,
     ) -> SlotDecision {
-        self.held.retain(|_, (until, _)| *until > now);
+        self.held.retain(|_, until| *until > now);
         self.waiting.retain(|_, back| *back > now - 3600.0);
-        if let Some((until, _)) = self.held.get_mut(id) {
+        if let Some(until) = self.held.get_mut(id) {
             *until = now + lease;
             return SlotDecision::Held;
         }
@@ -442,7 +448,7 @@ impl SlotState {
         }
         if due < free {
             self.waiting.remove(id);
-            self.held.insert(id.clone(), (now + lease, now));
+            self.held.insert(id.clone(), now + lease);
             return SlotDecision::Held;
         }
         // A slot whose worker died frees itself when its lease runs out: nobody waits past
@@ -452,7 +458,7 @@ impl SlotState {
         let first_end = self
             .held
             .values()
-            .map(|(until, _)| until - now)
+            .map(|until| until - now)
             .fold(f64::INFINITY, f64::min);
         let wait = slot_wait(ahead, limit, self.average_run).min((first_end + 0.05).max(0.25));
         let back = now + wait;
@@ -462,7 +468,7 @@ impl SlotState {
 
     /// Slots held now, tasks waiting.
     pub(crate) fn usage(&self, now: f64) -> (u64, u64) {
-        let held = self.held.values().filter(|(until, _)| *until > now).count();
+        let held = self.held.values().filter(|until| **until > now).count();
         (held as u64, self.waiting.len() as u64)
     }
 
@@ -471,17 +477,16 @@ impl SlotState {
     /// against the limit again; otherwise it was released or ran out, and stays free.
     pub(crate) fn renew(&mut self, id: &TaskId, lease: f64, now: f64) {
         match self.held.get_mut(id) {
-            Some((until, _)) => *until = now + lease,
+            Some(until) => *until = now + lease,
             None if self.average_run.is_none() => {
-                self.held.insert(id.clone(), (now + lease, now));
+                self.held.insert(id.clone(), now + lease);
             }
             None => {}
         }
     }
 
-    pub(crate) fn release(&mut self, id: &TaskId, now: f64) {
-        if let Some((_, taken)) = self.held.remove(id) {
-            let ran = (now - taken).max(0.0);
+    pub(crate) fn release(&mut self, id: &TaskId, ran: f64) {
+        if self.held.remove(id).is_some() {
             self.average_run = Some(self.average_run.map_or(ran, |a| a * 0.8 + ran * 0.2));
         }
     }

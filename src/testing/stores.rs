@@ -447,9 +447,9 @@ macro_rules! forward_store_traits {
                 let $this = self;
                 $inner.renew_slots(slots, lease).await
             }
-            async fn release_slot(&self, limiter: &str, id: &TaskId) -> Result<(), StoreError> {
+            async fn release_slot(&self, limiter: &str, id: &TaskId, held: Duration) -> Result<(), StoreError> {
                 let $this = self;
-                $inner.release_slot(limiter, id).await
+                $inner.release_slot(limiter, id, held).await
             }
             async fn reserve_dedup(
                 &self,

@@ -6,6 +6,8 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use super::running::Outcome;
 use super::Inner;
 use crate::broker::{Delivery, HOLD_WINDOW};
@@ -221,7 +223,7 @@ impl Inner {
                 self.slots
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
-                    .insert(msg.task_id.clone(), limiter.to_owned());
+                    .insert(msg.task_id.clone(), (limiter.to_owned(), Instant::now()));
                 Ok(())
             }
             Ok(SlotDecision::Wait(wait)) => {
@@ -240,11 +242,13 @@ impl Inner {
     /// Frees the run's slot (it is settled). A slot that cannot be freed now runs out with its
     /// lease, no longer renewed.
     pub(crate) async fn give_slot_back(&self, limiter: &str, id: &TaskId) {
-        self.slots
+        let taken = self
+            .slots
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(id);
-        if let Err(e) = self.store.release_slot(limiter, id).await {
+        let held = taken.map_or(Duration::ZERO, |(_, at)| at.elapsed());
+        if let Err(e) = self.store.release_slot(limiter, id, held).await {
             tracing::warn!(error = %e, "could not free a concurrency slot; it frees itself within a lease");
         }
     }
@@ -255,7 +259,7 @@ impl Inner {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .iter()
-            .map(|(id, limiter)| (limiter.clone(), id.clone()))
+            .map(|(id, (limiter, _))| (limiter.clone(), id.clone()))
             .collect()
     }
 

@@ -55,6 +55,7 @@ mod batch;
 mod config;
 mod debounce;
 mod error;
+mod flow;
 mod from_url;
 mod keys;
 mod limits;

@@ -171,7 +171,7 @@ impl ValkeyStore {
                 }
                 _ => {
                     let keys = self.slot_keys(limiter);
-                    self.run(SLOT_USAGE, vec![keys[0].clone(), keys[2].clone()], vec![])
+                    self.run(SLOT_USAGE, vec![keys[0].clone(), keys[1].clone()], vec![])
                         .await?
                 }
             }

@@ -83,7 +83,10 @@ async fn a_slot_whose_worker_died_frees_itself_within_its_lease() {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    store.release_slot("l", &next).await.unwrap();
+    store
+        .release_slot("l", &next, Duration::from_millis(100))
+        .await
+        .unwrap();
     assert_eq!(
         store.acquire_slot("l", &dead, 1, lease).await.unwrap(),
         SlotDecision::Held
@@ -219,7 +222,10 @@ async fn runs_going_on_take_their_slots_again_after_the_store_lost_its_data() {
         "a second run took the slot the first still holds"
     );
     // Released, the slot is free, and a late renewal of the finished run does not take it.
-    store.release_slot("l", &running).await.unwrap();
+    store
+        .release_slot("l", &running, Duration::from_secs(1))
+        .await
+        .unwrap();
     store
         .renew_slots(&[("l".into(), running.clone())], lease)
         .await

@@ -1,7 +1,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferriq::store::{ClaimOutcome, CompleteOutcome, StoreError};
+use ferriq::store::{ClaimOutcome, CompleteOutcome, RateDecision, SlotDecision, StoreError};
 use ferriq::wire::TaskId;
 use fred::clients::SubscriberClient;
 use fred::prelude::{ClientLike, ClientState, Pool, PubsubInterface};
@@ -11,6 +11,7 @@ use tokio::task::JoinHandle;
 use crate::batch::Batcher;
 use crate::error::store_error;
 use crate::keys::Keys;
+use crate::limits::{AdmitCall, KeyCache, ReleaseCall, SlotCall};
 use crate::ops::{ClaimCall, CompleteCall, Core};
 use crate::scripts::{self, Scripts};
 use crate::waiters::{confirm_subscribed, spawn_dispatcher, Waiters};
@@ -38,12 +39,22 @@ struct Inner {
     completes: Option<Batcher<CompleteCall, CompleteOutcome>>,
     /// Concurrent result reads (waits re-reading under a backlog), one `MGET` per round trip.
     reads: Option<Batcher<String, Option<String>>>,
+    /// Concurrent limiter decisions, likewise.
+    flow: Option<FlowBatchers>,
+    flow_keys: KeyCache,
     background: Vec<JoinHandle<()>>,
     /// The tasks driving each connection (fred's routers): awaited by `close`, aborted by a
     /// drop without it.
     routers: std::sync::Mutex<Vec<ConnectHandle>>,
     /// Set once `close` has run.
     closed: tokio::sync::OnceCell<()>,
+}
+
+/// Concurrent limiter decisions, gathered into one script run per round trip.
+pub(crate) struct FlowBatchers {
+    pub(crate) admits: Batcher<AdmitCall, RateDecision>,
+    pub(crate) acquires: Batcher<SlotCall, SlotDecision>,
+    pub(crate) releases: Batcher<ReleaseCall, ()>,
 }
 
 /// After a failed connect: closes the clients that are not disconnected. `quit` on a client
@@ -100,6 +111,13 @@ impl Inner {
         {
             let quiet = async {
                 tokio::join!(claims.quiesce(), completes.quiesce(), reads.quiesce());
+                if let Some(flow) = &self.flow {
+                    tokio::join!(
+                        flow.admits.quiesce(),
+                        flow.acquires.quiesce(),
+                        flow.releases.quiesce()
+                    );
+                }
             };
             let _ = tokio::time::timeout(settle, quiet).await;
         }
@@ -245,6 +263,31 @@ impl ValkeyStore {
             background.push(read_task);
             (Some(claims), Some(completes), Some(reads))
         };
+        let flow = if clustered {
+            None
+        } else {
+            let c = Arc::clone(&core);
+            let (admits, admit_task) = Batcher::spawn(MAX_BATCH, parallel, move |calls| {
+                let c = Arc::clone(&c);
+                async move { c.admit_many(calls).await }
+            });
+            let c = Arc::clone(&core);
+            let (acquires, acquire_task) = Batcher::spawn(MAX_BATCH, parallel, move |calls| {
+                let c = Arc::clone(&c);
+                async move { c.acquire_many(calls).await }
+            });
+            let c = Arc::clone(&core);
+            let (releases, release_task) = Batcher::spawn(MAX_BATCH, parallel, move |calls| {
+                let c = Arc::clone(&c);
+                async move { c.release_many(calls).await }
+            });
+            background.extend([admit_task, acquire_task, release_task]);
+            Some(FlowBatchers {
+                admits,
+                acquires,
+                releases,
+            })
+        };
         Ok(ValkeyStore {
             inner: Arc::new(Inner {
                 core,
@@ -255,6 +298,8 @@ impl ValkeyStore {
                 claims,
                 completes,
                 reads,
+                flow,
+                flow_keys: KeyCache::default(),
                 background,
                 routers: std::sync::Mutex::new(routers),
                 closed: tokio::sync::OnceCell::new(),
@@ -264,6 +309,14 @@ impl ValkeyStore {
 
     pub(crate) fn core(&self) -> &Core {
         &self.inner.core
+    }
+
+    pub(crate) fn flow_keys(&self) -> &KeyCache {
+        &self.inner.flow_keys
+    }
+
+    pub(crate) fn flow_batchers(&self) -> Option<&FlowBatchers> {
+        self.inner.flow.as_ref()
     }
 
     /// Wakes this process's waiters of `id` (a write they would otherwise learn of by the

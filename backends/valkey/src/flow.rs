@@ -1,0 +1,152 @@
+//! Flow control on Valkey: the `FlowStore` contract over the rate and concurrency limiters
+//! (`limits`), deduplication keys, debounced enqueues (`debounce`) and the limits set at run
+//! time (`limits_live`).
+
+use async_trait::async_trait;
+use ferriq::store::{
+    Debounced, FlowStore, LimitOverride, LimiterSeen, LimiterUsage, RateDecision, SlotDecision,
+    StoreError,
+};
+use ferriq::task::Rate;
+use ferriq::wire::TaskId;
+use fred::types::scripts::Script;
+
+use crate::error::store_error;
+use crate::scripts;
+use crate::ValkeyStore;
+
+/// KEYS: the dedup key. ARGV: task id, ttl ms. Returns '' when the key is the task's now (or
+/// was), else the id of the task holding it.
+const RESERVE_DEDUP: &str = r#"
+local cur = redis.call('GET', KEYS[1])
+if cur and cur ~= ARGV[1] then return cur end
+if not cur then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) end
+return ''
+"#;
+
+/// KEYS: the dedup key. ARGV: task id. Deletes it when the task holds it.
+const RELEASE_DEDUP: &str = r#"
+if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
+return 1
+"#;
+
+impl ValkeyStore {
+    /// A deduplication key's key (its digest: a key may hold any character).
+    fn dedup_key(&self, key: &str) -> String {
+        format!(
+            "{}:dedup:{}",
+            self.prefix(),
+            TaskId::derived(&["ferriq-dedup-key", key])
+        )
+    }
+}
+
+#[async_trait]
+impl FlowStore for ValkeyStore {
+    async fn admit_rate(
+        &self,
+        limiter: &str,
+        id: &TaskId,
+        rate: Rate,
+    ) -> Result<RateDecision, StoreError> {
+        self.admit(limiter, id, rate).await
+    }
+
+    async fn acquire_slot(
+        &self,
+        limiter: &str,
+        id: &TaskId,
+        limit: u32,
+        lease: std::time::Duration,
+    ) -> Result<SlotDecision, StoreError> {
+        self.acquire(limiter, id, limit, lease).await
+    }
+
+    async fn renew_slots(
+        &self,
+        slots: &[(String, TaskId)],
+        lease: std::time::Duration,
+    ) -> Result<(), StoreError> {
+        self.renew(slots, lease).await
+    }
+
+    async fn release_slot(
+        &self,
+        limiter: &str,
+        id: &TaskId,
+        held: std::time::Duration,
+    ) -> Result<(), StoreError> {
+        self.release(limiter, id, held).await
+    }
+
+    async fn reserve_dedup(
+        &self,
+        key: &str,
+        id: &TaskId,
+        ttl: std::time::Duration,
+    ) -> Result<Option<TaskId>, StoreError> {
+        let keys = vec![self.dedup_key(key)];
+        let argv = vec![id.to_string(), ttl.as_millis().max(1).to_string()];
+        let script = Script::from_lua(RESERVE_DEDUP);
+        let answer = scripts::call(&self.core().pool, &script, || (keys.clone(), argv.clone()))
+            .await
+            .map_err(store_error)?;
+        match answer.as_str().as_deref() {
+            None | Some("") => Ok(None),
+            Some(holder) => TaskId::parse(holder)
+                .map(Some)
+                .map_err(|e| StoreError::Corrupt {
+                    task_id: id.to_string(),
+                    reason: format!("deduplication key holder: {e}"),
+                }),
+        }
+    }
+
+    async fn debounce(
+        &self,
+        key: &str,
+        id: &TaskId,
+        body: &str,
+        window: std::time::Duration,
+    ) -> Result<Option<TaskId>, StoreError> {
+        self.debounce_enqueue(key, id, body, window).await
+    }
+
+    async fn take_debounced(&self, key: &str, id: &TaskId) -> Result<Debounced, StoreError> {
+        self.debounce_take(key, id).await
+    }
+
+    async fn abandon_debounce(&self, key: &str, id: &TaskId) -> Result<(), StoreError> {
+        self.debounce_abandon(key, id).await
+    }
+
+    async fn set_limit_override(
+        &self,
+        target: &str,
+        limits: Option<LimitOverride>,
+    ) -> Result<bool, StoreError> {
+        self.set_override(target, limits).await
+    }
+
+    async fn limit_overrides(&self) -> Result<Vec<(String, LimitOverride)>, StoreError> {
+        self.overrides().await
+    }
+
+    async fn note_limiters(&self, seen: &[LimiterSeen]) -> Result<(), StoreError> {
+        self.note(seen).await
+    }
+
+    async fn limiters(&self) -> Result<Vec<LimiterUsage>, StoreError> {
+        self.usage().await
+    }
+
+    async fn release_dedup(&self, key: &str, id: &TaskId) -> Result<(), StoreError> {
+        let keys = vec![self.dedup_key(key)];
+        let argv = vec![id.to_string()];
+        let script = Script::from_lua(RELEASE_DEDUP);
+        scripts::call(&self.core().pool, &script, || (keys.clone(), argv.clone()))
+            .await
+            .map_err(store_error)?;
+        Ok(())
+    }
+}
