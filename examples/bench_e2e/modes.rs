@@ -118,7 +118,8 @@ pub(super) async fn limits_rounds(
 ) -> Result<(), Box<dyn std::error::Error>> {
     let mut world = AmqpWorld::start(tag).await?;
     warm_up(&world.client).await;
-    let kinds: [(&str, fn(u64) -> ferriq::Call<u64>); 3] = [
+    type MakeCall = fn(u64) -> ferriq::Call<u64>;
+    let kinds: [(&str, MakeCall); 3] = [
         ("no limit", noop::call),
         ("rate = \"50000/s\"", rated::call),
         ("concurrency = 1000", slotted::call),
