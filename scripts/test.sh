@@ -27,6 +27,10 @@ cargo check --locked --quiet -p ferriq-valkey -p ferriq-amqp -p ferriq-sqs -p fe
 step "cargo test (unit, integration, doc tests; real Redis and RabbitMQ)"
 timeout 40m cargo test --workspace --locked
 
+step "TLS for real (a throwaway CA made with openssl, private TLS servers; the tls features)"
+command -v openssl >/dev/null || { echo "openssl is needed for the TLS tests" >&2; exit 1; }
+timeout 10m cargo test --locked -p ferriq-valkey --features tls --test tls
+
 step "fault harness, small size (worker processes, a private redis-server, proxies; see RELIABILITY.md)"
 cargo build --locked --quiet -p ferriq-harness
 timeout 25m target/debug/fault-harness --size small

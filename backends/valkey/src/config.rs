@@ -33,6 +33,7 @@ pub struct ValkeyStoreBuilder {
     /// Whether `claim_ttl` was set by the caller (else it follows `result_ttl`).
     claim_ttl_set: bool,
     pub(crate) recheck_interval: Duration,
+    pub(crate) tls: crate::tls::TlsFiles,
 }
 
 /// The claim TTL unless results are kept longer: past SQS's 14-day retention.
@@ -54,6 +55,7 @@ impl ValkeyStoreBuilder {
             claim_ttl: DEFAULT_CLAIM_TTL,
             claim_ttl_set: false,
             recheck_interval: Duration::from_secs(1),
+            tls: Default::default(),
         }
     }
 
@@ -114,6 +116,27 @@ impl ValkeyStoreBuilder {
     /// completion will come too: it re-reads after this interval.
     pub fn recheck_interval(mut self, interval: Duration) -> Self {
         self.recheck_interval = interval;
+        self
+    }
+
+    /// Trusts the certificate authorities in this PEM file instead of the system's roots
+    /// (`FERRIQ_STORE_TLS_CA`): for a server whose certificate a private CA signed. For
+    /// `rediss://`/`valkeys://` URLs; needs the `tls` feature. The server's certificate and
+    /// host name are always verified.
+    pub fn tls_ca_file(mut self, pem: impl Into<std::path::PathBuf>) -> Self {
+        self.tls.ca = Some(pem.into());
+        self
+    }
+
+    /// Presents this client certificate (PEM chain) and its private key (PEM) to a server that
+    /// asks for one (mTLS; `FERRIQ_STORE_TLS_CERT`, `FERRIQ_STORE_TLS_KEY`). The key is read
+    /// when the store connects and never logged.
+    pub fn tls_client_cert(
+        mut self,
+        cert_pem: impl Into<std::path::PathBuf>,
+        key_pem: impl Into<std::path::PathBuf>,
+    ) -> Self {
+        self.tls.identity = Some((cert_pem.into(), key_pem.into()));
         self
     }
 
@@ -193,24 +216,36 @@ impl ValkeyStoreBuilder {
             url: self.url.redacted(),
             reason,
         };
-        if TLS.contains(&scheme.as_str()) {
+        let tls = TLS.contains(&scheme.as_str());
+        if tls {
             // Without a TLS feature fred would connect in plain text: refuse instead.
             if !cfg!(feature = "tls") {
                 return Err(bad(format!(
                     "{scheme}:// needs TLS: enable the `tls` feature of ferriq-valkey"
                 )));
             }
+        } else if self.tls.is_set() && PLAIN.contains(&scheme.as_str()) {
+            return Err(bad(format!(
+                "TLS files are set (FERRIQ_STORE_TLS_*) but {scheme}:// is plain text: use the TLS form of the URL (rediss://, valkeys://)"
+            )));
         } else if !PLAIN.contains(&scheme.as_str()) {
             return Err(bad(format!(
                 "unsupported scheme {scheme:?}; use redis://, rediss://, valkey://, valkeys:// or their -cluster/-sentinel forms"
             )));
         }
         // fred's own error text may quote the URL: keep only its kind.
-        let config = Config::from_url(self.url.expose()).map_err(|e| {
+        #[allow(unused_mut)] // set only with TLS
+        let mut config = Config::from_url(self.url.expose()).map_err(|e| {
             bad(self
                 .url
                 .explain(format_args!("{:?} error while parsing", e.kind())))
         })?;
+        #[cfg(feature = "tls")]
+        if let Some(connector) = crate::tls::connector(&self.tls)? {
+            config.tls = Some(connector.into());
+        }
+        #[cfg(not(feature = "tls"))]
+        crate::tls::refuse_without_feature(&self.tls)?;
         let mut builder = Builder::from_config(config);
         let (connect, command) = (self.connect_timeout, self.command_timeout);
         builder

@@ -4,7 +4,9 @@
 //!
 //! Settings read: `FERRIQ_RESULT_PREFIX` (key prefix, default `ferriq`; taskiq-redis's
 //! `prefix_str`), `FERRIQ_RESULT_TTL_SECS` (default 7 days; `0` keeps results forever).
-//! Claims are kept a day longer than results, and at least 15 days.
+//! Claims are kept a day longer than results, and at least 15 days. TLS: `FERRIQ_STORE_TLS_CA`
+//! (a PEM file of CAs to trust instead of the system's), `FERRIQ_STORE_TLS_CERT` and
+//! `FERRIQ_STORE_TLS_KEY` (a client certificate and its key, for mTLS).
 
 use std::sync::Arc;
 
@@ -20,6 +22,21 @@ fn connect(options: ConnectOptions) -> ConnectFuture<Arc<dyn Store>> {
         }
         if let Some(ttl) = options.result_ttl()? {
             builder = builder.result_ttl(ttl);
+        }
+        if let Some(ca) = options.setting("FERRIQ_STORE_TLS_CA") {
+            builder = builder.tls_ca_file(ca);
+        }
+        match (
+            options.setting("FERRIQ_STORE_TLS_CERT"),
+            options.setting("FERRIQ_STORE_TLS_KEY"),
+        ) {
+            (Some(cert), Some(key)) => builder = builder.tls_client_cert(cert, key),
+            (None, None) => {}
+            _ => {
+                return Err(ConnectError::Backend(
+                    "FERRIQ_STORE_TLS_CERT and FERRIQ_STORE_TLS_KEY go together: set both (the client certificate and its key) or neither".into(),
+                ))
+            }
         }
         let store = builder
             .connect()

@@ -65,6 +65,7 @@ mod ops_store;
 mod schedules;
 mod scripts;
 mod store;
+mod tls;
 mod waiters;
 mod workflow;
 

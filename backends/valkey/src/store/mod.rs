@@ -169,11 +169,26 @@ impl ValkeyStore {
     pub(crate) async fn connect(settings: ValkeyStoreBuilder) -> Result<Self, ValkeyError> {
         let builder = settings.fred_builder()?;
         let url = settings.url.redacted();
-        let failed = |e: fred::error::Error| ValkeyError::Connect {
-            url: url.clone(),
-            reason: settings
+        let tls = settings.url.scheme().starts_with("rediss")
+            || settings.url.scheme().starts_with("valkeys");
+        let failed = |e: fred::error::Error| {
+            let details = e.details().to_owned();
+            let mut reason = settings
                 .url
-                .explain(format_args!("{:?}: {}", e.kind(), e.details())),
+                .explain(format_args!("{:?}: {details}", e.kind()));
+            let hint = crate::tls::explain(&format!("{:?} {details}", e.kind())).or_else(|| {
+                // A plain port reads a TLS hello as the start of a command and never answers.
+                (tls && *e.kind() == fred::error::ErrorKind::Timeout).then_some(
+                    "no TLS handshake answered: check that the port is the server's TLS port (a plain port does not speak TLS) and that it is reachable",
+                )
+            });
+            if let Some(hint) = hint {
+                reason = format!("{reason} — {hint}");
+            }
+            ValkeyError::Connect {
+                url: url.clone(),
+                reason,
+            }
         };
         let pool = builder.build_pool(settings.pool_size).map_err(failed)?;
         let subscriber = builder.build_subscriber_client().map_err(failed)?;
