@@ -30,6 +30,7 @@ timeout 40m cargo test --workspace --locked
 step "TLS for real (a throwaway CA made with openssl, private TLS servers; the tls features)"
 command -v openssl >/dev/null || { echo "openssl is needed for the TLS tests" >&2; exit 1; }
 timeout 10m cargo test --locked -p ferriq-valkey --features tls --test tls
+timeout 10m cargo test --locked -p ferriq-amqp --features tls --test tls
 
 step "fault harness, small size (worker processes, a private redis-server, proxies; see RELIABILITY.md)"
 cargo build --locked --quiet -p ferriq-harness

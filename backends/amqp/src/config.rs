@@ -41,6 +41,10 @@ pub struct AmqpBrokerBuilder {
     pub(crate) declare_topology: bool,
     /// The lanes were set (not the default): without declaring, only named lanes are checked.
     pub(crate) queues_named: bool,
+    /// PEM certificates to trust besides the system's roots.
+    pub(crate) tls_ca: Option<std::path::PathBuf>,
+    /// A client certificate chain (PEM) and its private key (PEM), for mTLS.
+    pub(crate) tls_identity: Option<(std::path::PathBuf, std::path::PathBuf)>,
 }
 
 impl AmqpBrokerBuilder {
@@ -63,6 +67,8 @@ impl AmqpBrokerBuilder {
             publish_to_lanes_directly: false,
             declare_topology: true,
             queues_named: false,
+            tls_ca: None,
+            tls_identity: None,
         }
     }
 
@@ -191,12 +197,73 @@ impl AmqpBrokerBuilder {
         AmqpBroker::connect(self).await
     }
 
+    /// Trusts the certificate authorities in this PEM file, besides the system's roots
+    /// (`FERRIQ_BROKER_TLS_CA`): for a broker whose certificate a private CA signed. For
+    /// `amqps://` URLs; needs the `tls` feature. The broker's certificate and host name are
+    /// always verified.
+    pub fn tls_ca_file(mut self, pem: impl Into<std::path::PathBuf>) -> Self {
+        self.tls_ca = Some(pem.into());
+        self
+    }
+
+    /// Presents this client certificate (PEM chain) and its private key (PEM, PKCS#8, PKCS#1
+    /// or SEC1) to a broker that asks for one (mTLS; `FERRIQ_BROKER_TLS_CERT`,
+    /// `FERRIQ_BROKER_TLS_KEY`). The key is read when connecting and never logged.
+    pub fn tls_client_cert(
+        mut self,
+        cert_pem: impl Into<std::path::PathBuf>,
+        key_pem: impl Into<std::path::PathBuf>,
+    ) -> Self {
+        self.tls_identity = Some((cert_pem.into(), key_pem.into()));
+        self
+    }
+
+    /// The TLS files read for lapin (`None`: none set).
+    pub(crate) fn tls_config(&self) -> Result<Option<lapin::tcp::OwnedTLSConfig>, String> {
+        if self.tls_ca.is_none() && self.tls_identity.is_none() {
+            return Ok(None);
+        }
+        let read = |setting: &str, path: &std::path::Path| {
+            std::fs::read(path).map_err(|e| format!("{setting} ({}): {e}", path.display()))
+        };
+        let mut config = lapin::tcp::OwnedTLSConfig::default();
+        if let Some(ca) = &self.tls_ca {
+            let pem = read("FERRIQ_BROKER_TLS_CA", ca)?;
+            let pem = String::from_utf8(pem)
+                .ok()
+                .filter(|p| p.contains("-----BEGIN CERTIFICATE-----"))
+                .ok_or_else(|| {
+                    format!(
+                        "FERRIQ_BROKER_TLS_CA ({}): not a PEM certificate file",
+                        ca.display()
+                    )
+                })?;
+            config.cert_chain = Some(pem);
+        }
+        if let Some((cert, key)) = &self.tls_identity {
+            let pem = read("FERRIQ_BROKER_TLS_CERT", cert)?;
+            if !pem.windows(27).any(|w| w == b"-----BEGIN CERTIFICATE-----") {
+                return Err(format!(
+                    "FERRIQ_BROKER_TLS_CERT ({}): not a PEM certificate file",
+                    cert.display()
+                ));
+            }
+            let key_pem = read("FERRIQ_BROKER_TLS_KEY", key)?;
+            config.identity = Some(lapin::tcp::OwnedIdentity::PKCS8 { pem, key: key_pem });
+        }
+        Ok(Some(config))
+    }
+
     fn validate(&self) -> Result<(), AmqpError> {
         let bad_url = |reason: &str| AmqpError::Url {
             url: self.url.redacted(),
             reason: reason.to_owned(),
         };
+        let tls_files = self.tls_ca.is_some() || self.tls_identity.is_some();
         match self.url.scheme().as_str() {
+            "amqp" if tls_files => return Err(bad_url(
+                "TLS files are set (FERRIQ_BROKER_TLS_*) but amqp:// is plain text: use amqps://",
+            )),
             "amqp" => {}
             // Without a TLS feature lapin would fall back to plain TCP: refuse instead.
             "amqps" if cfg!(feature = "tls") => {}

@@ -11,7 +11,10 @@
 //! [`AmqpBrokerBuilder::delivery_limit`](crate::AmqpBrokerBuilder::delivery_limit); every
 //! process declaring a lane must use the same value, or RabbitMQ refuses the declare),
 //! `FERRIQ_AMQP_DECLARE_TOPOLOGY` (on or off, default on: see
-//! [`AmqpBrokerBuilder::declare_topology`](crate::AmqpBrokerBuilder::declare_topology)).
+//! [`AmqpBrokerBuilder::declare_topology`](crate::AmqpBrokerBuilder::declare_topology)),
+//! `FERRIQ_BROKER_TLS_CA` (a PEM file of CAs to trust besides the system's),
+//! `FERRIQ_BROKER_TLS_CERT` and `FERRIQ_BROKER_TLS_KEY` (a client certificate and its key, for
+//! mTLS).
 
 use std::sync::Arc;
 
@@ -51,6 +54,21 @@ fn connect(options: ConnectOptions) -> ConnectFuture<Arc<dyn Broker>> {
                 ))
             })?;
             builder = builder.prefetch(n);
+        }
+        if let Some(ca) = options.setting("FERRIQ_BROKER_TLS_CA") {
+            builder = builder.tls_ca_file(ca);
+        }
+        match (
+            options.setting("FERRIQ_BROKER_TLS_CERT"),
+            options.setting("FERRIQ_BROKER_TLS_KEY"),
+        ) {
+            (Some(cert), Some(key)) => builder = builder.tls_client_cert(cert, key),
+            (None, None) => {}
+            _ => {
+                return Err(ConnectError::Backend(
+                    "FERRIQ_BROKER_TLS_CERT and FERRIQ_BROKER_TLS_KEY go together: set both (the client certificate and its key) or neither".into(),
+                ))
+            }
         }
         if let Some(on) = options.flag("FERRIQ_AMQP_DECLARE_TOPOLOGY")? {
             builder = builder.declare_topology(on);

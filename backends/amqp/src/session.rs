@@ -195,14 +195,29 @@ impl Shared {
         let config = &self.config;
         let props = ConnectionProperties::default()
             .with_connection_name(format!("{} ({role})", config.connection_name).into());
-        tokio::time::timeout(
-            config.connect_timeout,
-            Connection::connect(&config.connect_url(), props),
-        )
-        .await
-        .map_err(|_| format!("no connection within {:?}", config.connect_timeout))?
-        // lapin's errors do not contain the URL.
-        .map_err(|e| e.to_string())
+        let url = config.connect_url();
+        let connecting = async {
+            match config.tls_config()? {
+                None => Connection::connect(&url, props).await,
+                Some(tls) => {
+                    let runtime = lapin::runtime::default_runtime().map_err(|e| e.to_string())?;
+                    lapin::Connect::connect_with_config(url.as_str(), props, tls, runtime).await
+                }
+            }
+            // lapin's errors do not contain the URL (nor the key: its parse errors say what,
+            // not where).
+            .map_err(|e| explain(&e.to_string()))
+        };
+        tokio::time::timeout(config.connect_timeout, connecting)
+            .await
+            .map_err(|_| {
+                let tls = if config.url.scheme() == "amqps" {
+                    " (with amqps://, check that the port is the broker's TLS port: a plain port does not answer a TLS handshake)"
+                } else {
+                    ""
+                };
+                format!("no connection within {:?}{tls}", config.connect_timeout)
+            })?
     }
 
     /// Connects, declares the topology and opens the first publisher channels (the rest open
@@ -515,4 +530,29 @@ fn watch_events(
             }
         }
     });
+}
+
+/// A connection error with, for a TLS failure, what to fix.
+fn explain(error: &str) -> String {
+    let e = error.to_ascii_lowercase();
+    let hint = if e.contains("unknownissuer") || e.contains("unknown issuer") {
+        "the broker's certificate is not signed by a CA this client trusts: set FERRIQ_BROKER_TLS_CA (builder: tls_ca_file) to the PEM file of the CA that signed it"
+    } else if e.contains("notvalidforname") || e.contains("not valid for name") {
+        "the broker's certificate is not for the host name in the URL: connect with a name the certificate lists (its subjectAltName), or have it reissued"
+    } else if e.contains("expired") {
+        "the broker's certificate has expired: have it renewed"
+    } else if e.contains("certificaterequired")
+        || e.contains("badcertificate")
+        || e.contains("unknownca")
+        || e.contains("handshakefailure")
+    {
+        "the broker refused this client's certificate (or wants one): set FERRIQ_BROKER_TLS_CERT and FERRIQ_BROKER_TLS_KEY (builder: tls_client_cert) to a certificate signed by a CA the broker trusts"
+    } else if e.contains("corrupt message") || e.contains("invalidcontenttype") {
+        "the broker does not speak TLS on this port: use amqp:// for a plain port, or the broker's TLS port (5671 by default)"
+    } else if e.contains("private key") || e.contains("no keys found") {
+        "FERRIQ_BROKER_TLS_KEY is not a readable PEM private key (PKCS#8, PKCS#1 or SEC1)"
+    } else {
+        return error.to_owned();
+    };
+    format!("{error} — {hint}")
 }
