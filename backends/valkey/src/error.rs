@@ -34,6 +34,12 @@ pub(crate) fn store_error(e: fred::error::Error) -> ferriq::store::StoreError {
             "Valkey refused the credentials: {}",
             e.details()
         )),
+        _ if e.details().contains("NOPERM") => {
+            ferriq::store::StoreError::Config(format!("valkey: {} — {NOPERM_HINT}", e.details()))
+        }
         _ => ferriq::store::StoreError::Unavailable(format!("valkey: {e}")),
     }
 }
+
+/// What to do when the server's ACL refuses a command, key or channel.
+pub(crate) const NOPERM_HINT: &str = "the Valkey user lacks a permission ferriq needs: grant it the ACL rule in the README's Security section (the commands ferriq runs, and every key and channel under its prefix)";

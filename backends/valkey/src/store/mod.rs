@@ -176,7 +176,10 @@ impl ValkeyStore {
             let mut reason = settings
                 .url
                 .explain(format_args!("{:?}: {details}", e.kind()));
-            let hint = crate::tls::explain(&format!("{:?} {details}", e.kind())).or_else(|| {
+            let noperm = details
+                .contains("NOPERM")
+                .then_some(crate::error::NOPERM_HINT);
+            let hint = noperm.or_else(|| crate::tls::explain(&format!("{:?} {details}", e.kind()))).or_else(|| {
                 // A plain port reads a TLS hello as the start of a command and never answers.
                 (tls && *e.kind() == fred::error::ErrorKind::Timeout).then_some(
                     "no TLS handshake answered: check that the port is the server's TLS port (a plain port does not speak TLS) and that it is reachable",
