@@ -16,8 +16,14 @@ pub(crate) struct SetupError {
     pub(crate) message: String,
 }
 
+/// What to do when RabbitMQ refuses an operation on a queue or exchange.
+const ACCESS_HINT: &str = " — the RabbitMQ user lacks a permission: grant it configure, write and read on its exchange and lanes (with each lane's .dead_letter and .delay.* queues, and write on amq.default) as the README's Security section shows";
+
 impl From<String> for SetupError {
-    fn from(message: String) -> Self {
+    fn from(mut message: String) -> Self {
+        if message.contains("ACCESS_REFUSED") || message.contains("ACCESS-REFUSED") {
+            message.push_str(ACCESS_HINT);
+        }
         SetupError {
             missing: false,
             message,

@@ -2,6 +2,8 @@
 //! TCP proxy the test can cut.
 #![allow(dead_code)]
 
+pub mod node;
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 

@@ -1,0 +1,230 @@
+//! A private RabbitMQ node for the tests that need one of their own (TLS, users and
+//! permissions): its own name, ports and data directory, the shared node untouched; run as the
+//! `rabbitmq` user when the tests run as root; stopped by its PID.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+pub fn run(dir: &Path, program: &str, args: &[&str]) {
+    let out = Command::new(program)
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap_or_else(|e| panic!("{program}: {e}"));
+    assert!(
+        out.status.success(),
+        "{program} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A port free now (the kernel picks it).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A private RabbitMQ node with a TLS listener asking for client certificates, its files in a
+/// directory of its own; stopped by its PID when dropped.
+pub struct PrivateNode {
+    dir: PathBuf,
+    /// Its TLS listener's port (client certificates required).
+    pub tls_port: u16,
+    /// Its plain listener's port.
+    pub plain_port: u16,
+    pid: Option<u32>,
+    node: String,
+}
+
+impl PrivateNode {
+    /// Starts one (about 5 s).
+    pub async fn start() -> Self {
+        let dir =
+            std::env::temp_dir().join(format!("fq-rmq-tls-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ec = [
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+        ];
+        let mut ca = vec!["req", "-x509"];
+        ca.extend(ec);
+        ca.extend([
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=ferriq test CA",
+        ]);
+        run(&dir, "openssl", &ca);
+        for (name, san) in [("server", "DNS:localhost"), ("client", "DNS:ferriq-worker")] {
+            std::fs::write(
+                dir.join(format!("{name}.ext")),
+                format!("subjectAltName={san}\n"),
+            )
+            .unwrap();
+            let mut req = vec!["req"];
+            req.extend(ec);
+            let (key, csr, pem, ext) = (
+                format!("{name}.key"),
+                format!("{name}.csr"),
+                format!("{name}.pem"),
+                format!("{name}.ext"),
+            );
+            let subject = format!("/CN={name}");
+            req.extend(["-keyout", &key, "-out", &csr, "-subj", &subject]);
+            run(&dir, "openssl", &req);
+            run(
+                &dir,
+                "openssl",
+                &[
+                    "x509",
+                    "-req",
+                    "-in",
+                    &csr,
+                    "-CA",
+                    "ca.pem",
+                    "-CAkey",
+                    "ca.key",
+                    "-CAcreateserial",
+                    "-out",
+                    &pem,
+                    "-days",
+                    "2",
+                    "-extfile",
+                    &ext,
+                ],
+            );
+        }
+        let (tls_port, plain_port, dist_port) = (free_port(), free_port(), free_port());
+        let d = dir.display();
+        std::fs::write(
+            dir.join("rabbitmq.conf"),
+            format!(
+                "listeners.tcp.default = {plain_port}\nlisteners.ssl.default = {tls_port}\n\
+                 ssl_options.cacertfile = {d}/ca.pem\nssl_options.certfile = {d}/server.pem\n\
+                 ssl_options.keyfile = {d}/server.key\nssl_options.verify = verify_peer\n\
+                 ssl_options.fail_if_no_peer_cert = true\nloopback_users = none\n"
+            ),
+        )
+        .unwrap();
+        std::fs::write(dir.join("enabled_plugins"), "[].\n").unwrap();
+        let node = format!(
+            "fqtls{}@localhost",
+            &uuid::Uuid::new_v4().simple().to_string()[..8]
+        );
+        let env = format!(
+            "HOME={d} RABBITMQ_NODENAME={node} RABBITMQ_DIST_PORT={dist_port} \
+             RABBITMQ_MNESIA_BASE={d}/mnesia RABBITMQ_LOG_BASE={d}/log \
+             RABBITMQ_CONFIG_FILE={d}/rabbitmq RABBITMQ_ENABLED_PLUGINS_FILE={d}/enabled_plugins \
+             RABBITMQ_PID_FILE={d}/pid rabbitmq-server -detached"
+        );
+        // As root, the node runs as the rabbitmq user (it refuses files it cannot own).
+        let root = Command::new("id")
+            .arg("-u")
+            .output()
+            .is_ok_and(|o| o.stdout.starts_with(b"0\n"));
+        if root {
+            run(&dir, "chown", &["-R", "rabbitmq:rabbitmq", &d.to_string()]);
+            run(&dir, "su", &["rabbitmq", "-s", "/bin/sh", "-c", &env]);
+        } else {
+            run(&dir, "sh", &["-c", &env]);
+        }
+        let mut server = PrivateNode {
+            dir,
+            tls_port,
+            plain_port,
+            pid: None,
+            node,
+        };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        while std::net::TcpStream::connect(("127.0.0.1", tls_port)).is_err() {
+            if server.pid.is_none() {
+                server.pid = std::fs::read_to_string(server.dir.join("pid"))
+                    .ok()
+                    .and_then(|p| p.trim().parse().ok());
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the private RabbitMQ node did not start: see {}/log",
+                server.dir.display()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        server.pid = std::fs::read_to_string(server.dir.join("pid"))
+            .ok()
+            .and_then(|p| p.trim().parse().ok());
+        server
+    }
+
+    /// Its TLS listener, as guest.
+    pub fn url(&self, host: &str) -> String {
+        format!("amqps://guest:guest@{host}:{}/%2f", self.tls_port)
+    }
+
+    /// A file of its directory (`ca.pem`, `client.pem`, `client.key`).
+    pub fn path(&self, file: &str) -> PathBuf {
+        self.dir.join(file)
+    }
+}
+
+impl Drop for PrivateNode {
+    fn drop(&mut self) {
+        if let Some(pid) = self.pid {
+            let _ = Command::new("kill").arg(pid.to_string()).status();
+            // Its files go once it has stopped (bounded: a stuck node is killed).
+            for _ in 0..100 {
+                if !Path::new(&format!("/proc/{pid}")).exists() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl PrivateNode {
+    /// Runs `rabbitmqctl` against this node (as the user the node runs as).
+    pub fn ctl(&self, args: &[&str]) {
+        // The CLI reads the cookie of its user's home, not HOME: given explicitly.
+        let cookie = std::fs::read_to_string(self.dir.join(".erlang.cookie")).unwrap_or_default();
+        let command = format!(
+            "rabbitmqctl --erlang-cookie {} -n {} {}",
+            cookie.trim(),
+            self.node,
+            args.iter()
+                .map(|a| format!("'{}'", a.replace('\'', "")))
+                .collect::<Vec<_>>()
+                .join(" ")
+        );
+        let root = Command::new("id")
+            .arg("-u")
+            .output()
+            .is_ok_and(|o| o.stdout.starts_with(b"0\n"));
+        if root {
+            run(
+                &self.dir,
+                "su",
+                &["rabbitmq", "-s", "/bin/sh", "-c", &command],
+            );
+        } else {
+            run(&self.dir, "sh", &["-c", &command]);
+        }
+    }
+
+    /// Its plain listener as `user`.
+    pub fn plain_url(&self, user: &str, password: &str) -> String {
+        format!("amqp://{user}:{password}@127.0.0.1:{}/%2f", self.plain_port)
+    }
+}
