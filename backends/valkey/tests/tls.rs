@@ -307,3 +307,33 @@ async fn each_refusal_names_what_to_fix() {
     .await;
     assert!(plain_url.contains("rediss://"), "{plain_url}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_valkey_cluster_over_tls_runs_tasks_with_a_private_ca() {
+    let pki = Pki::new();
+    let cluster = common::PrivateCluster::start_tls(
+        3,
+        &pki.path("server.pem"),
+        &pki.path("server.key"),
+        &pki.path("ca.pem"),
+    )
+    .await;
+    let ca = pki.path("ca.pem");
+    assert!(cluster.url().starts_with("rediss-cluster://"));
+    let store =
+        Arc::new(common::store_at(&cluster.url(), &common::prefix(), |b| b.tls_ca_file(&ca)).await);
+    let broker = Arc::new(ferriq::memory::MemoryBroker::new());
+    let worker = common::spawn_worker_with(broker.clone(), store.clone(), &[add::NAME], ());
+    let client = Client::new(broker, store);
+    let handles = client
+        .enqueue_batch((0..30).map(|i| add::call(i, 1)))
+        .await
+        .unwrap();
+    for (i, h) in handles.iter().enumerate() {
+        assert_eq!(h.wait(Duration::from_secs(30)).await.unwrap(), i as i64 + 1);
+    }
+    worker.stop().await;
+    // Without our CA, each node's certificate is refused.
+    let refused = refusal(&cluster.url(), |b| b).await;
+    assert!(refused.contains("FERRIQ_STORE_TLS_CA"), "{refused}");
+}

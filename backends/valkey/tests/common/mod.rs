@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 use std::net::TcpListener;
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -192,21 +193,70 @@ pub fn redis_cli(port: u16, args: &[&str]) -> String {
 pub struct PrivateCluster {
     pub ports: Vec<u16>,
     servers: ServerGroup,
+    /// Whether its nodes speak TLS only (clients and the cluster bus).
+    tls: bool,
 }
 
 impl PrivateCluster {
     pub async fn start(masters: usize) -> Self {
+        Self::start_with(masters, None).await
+    }
+
+    /// Its nodes on TLS ports only (bus included), showing `cert`/`key` signed by `ca`.
+    pub async fn start_tls(masters: usize, cert: &Path, key: &Path, ca: &Path) -> Self {
+        let files = [cert, key, ca].map(|p| p.to_str().unwrap().to_owned());
+        Self::start_with(masters, Some(files)).await
+    }
+
+    async fn start_with(masters: usize, tls: Option<[String; 3]>) -> Self {
         let mut servers = ServerGroup::new("cluster");
         let mut ports = Vec::new();
+        // redis-cli's TLS options, when the nodes speak TLS.
+        let cli_tls: Vec<String> = match &tls {
+            Some([cert, key, ca]) => ["--tls", "--cert", cert, "--key", key, "--cacert", ca]
+                .map(str::to_owned)
+                .to_vec(),
+            None => Vec::new(),
+        };
+        let cli = |port: u16, args: &[&str]| {
+            Command::new("timeout")
+                .args(["5", "redis-cli", "-p", &port.to_string()])
+                .args(&cli_tls)
+                .args(args)
+                .output()
+                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                .unwrap_or_default()
+        };
         for _ in 0..masters {
             // The bus port is given too: its default (port + 10000) overflows for free ports
             // above 55535, which redis-server then refuses.
             let (port, bus) = (free_port(), free_port());
             let (port_arg, bus_arg) = (port.to_string(), bus.to_string());
             let nodes_file = format!("nodes-{port}.conf");
-            let args = [
-                "--port",
-                &port_arg,
+            let mut args: Vec<String> = match &tls {
+                None => vec!["--port".into(), port_arg.clone()],
+                Some([cert, key, ca]) => [
+                    "--port",
+                    "0",
+                    "--tls-port",
+                    &port_arg,
+                    "--tls-cluster",
+                    "yes",
+                    "--tls-replication",
+                    "yes",
+                    "--tls-cert-file",
+                    cert,
+                    "--tls-key-file",
+                    key,
+                    "--tls-ca-cert-file",
+                    ca,
+                    "--tls-auth-clients",
+                    "no",
+                ]
+                .map(str::to_owned)
+                .to_vec(),
+            };
+            let rest = [
                 "--bind",
                 "127.0.0.1",
                 "--save",
@@ -220,13 +270,17 @@ impl PrivateCluster {
                 "--cluster-config-file",
                 &nodes_file,
             ];
+            args.extend(rest.map(str::to_owned));
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
             servers.start(&format!("redis-{port}"), port, &args).await;
             ports.push(port);
         }
         let nodes: Vec<String> = ports.iter().map(|p| format!("127.0.0.1:{p}")).collect();
         // `timeout` kills it if it hangs, even when this test has already given up.
         let mut create = Command::new("timeout")
-            .args(["60", "redis-cli", "--cluster", "create"])
+            .args(["60", "redis-cli"])
+            .args(&cli_tls)
+            .args(["--cluster", "create"])
             .args(&nodes)
             .args(["--cluster-replicas", "0", "--cluster-yes"])
             .stdin(Stdio::null())
@@ -250,14 +304,18 @@ impl PrivateCluster {
         // is dropped where one is not up yet.
         for port in &ports {
             eventually(Duration::from_secs(30), || {
-                let nodes = redis_cli(*port, &["cluster", "nodes"]);
-                redis_cli(*port, &["cluster", "info"]).contains("cluster_state:ok")
+                let nodes = cli(*port, &["cluster", "nodes"]);
+                cli(*port, &["cluster", "info"]).contains("cluster_state:ok")
                     && nodes.lines().count() == masters
                     && nodes.lines().all(|l| l.contains(" connected"))
             })
             .await;
         }
-        PrivateCluster { ports, servers }
+        PrivateCluster {
+            ports,
+            servers,
+            tls: tls.is_some(),
+        }
     }
 
     /// fred's cluster URL form: the first node, the others as `node=` parameters.
@@ -266,8 +324,13 @@ impl PrivateCluster {
             .iter()
             .map(|p| format!("node=127.0.0.1:{p}"))
             .collect();
+        let scheme = if self.tls {
+            "rediss-cluster"
+        } else {
+            "redis-cluster"
+        };
         format!(
-            "redis-cluster://127.0.0.1:{}?{}",
+            "{scheme}://127.0.0.1:{}?{}",
             self.ports[0],
             others.join("&")
         )
