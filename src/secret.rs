@@ -50,9 +50,65 @@ impl SecretUrl {
     }
 
     /// The URL with any password (and any `password=`/secret query values) replaced by `***`.
-    /// A URL that does not split cleanly loses more than its password, never less.
+    /// A URL that does not split cleanly loses more than its password, never less. A list
+    /// ([`SecretUrl::nodes`]) is redacted URL by URL.
+    ///
+    /// ```
+    /// let nodes = ferriq::SecretUrl::new("amqp://u:p1@rabbit-1;amqp://u:p2@rabbit-2");
+    /// assert_eq!(nodes.redacted(), "amqp://u:***@rabbit-1;amqp://u:***@rabbit-2");
+    /// ```
     pub fn redacted(&self) -> String {
-        let Some((scheme, rest)) = self.0.split_once("://") else {
+        self.parts()
+            .iter()
+            .map(|part| redact_one(part))
+            .collect::<Vec<_>>()
+            .join(";")
+    }
+
+    /// The URLs of a list written `URL;URL;…` (Celery's spelling of a failover list: a `;`
+    /// followed by `scheme://` starts the next URL, so a `;` inside a password does not), or
+    /// this URL alone.
+    ///
+    /// ```
+    /// let nodes = ferriq::SecretUrl::new("amqp://u:p;w@rabbit-1; amqp://u:p@rabbit-2");
+    /// let nodes: Vec<String> = nodes.nodes().iter().map(|n| n.expose().to_owned()).collect();
+    /// assert_eq!(nodes, ["amqp://u:p;w@rabbit-1", "amqp://u:p@rabbit-2"]);
+    /// ```
+    pub fn nodes(&self) -> Vec<SecretUrl> {
+        self.parts()
+            .into_iter()
+            .map(|p| SecretUrl::new(p.trim()))
+            .collect()
+    }
+
+    /// The string split at each `;` that starts another `scheme://`.
+    fn parts(&self) -> Vec<&str> {
+        let starts_url = |s: &str| {
+            s.trim_start().split_once("://").is_some_and(|(scheme, _)| {
+                !scheme.is_empty()
+                    && scheme
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
+            })
+        };
+        let mut parts = Vec::new();
+        let mut start = 0;
+        for (at, _) in self.0.match_indices(';') {
+            if starts_url(&self.0[at + 1..]) {
+                parts.push(&self.0[start..at]);
+                start = at + 1;
+            }
+        }
+        parts.push(&self.0[start..]);
+        parts
+    }
+}
+
+/// [`SecretUrl::redacted`] of one URL.
+fn redact_one(url: &str) -> String {
+    {
+        let url = url.trim();
+        let Some((scheme, rest)) = url.split_once("://") else {
             return "***".to_owned();
         };
         // An '@' only after a '?' or '#': an unencoded password holding one of them, or an
@@ -83,7 +139,9 @@ impl SecretUrl {
         };
         format!("{scheme}://{userinfo}{}", redact_query(after))
     }
+}
 
+impl SecretUrl {
     /// What to add to an error about this URL when its user info seems to hold a character
     /// URLs reserve: an `@` after a `/`, `?` or `#` (which end the host in every URL parser,
     /// so the parser reports a bad port or host instead).

@@ -109,7 +109,7 @@ impl AmqpBroker {
         let url = config.url.redacted();
         let secret = config.url.clone();
         let shared = Arc::new(Shared::new(config));
-        let first = shared.connect_once().await.map_err(|e| {
+        let first = shared.connect_any().await.map_err(|e| {
             let (url, reason) = (url.clone(), secret.explain(&e));
             if e.missing {
                 AmqpError::NotDeclared { url, reason }
@@ -117,7 +117,7 @@ impl AmqpBroker {
                 AmqpError::Connect { url, reason }
             }
         })?;
-        tracing::info!(url = %url, "connected to RabbitMQ");
+        tracing::info!(node = %shared.current_node(), "connected to RabbitMQ");
         tokio::spawn(Arc::clone(&shared).supervise(first));
         // The supervisor publishes the session; wait for it so the first call has one.
         let mut sessions = shared.session.subscribe();

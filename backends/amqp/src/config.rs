@@ -254,13 +254,13 @@ impl AmqpBrokerBuilder {
         Ok(Some(config))
     }
 
-    fn validate(&self) -> Result<(), AmqpError> {
+    /// One node's URL: its scheme, and a host lapin can connect to.
+    fn validate_node(&self, node: &SecretUrl, tls_files: bool) -> Result<(), AmqpError> {
         let bad_url = |reason: &str| AmqpError::Url {
-            url: self.url.redacted(),
+            url: node.redacted(),
             reason: reason.to_owned(),
         };
-        let tls_files = self.tls_ca.is_some() || self.tls_identity.is_some();
-        match self.url.scheme().as_str() {
+        match node.scheme().as_str() {
             "amqp" if tls_files => return Err(bad_url(
                 "TLS files are set (FERRIQ_BROKER_TLS_*) but amqp:// is plain text: use amqps://",
             )),
@@ -274,11 +274,7 @@ impl AmqpBrokerBuilder {
             }
             _ => return Err(bad_url("use amqp:// or amqps://")),
         }
-        let authority = self
-            .url
-            .expose()
-            .split_once("://")
-            .map_or("", |(_, rest)| rest);
+        let authority = node.expose().split_once("://").map_or("", |(_, rest)| rest);
         let host = authority
             .rsplit_once('@')
             .map_or(authority, |(_, host)| host);
@@ -286,6 +282,24 @@ impl AmqpBrokerBuilder {
             return Err(bad_url(
                 "IPv6 literal hosts are not supported by the AMQP client; use a host name",
             ));
+        }
+        Ok(())
+    }
+
+    fn validate(&self) -> Result<(), AmqpError> {
+        let bad_url = |reason: &str| AmqpError::Url {
+            url: self.url.redacted(),
+            reason: reason.to_owned(),
+        };
+        let tls_files = self.tls_ca.is_some() || self.tls_identity.is_some();
+        let nodes = self.url.nodes();
+        if nodes.iter().any(|n| n.scheme() != nodes[0].scheme()) {
+            return Err(bad_url(
+                "every node of a list must use the same scheme (all amqp:// or all amqps://)",
+            ));
+        }
+        for node in &nodes {
+            self.validate_node(node, tls_files)?;
         }
         let name_ok = |n: &str| !n.is_empty() && n.len() <= 200;
         if !name_ok(&self.exchange)
@@ -318,8 +332,8 @@ impl AmqpBrokerBuilder {
 
     /// The URL handed to lapin: an empty vhost read as `/` (see [`vhost_as_pika_reads_it`]),
     /// the heartbeat and [`FRAME_MAX`] added when the URL has none.
-    pub(crate) fn connect_url(&self) -> String {
-        let mut url = vhost_as_pika_reads_it(self.url.expose());
+    pub(crate) fn connect_url(&self, node: &SecretUrl) -> String {
+        let mut url = vhost_as_pika_reads_it(node.expose());
         for (key, value) in [
             ("heartbeat", self.heartbeat_secs.to_string()),
             ("frame_max", FRAME_MAX.to_string()),
@@ -398,11 +412,32 @@ pub(crate) fn publisher_slots(configured: usize, channel_max: u16) -> usize {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_node_list_is_checked_node_by_node_and_shown_without_passwords() {
+        let mixed = AmqpBrokerBuilder::new("amqp://u:p1@a:5672/;amqps://u:p2@b:5671/")
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(mixed.contains("same scheme"), "{mixed}");
+        assert!(!mixed.contains("p1") && !mixed.contains("p2"), "{mixed}");
+        let bad = AmqpBrokerBuilder::new("amqp://u:p1@a:5672/;redis://u:p2@b/")
+            .validate()
+            .unwrap_err()
+            .to_string();
+        assert!(!bad.contains("p1") && !bad.contains("p2"), "{bad}");
+        assert!(AmqpBrokerBuilder::new("amqp://u:p@a:5672/; amqp://u:p@b:5672/")
+            .validate()
+            .is_ok());
+    }
     use super::*;
 
     #[test]
     fn the_heartbeat_and_frame_size_are_added_unless_the_url_sets_them() {
-        let url = |u: &str| AmqpBrokerBuilder::new(u).heartbeat_secs(7).connect_url();
+        let url = |u: &str| {
+            let builder = AmqpBrokerBuilder::new(u).heartbeat_secs(7);
+            builder.connect_url(&builder.url)
+        };
         assert_eq!(url("amqp://h/"), "amqp://h/%2f?heartbeat=7&frame_max=32768");
         assert_eq!(
             url("amqp://h/v?frame_max=4096"),

@@ -133,6 +133,9 @@ pub(crate) struct Shared {
     /// Queues known to exist (declared or checked by this process): a publish routed to any
     /// other is checked first, so a missing queue is an error before anything is sent.
     pub(crate) known_queues: Mutex<std::collections::HashSet<String>>,
+    /// The nodes of the URL list (one for a plain URL), and the one connections go to now.
+    nodes: Vec<ferriq::SecretUrl>,
+    node: std::sync::atomic::AtomicUsize,
 }
 
 impl Shared {
@@ -149,6 +152,8 @@ impl Shared {
             prefetch: std::sync::atomic::AtomicU16::new(config.prefetch.unwrap_or(32)),
             dead_channel: tokio::sync::Mutex::new(None),
             known_queues: Mutex::new(Self::declared_queues(&config)),
+            nodes: config.url.nodes(),
+            node: Default::default(),
             config,
         }
     }
@@ -195,7 +200,7 @@ impl Shared {
         let config = &self.config;
         let props = ConnectionProperties::default()
             .with_connection_name(format!("{} ({role})", config.connection_name).into());
-        let url = config.connect_url();
+        let url = config.connect_url(&self.current_node());
         let connecting = async {
             match config.tls_config()? {
                 None => Connection::connect(&url, props).await,
@@ -211,13 +216,52 @@ impl Shared {
         tokio::time::timeout(config.connect_timeout, connecting)
             .await
             .map_err(|_| {
-                let tls = if config.url.scheme() == "amqps" {
+                let tls = if self.current_node().scheme() == "amqps" {
                     " (with amqps://, check that the port is the broker's TLS port: a plain port does not answer a TLS handshake)"
                 } else {
                     ""
                 };
                 format!("no connection within {:?}{tls}", config.connect_timeout)
             })?
+    }
+
+    /// The node connections go to now.
+    pub(crate) fn current_node(&self) -> ferriq::SecretUrl {
+        let at = self.node.load(Ordering::SeqCst) % self.nodes.len().max(1);
+        self.nodes
+            .get(at)
+            .cloned()
+            .unwrap_or_else(|| self.config.url.clone())
+    }
+
+    /// Connects to the current node, else to each next one in turn (one round over the list):
+    /// the first that answers serves the session. The error of a round that found none names
+    /// each node's (without passwords).
+    pub(crate) async fn connect_any(self: &Arc<Self>) -> Result<Arc<Session>, SetupError> {
+        let n = self.nodes.len().max(1);
+        let mut failures = Vec::new();
+        for i in 0..n {
+            if i > 0 {
+                self.node.fetch_add(1, Ordering::SeqCst);
+            }
+            match self.connect_once().await {
+                Ok(session) => return Ok(session),
+                Err(e) if n == 1 => return Err(e),
+                Err(e) => {
+                    tracing::warn!(node = %self.current_node(), error = %e, "RabbitMQ node did not answer; trying the next");
+                    failures.push((self.current_node().redacted(), e));
+                }
+            }
+        }
+        let missing = failures.iter().all(|(_, e)| e.missing);
+        let message = failures
+            .iter()
+            .map(|(node, e)| format!("{node}: {e}"))
+            .collect::<Vec<_>>()
+            .join("; ");
+        let mut error = SetupError::from(format!("no node of the list answered — {message}"));
+        error.missing = missing;
+        Err(error)
     }
 
     /// Connects, declares the topology and opens the first publisher channels (the rest open
@@ -401,9 +445,9 @@ impl Shared {
                 None => {
                     tokio::select! {
                         _ = self.stop.cancelled() => return,
-                        connected = self.connect_once() => match connected {
+                        connected = self.connect_any() => match connected {
                             Ok(s) => {
-                                tracing::info!(url = %self.config.url, "reconnected to RabbitMQ");
+                                tracing::info!(node = %self.current_node(), "reconnected to RabbitMQ");
                                 s
                             }
                             Err(e) => {
@@ -441,6 +485,10 @@ impl Shared {
                 "RabbitMQ connection lost; held deliveries will be redelivered, reconnecting"
             );
             session.close(Duration::from_secs(1), "reconnecting").await;
+            // Its node may be gone: the next attempt starts with the next node of the list.
+            if self.nodes.len() > 1 {
+                self.node.fetch_add(1, Ordering::SeqCst);
+            }
             // A session that died at once (a refused consumer, a failing declare) must not turn
             // into a tight reconnect loop: back off unless it lived a while.
             if connected_at.elapsed() > Duration::from_secs(10) {

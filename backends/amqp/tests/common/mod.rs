@@ -235,6 +235,23 @@ impl Proxy {
     pub fn url(&self) -> String {
         format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.port)
     }
+
+    /// As a node killed: stops listening (new connections are refused) and drops every open
+    /// connection.
+    pub fn down(&self) -> usize {
+        self.accept.abort();
+        self.cut()
+    }
+
+    /// Open connections through it now.
+    pub fn live(&self) -> usize {
+        self.conns
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(t, _)| !t.is_finished())
+            .count()
+    }
 }
 
 impl Drop for Proxy {
