@@ -426,9 +426,11 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(!bad.contains("p1") && !bad.contains("p2"), "{bad}");
-        assert!(AmqpBrokerBuilder::new("amqp://u:p@a:5672/; amqp://u:p@b:5672/")
-            .validate()
-            .is_ok());
+        assert!(
+            AmqpBrokerBuilder::new("amqp://u:p@a:5672/; amqp://u:p@b:5672/")
+                .validate()
+                .is_ok()
+        );
     }
     use super::*;
 

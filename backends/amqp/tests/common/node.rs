@@ -43,6 +43,11 @@ pub struct PrivateNode {
 impl PrivateNode {
     /// Starts one (about 5 s).
     pub async fn start() -> Self {
+        Self::start_with_cookie(None).await
+    }
+
+    /// Starts one whose Erlang cookie is `cookie` (nodes that will form a cluster share one).
+    pub async fn start_with_cookie(cookie: Option<&str>) -> Self {
         let dir =
             std::env::temp_dir().join(format!("fq-rmq-tls-{}", uuid::Uuid::new_v4().simple()));
         std::fs::create_dir_all(&dir).unwrap();
@@ -118,6 +123,12 @@ impl PrivateNode {
         )
         .unwrap();
         std::fs::write(dir.join("enabled_plugins"), "[].\n").unwrap();
+        if let Some(cookie) = cookie {
+            let path = dir.join(".erlang.cookie");
+            std::fs::write(&path, cookie).unwrap();
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o400)).unwrap();
+        }
         let node = format!(
             "fqtls{}@localhost",
             &uuid::Uuid::new_v4().simple().to_string()[..8]
@@ -226,5 +237,87 @@ impl PrivateNode {
     /// Its plain listener as `user`.
     pub fn plain_url(&self, user: &str, password: &str) -> String {
         format!("amqp://{user}:{password}@127.0.0.1:{}/%2f", self.plain_port)
+    }
+}
+
+impl PrivateNode {
+    /// Its Erlang node name.
+    pub fn name(&self) -> &str {
+        &self.node
+    }
+
+    /// Its OS process.
+    pub fn pid(&self) -> Option<u32> {
+        self.pid
+    }
+
+    /// `rabbitmqctl` against this node, its output.
+    pub fn ctl_output(&self, args: &[&str]) -> String {
+        let cookie = std::fs::read_to_string(self.dir.join(".erlang.cookie")).unwrap_or_default();
+        let mut command = vec![
+            "rabbitmqctl".to_owned(),
+            "--erlang-cookie".into(),
+            cookie.trim().to_owned(),
+            "-n".into(),
+            self.node.clone(),
+        ];
+        command.extend(args.iter().map(|a| a.to_string()));
+        let root = Command::new("id")
+            .arg("-u")
+            .output()
+            .is_ok_and(|o| o.stdout.starts_with(b"0\n"));
+        let out = if root {
+            Command::new("su")
+                .args(["rabbitmq", "-s", "/bin/sh", "-c", &command.join(" ")])
+                .output()
+        } else {
+            Command::new(&command[0]).args(&command[1..]).output()
+        };
+        out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default()
+    }
+}
+
+/// A private RabbitMQ cluster: three nodes sharing a cookie, joined to the first.
+pub struct PrivateCluster {
+    /// Its nodes.
+    pub nodes: Vec<PrivateNode>,
+}
+
+impl PrivateCluster {
+    /// Starts three nodes and joins the second and third to the first (about 20 s).
+    pub async fn start() -> Self {
+        let cookie = uuid::Uuid::new_v4().simple().to_string().to_uppercase();
+        let mut nodes = Vec::new();
+        for _ in 0..3 {
+            nodes.push(PrivateNode::start_with_cookie(Some(&cookie)).await);
+        }
+        let first = nodes[0].name().to_owned();
+        for node in &nodes[1..] {
+            node.ctl(&["stop_app"]);
+            node.ctl(&["join_cluster", &first]);
+            node.ctl(&["start_app"]);
+        }
+        // Every node answers on its plain port again.
+        for node in &nodes {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+            while std::net::TcpStream::connect(("127.0.0.1", node.plain_port)).is_err() {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "a cluster node did not come back"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        PrivateCluster { nodes }
+    }
+
+    /// Every node, as a list URL (guest).
+    pub fn url(&self) -> String {
+        self.nodes
+            .iter()
+            .map(|n| n.plain_url("guest", "guest"))
+            .collect::<Vec<_>>()
+            .join(";")
     }
 }
