@@ -171,6 +171,8 @@ pub struct Proxy {
     pub port: u16,
     conns: Connections,
     accept: JoinHandle<()>,
+    /// Set: new connections are accepted and never answered (a blackholed node).
+    black: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Proxy {
@@ -179,10 +181,21 @@ impl Proxy {
         let port = listener.local_addr().unwrap().port();
         let conns: Connections = Arc::default();
         let target = target.to_owned();
+        let black = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let accept = {
             let conns = conns.clone();
+            let black = black.clone();
             tokio::spawn(async move {
                 while let Ok((mut inbound, _)) = listener.accept().await {
+                    if black.load(std::sync::atomic::Ordering::SeqCst) {
+                        // Open and silent, until the proxy is dropped.
+                        let held = tokio::spawn(async move {
+                            let _inbound = inbound;
+                            std::future::pending::<()>().await;
+                        });
+                        conns.lock().unwrap().push((held, Arc::default()));
+                        continue;
+                    }
                     let target = target.clone();
                     let stall = Arc::new(tokio::sync::Notify::new());
                     let stalled = stall.clone();
@@ -206,6 +219,7 @@ impl Proxy {
             port,
             conns,
             accept,
+            black,
         }
     }
 
@@ -241,6 +255,13 @@ impl Proxy {
     pub fn down(&self) -> usize {
         self.accept.abort();
         self.cut()
+    }
+
+    /// As a node partitioned away: every open connection goes silent, and new ones are
+    /// accepted and never answered.
+    pub fn blackhole(&self) -> usize {
+        self.black.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.stall()
     }
 
     /// Open connections through it now.

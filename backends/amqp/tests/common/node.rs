@@ -191,7 +191,10 @@ impl PrivateNode {
 impl Drop for PrivateNode {
     fn drop(&mut self) {
         if let Some(pid) = self.pid {
-            let _ = Command::new("kill").arg(pid.to_string()).status();
+            let _ = Command::new("kill")
+                .arg(pid.to_string())
+                .stderr(std::process::Stdio::null())
+                .status();
             // Its files go once it has stopped (bounded: a stuck node is killed).
             for _ in 0..100 {
                 if !Path::new(&format!("/proc/{pid}")).exists() {
@@ -199,7 +202,10 @@ impl Drop for PrivateNode {
                 }
                 std::thread::sleep(Duration::from_millis(100));
             }
-            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+            let _ = Command::new("kill")
+                .args(["-9", &pid.to_string()])
+                .stderr(std::process::Stdio::null())
+                .status();
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
