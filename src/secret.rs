@@ -56,6 +56,7 @@ impl SecretUrl {
     /// ```
     /// let nodes = ferriq::SecretUrl::new("amqp://u:p1@rabbit-1;amqp://u:p2@rabbit-2");
     /// assert_eq!(nodes.redacted(), "amqp://u:***@rabbit-1;amqp://u:***@rabbit-2");
+    /// assert!(nodes.userinfo_hint().is_none());
     /// ```
     pub fn redacted(&self) -> String {
         self.parts()
@@ -146,15 +147,7 @@ impl SecretUrl {
     /// URLs reserve: an `@` after a `/`, `?` or `#` (which end the host in every URL parser,
     /// so the parser reports a bad port or host instead).
     pub fn userinfo_hint(&self) -> Option<&'static str> {
-        let (_, rest) = self.0.split_once("://")?;
-        let before_query = &rest[..rest.find(['?', '#']).unwrap_or(rest.len())];
-        let slash_in_userinfo = before_query
-            .rfind('@')
-            .is_some_and(|at| before_query[..at].contains('/'));
-        (ambiguous_userinfo(rest) || slash_in_userinfo).then_some(
-            "a user name or password holding '/', '?', '#' or '@' must be percent-encoded \
-             in the URL (%2F, %3F, %23, %40)",
-        )
+        self.parts().into_iter().find_map(userinfo_hint_one)
     }
 
     /// `reason`, followed by [`userinfo_hint`](Self::userinfo_hint) when there is one: for
@@ -234,4 +227,18 @@ impl From<String> for SecretUrl {
     fn from(s: String) -> Self {
         SecretUrl::new(s)
     }
+}
+
+/// [`SecretUrl::userinfo_hint`] of one URL.
+fn userinfo_hint_one(url: &str) -> Option<&'static str> {
+    let (_, rest) = url.trim().split_once("://")?;
+
+    let before_query = &rest[..rest.find(['?', '#']).unwrap_or(rest.len())];
+    let slash_in_userinfo = before_query
+        .rfind('@')
+        .is_some_and(|at| before_query[..at].contains('/'));
+    (ambiguous_userinfo(rest) || slash_in_userinfo).then_some(
+        "a user name or password holding '/', '?', '#' or '@' must be percent-encoded \
+             in the URL (%2F, %3F, %23, %40)",
+    )
 }

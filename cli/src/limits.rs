@@ -70,8 +70,12 @@ pub(crate) async fn run(
         }
         Some(LimitsCommand::Reset { task, key }) => {
             if limits.reset(task, key.as_deref()).await? {
+                let target = match key {
+                    Some(key) => format!("{task} (key {key})"),
+                    None => task.clone(),
+                };
                 outln!(
-                    "{task}: back to its declared limits within {} s",
+                    "{target}: back to its declared limits within {} s",
                     ferriq::store::OVERRIDES_REFRESH.as_secs()
                 );
                 Ok(())

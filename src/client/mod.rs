@@ -15,7 +15,7 @@ use serde_json::{Map, Value};
 use thiserror::Error;
 
 use crate::broker::{Broker, BrokerError, OutgoingMessage};
-use crate::store::{Store, StoreError};
+use crate::store::{DebounceTurn, Store, StoreError};
 use crate::wire::{names, ErrorKind, TaskFailure, TaskId, TaskMessage, TaskResult, WireError};
 
 mod call;
@@ -402,23 +402,33 @@ impl Client {
         let mut handles = Vec::with_capacity(prepared.len());
         let mut to_send = Vec::with_capacity(prepared.len());
         let mut reserved = Vec::new();
-        for p in prepared {
+        for mut p in prepared {
             if let Some((key, ttl)) = dedup_of(&p.1) {
                 let id = p.1.task_id.clone();
-                let debounce = debounced(&p.1);
-                let held = if debounce {
-                    let body = String::from_utf8_lossy(&p.1.body);
-                    self.store.debounce(&key, &id, &body, ttl).await
-                } else {
-                    self.store.reserve_dedup(&key, &id, ttl).await
-                };
-                match held {
+                if debounced(&p.1) {
+                    // Every debounced enqueue sends a message: its own, or a copy of the task
+                    // its key waits with, carrying this enqueue's arguments.
+                    match self.store.debounce(&key, &id, ttl).await {
+                        Ok(DebounceTurn::Joined { task, seq }) => {
+                            p = self.copy_of(p, &task, seq)?;
+                        }
+                        Ok(_) => {}
+                        Err(e) => {
+                            self.release_reserved(&reserved).await;
+                            return Err(EnqueueError::Store(e));
+                        }
+                    }
+                    handles.push(self.sent_handle(p.1.task_id.clone(), p.1.queue.clone()));
+                    to_send.push(p);
+                    continue;
+                }
+                match self.store.reserve_dedup(&key, &id, ttl).await {
                     Ok(Some(holder)) => {
                         handles.push(self.handle(holder));
                         self.not_sent(vec![p]).await;
                         continue;
                     }
-                    Ok(None) => reserved.push((key, id, debounce)),
+                    Ok(None) => reserved.push((key, id)),
                     Err(e) => {
                         self.release_reserved(&reserved).await;
                         return Err(EnqueueError::Store(e));
@@ -435,17 +445,35 @@ impl Client {
         Ok(handles)
     }
 
-    async fn release_reserved(&self, reserved: &[(String, TaskId, bool)]) {
-        for (key, id, debounce) in reserved {
-            let released = if *debounce {
-                self.store.abandon_debounce(key, id).await
-            } else {
-                self.store.release_dedup(key, id).await
-            };
-            if let Err(e) = released {
+    async fn release_reserved(&self, reserved: &[(String, TaskId)]) {
+        for (key, id) in reserved {
+            if let Err(e) = self.store.release_dedup(key, id).await {
                 tracing::warn!(error = %e, "could not give a deduplication key back; it lasts its window");
             }
         }
+    }
+
+    /// A prepared debounced message made a copy of `task` (the one its key waits with):
+    /// that id, this enqueue's arguments and the `ferriq_debounce_seq` label `seq`.
+    fn copy_of(
+        &self,
+        prepared: Prepared,
+        task: &TaskId,
+        seq: u64,
+    ) -> Result<Prepared, EnqueueError> {
+        let (message, out) = prepared;
+        let mut msg = match message {
+            Some(msg) => msg,
+            None => TaskMessage::from_json(&out.body).map_err(EnqueueError::Wire)?,
+        };
+        msg.task_id = task.clone();
+        msg.labels
+            .insert(names::DEBOUNCE_SEQ, seq.min(i64::MAX as u64) as i64);
+        let mut copy = OutgoingMessage::from_message(&msg).map_err(EnqueueError::Wire)?;
+        copy.queue = out.queue;
+        copy.delay = out.delay;
+        copy.priority = out.priority;
+        Ok((Some(msg), copy))
     }
 
     /// Enqueues many calls in one batch (fan-out); returns once the broker holds all of them.

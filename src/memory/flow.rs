@@ -9,8 +9,8 @@ use tokio::time::Instant;
 
 use super::store::MemoryStore;
 use crate::store::{
-    Debounced, FlowStore, LimitOverride, LimiterKind, LimiterSeen, LimiterUsage, StoreError,
-    LIMITER_LISTED_FOR,
+    DebounceTurn, Debounced, FlowStore, LimitOverride, LimiterKind, LimiterSeen, LimiterUsage,
+    StoreError, LIMITER_LISTED_FOR,
 };
 use crate::wire::TaskId;
 
@@ -20,16 +20,18 @@ pub(crate) struct MemLimits {
     overrides: BTreeMap<String, LimitOverride>,
     /// (kind, limiter) → (limit applied, when noted).
     seen: HashMap<(LimiterKind, String), (String, f64)>,
-    /// Debounce keys: the task waiting under each, and every debounced task's record.
-    debounce_waiting: HashMap<String, TaskId>,
-    debounced: HashMap<TaskId, DebounceRecord>,
+    /// Debounce keys: each key's latest task.
+    debounced: HashMap<String, DebounceRecord>,
 }
 
-/// A debounced task: when it may run, the latest body, and whether it was let run (when).
+/// A debounce key's latest task: how many enqueues it took, when it may run, whether it was
+/// let run, and when the record is forgotten.
 struct DebounceRecord {
+    task: TaskId,
+    seq: u64,
     due: f64,
-    body: String,
-    taken_at: Option<f64>,
+    let_run: bool,
+    until: f64,
 }
 
 #[async_trait]
@@ -117,61 +119,60 @@ impl FlowStore for MemoryStore {
         &self,
         key: &str,
         id: &TaskId,
-        body: &str,
         window: Duration,
-    ) -> Result<Option<TaskId>, StoreError> {
+    ) -> Result<DebounceTurn, StoreError> {
         let now = self.inner.clock.now_unix();
         let limits = &mut self.lock().limits;
-        let due = now + window.as_secs_f64();
-        if let Some(waiting) = limits.debounce_waiting.get(key).cloned() {
-            if let Some(r) = limits.debounced.get_mut(&waiting) {
-                if r.taken_at.is_none() {
-                    (r.due, r.body) = (due, body.to_owned());
-                    return Ok((waiting != *id).then_some(waiting));
-                }
+        let (due, until) = (
+            now + window.as_secs_f64(),
+            now + window.as_secs_f64() + 3600.0,
+        );
+        limits.debounced.retain(|_, r| r.until > now);
+        if let Some(r) = limits.debounced.get_mut(key) {
+            if !r.let_run {
+                r.seq += 1;
+                (r.due, r.until) = (due, until);
+                return Ok(DebounceTurn::Joined {
+                    task: r.task.clone(),
+                    seq: r.seq,
+                });
             }
         }
-        // Records of tasks let run more than an hour ago are forgotten.
-        limits
-            .debounced
-            .retain(|_, r| r.taken_at.is_none_or(|at| at > now - 3600.0));
-        limits.debounce_waiting.insert(key.to_owned(), id.clone());
         limits.debounced.insert(
-            id.clone(),
+            key.to_owned(),
             DebounceRecord {
+                task: id.clone(),
+                seq: 1,
                 due,
-                body: body.to_owned(),
-                taken_at: None,
+                let_run: false,
+                until,
             },
         );
-        Ok(None)
+        Ok(DebounceTurn::New)
     }
 
-    async fn take_debounced(&self, key: &str, id: &TaskId) -> Result<Debounced, StoreError> {
+    async fn take_debounced(
+        &self,
+        key: &str,
+        id: &TaskId,
+        seq: u64,
+    ) -> Result<Debounced, StoreError> {
         let now = self.inner.clock.now_unix();
         let limits = &mut self.lock().limits;
-        let Some(r) = limits.debounced.get_mut(id) else {
-            return Ok(Debounced::Run(None));
+        let Some(r) = limits.debounced.get_mut(key) else {
+            return Ok(Debounced::Run);
         };
-        if r.taken_at.is_none() {
-            if r.due > now + 0.002 {
-                return Ok(Debounced::Wait(Duration::from_secs_f64(r.due - now)));
-            }
-            r.taken_at = Some(now);
-            if limits.debounce_waiting.get(key) == Some(id) {
-                limits.debounce_waiting.remove(key);
-            }
+        if r.task != *id || r.let_run {
+            return Ok(Debounced::Run);
         }
-        Ok(Debounced::Run(Some(r.body.clone())))
-    }
-
-    async fn abandon_debounce(&self, key: &str, id: &TaskId) -> Result<(), StoreError> {
-        let limits = &mut self.lock().limits;
-        if limits.debounce_waiting.get(key) == Some(id) {
-            limits.debounce_waiting.remove(key);
+        if seq < r.seq {
+            return Ok(Debounced::Superseded);
         }
-        limits.debounced.remove(id);
-        Ok(())
+        if r.due > now + 0.002 {
+            return Ok(Debounced::Wait(Duration::from_secs_f64(r.due - now)));
+        }
+        r.let_run = true;
+        Ok(Debounced::Run)
     }
 
     async fn set_limit_override(

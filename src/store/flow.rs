@@ -31,16 +31,35 @@ pub enum SlotDecision {
     Wait(Duration),
 }
 
-/// A debounced task's turn, as the worker asks for it ([`FlowStore::take_debounced`]).
+/// What a debounced enqueue is to do ([`FlowStore::debounce`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
+pub enum DebounceTurn {
+    /// No task of the key waits: this enqueue's task is the key's, sent as it is.
+    New,
+    /// A task of the key waits: send a copy of it — its id, this enqueue's arguments, the
+    /// `ferriq_debounce_seq` label `seq` — due a window from now. The copy with the highest
+    /// `seq` runs once the key is quiet; the earlier ones are acked unrun.
+    Joined {
+        /// The waiting task.
+        task: TaskId,
+        /// This enqueue's place among the key's enqueues (the first is 1).
+        seq: u64,
+    },
+}
+
+/// A debounced copy's turn, as the worker asks for it ([`FlowStore::take_debounced`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Debounced {
-    /// Its key was not quiet long enough: come back after this long.
+    /// Its key was enqueued again since: come back after this long.
     Wait(Duration),
-    /// Run it now, with the arguments of this message body (the latest enqueue's); `None`:
-    /// the store keeps nothing for it (a producer that does not debounce, or lost state), so
-    /// run the message as it is.
-    Run(Option<String>),
+    /// Run it (the claims decide whether it already ran): the latest copy with its key quiet,
+    /// a redelivery of the copy let run, or a copy the store knows nothing of (a producer that
+    /// does not debounce, or lost state).
+    Run,
+    /// A later enqueue's copy replaced it: ack it, run nothing.
+    Superseded,
 }
 
 /// What an operator set at run time over the limits tasks declare (and over the labels
@@ -255,36 +274,35 @@ pub trait FlowStore: Send + Sync + 'static {
         Ok(())
     }
 
-    /// Debounces an enqueue of task `id` under `key`, whose message `body` is due `window`
-    /// from now: when a task of the key still waits to run, the key's quiet time starts again
-    /// and that task will run with `body`'s arguments — its id is returned and nothing is to be
-    /// sent; otherwise `id` becomes the key's waiting task (`None`: send it).
+    /// Debounces an enqueue of task `id` under `key`, due `window` from now: a task of the key
+    /// still waiting takes this enqueue (its quiet time starts again) and the caller sends a
+    /// copy of it; otherwise `id` becomes the key's waiting task. Every enqueue sends a
+    /// message, so no enqueue depends on another's publish.
     async fn debounce(
         &self,
         key: &str,
         id: &TaskId,
-        body: &str,
         window: Duration,
-    ) -> Result<Option<TaskId>, StoreError> {
-        let _ = (key, id, body, window);
+    ) -> Result<DebounceTurn, StoreError> {
+        let _ = (key, id, window);
         Err(StoreError::Config(
-            "this store keeps no deduplication keys: use one that does (Valkey, memory) for              debounced tasks"
+            "this store keeps no deduplication keys: use one that does (Valkey, memory) for \
+             debounced tasks"
                 .into(),
         ))
     }
 
-    /// The worker's question for debounced task `id` of `key` when its message is due: wait
-    /// (the key was enqueued again since), or run — with the latest enqueue's body. Asked
-    /// again (a redelivery), a task that was let run gets the same answer.
-    async fn take_debounced(&self, key: &str, id: &TaskId) -> Result<Debounced, StoreError> {
-        let _ = (key, id);
-        Ok(Debounced::Run(None))
-    }
-
-    /// Forgets debounced task `id` of `key` (its message could not be sent).
-    async fn abandon_debounce(&self, key: &str, id: &TaskId) -> Result<(), StoreError> {
-        let _ = (key, id);
-        Ok(())
+    /// The worker's question for copy `seq` of debounced task `id` of `key` when it is due.
+    /// The latest copy, its key quiet, marks the task let run (the key's next enqueue starts
+    /// a new task).
+    async fn take_debounced(
+        &self,
+        key: &str,
+        id: &TaskId,
+        seq: u64,
+    ) -> Result<Debounced, StoreError> {
+        let _ = (key, id, seq);
+        Ok(Debounced::Run)
     }
 
     /// Sets the limits of `target` (a task name, or a task name, a newline and a key's value)

@@ -9,8 +9,8 @@ mod schedule;
 mod workflow;
 
 pub use flow::{
-    Debounced, FlowStore, LimitOverride, LimiterKind, LimiterSeen, LimiterUsage, RateDecision,
-    SlotDecision, LIMITER_LISTED_FOR, OVERRIDES_REFRESH,
+    DebounceTurn, Debounced, FlowStore, LimitOverride, LimiterKind, LimiterSeen, LimiterUsage,
+    RateDecision, SlotDecision, LIMITER_LISTED_FOR, OVERRIDES_REFRESH,
 };
 #[cfg(feature = "memory")]
 pub(crate) use flow::{RateState, SlotState};

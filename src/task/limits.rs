@@ -39,8 +39,8 @@ impl Rate {
         Rate { limit, period }
     }
 
-    /// Reads `N/s`, `N/m`, `N/h` or `N/<count><s|m|h>` (`5/10s`): what the `rate` task option
-    /// and the `ferriq_rate` label hold.
+    /// Reads `N/s`, `N/m`, `N/h` or `N/<count><ms|s|m|h>` (`5/10s`, `10/500ms`): what the
+    /// `rate` task option and the `ferriq_rate` label hold.
     pub fn parse(text: &str) -> Result<Rate, String> {
         let bad =
             || format!("rate {text:?}: write starts per period, as 50/s, 300/m, 1000/h or 5/10s");
@@ -52,16 +52,18 @@ impl Rate {
             "" => 1,
             digits => digits.parse().map_err(|_| bad())?,
         };
-        let unit = match &per[unit_at..] {
-            "s" => 1,
-            "m" => 60,
-            "h" => 3600,
+        let unit_ms = match &per[unit_at..] {
+            "ms" => 1,
+            "s" => 1000,
+            "m" => 60_000,
+            "h" => 3_600_000,
             _ => return Err(bad()),
         };
         if limit == 0 || count == 0 {
             return Err(bad());
         }
-        Ok(Rate::new(limit, Duration::from_secs(count * unit)))
+        let ms = count.checked_mul(unit_ms).ok_or_else(bad)?;
+        Ok(Rate::new(limit, Duration::from_millis(ms)))
     }
 
     /// Starts allowed per period.
@@ -77,6 +79,10 @@ impl Rate {
 
 impl fmt::Display for Rate {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.period.subsec_nanos() != 0 {
+            // What `parse` reads back (a period of whole milliseconds, as `new` keeps it).
+            return write!(f, "{}/{}ms", self.limit, self.period.as_millis());
+        }
         let secs = self.period.as_secs();
         let (count, unit) = if secs % 3600 == 0 {
             (secs / 3600, "h")
@@ -235,6 +241,7 @@ mod tests {
             ("300/m", 300, 60),
             ("1000/h", 1000, 3600),
             ("5/10s", 5, 10),
+            ("10/500ms", 10, 0),
             (" 7 / 2m ", 7, 120),
         ] {
             let r = Rate::parse(text).unwrap();

@@ -468,23 +468,19 @@ macro_rules! forward_store_traits {
                 &self,
                 key: &str,
                 id: &TaskId,
-                body: &str,
                 window: Duration,
-            ) -> Result<Option<TaskId>, StoreError> {
+            ) -> Result<crate::store::DebounceTurn, StoreError> {
                 let $this = self;
-                $inner.debounce(key, id, body, window).await
+                $inner.debounce(key, id, window).await
             }
             async fn take_debounced(
                 &self,
                 key: &str,
                 id: &TaskId,
+                seq: u64,
             ) -> Result<crate::store::Debounced, StoreError> {
                 let $this = self;
-                $inner.take_debounced(key, id).await
-            }
-            async fn abandon_debounce(&self, key: &str, id: &TaskId) -> Result<(), StoreError> {
-                let $this = self;
-                $inner.abandon_debounce(key, id).await
+                $inner.take_debounced(key, id, seq).await
             }
             async fn set_limit_override(
                 &self,

@@ -310,6 +310,8 @@ pub mod names {
     /// `active` (the default: released when the task's outcome is stored) or `window` (kept
     /// for the whole `ferriq_dedup_for`).
     pub const DEDUP_MODE: &str = "ferriq_dedup_mode";
+    /// A debounced task's copy: its place among its key's enqueues (absent: the first).
+    pub const DEBOUNCE_SEQ: &str = "ferriq_debounce_seq";
     pub const TICK: &str = "ferriq_tick";
 }
 

@@ -264,24 +264,31 @@ impl Inner {
     }
 
     /// A debounced message (`ferriq_dedup_mode` `debounce`) runs once its key has been quiet
-    /// for its window, with the latest enqueue's arguments: handed back while the key is
-    /// enqueued again (like a task not due yet), else the message with those arguments.
+    /// for its window: the latest enqueue's copy runs (with its own arguments, the latest),
+    /// handed back while the key is enqueued again (like a task not due yet); an earlier copy
+    /// is acked unrun.
     pub(crate) async fn debounced(
         &self,
         d: &Delivery,
-        mut msg: TaskMessage,
+        msg: TaskMessage,
     ) -> Result<TaskMessage, Outcome> {
+        use crate::wire::names;
         let debounce = msg
             .labels
-            .get(crate::wire::names::DEDUP_MODE)
+            .get(names::DEDUP_MODE)
             .is_some_and(|m| m.header_value() == crate::task::Dedup::Debounce.as_str());
-        let key = match msg.labels.get(crate::wire::names::DEDUP_KEY) {
+        let key = match msg.labels.get(names::DEDUP_KEY) {
             Some(key) if debounce => key.header_value().into_owned(),
             _ => return Ok(msg),
         };
-        loop {
-            match self.store.take_debounced(&key, &msg.task_id).await {
-                Ok(Debounced::Wait(wait)) if wait < crate::broker::HOLD_WINDOW => {
+        let seq = msg
+            .labels
+            .get(names::DEBOUNCE_SEQ)
+            .and_then(|s| s.as_i64())
+            .map_or(1, |s| s.max(1) as u64);
+        for _ in 0..MAX_HOLDS {
+            match self.store.take_debounced(&key, &msg.task_id, seq).await {
+                Ok(Debounced::Wait(wait)) if wait < HOLD_WINDOW => {
                     tokio::time::sleep(wait).await;
                 }
                 Ok(Debounced::Wait(wait)) => {
@@ -289,17 +296,10 @@ impl Inner {
                     let whole_seconds = Duration::from_secs(wait.as_secs());
                     return Err(self.release_after(d, whole_seconds, Outcome::NotDue).await);
                 }
-                Ok(Debounced::Run(None)) => return Ok(msg),
-                Ok(Debounced::Run(Some(body))) => {
-                    // The latest enqueue's arguments; a body that does not read (it was
-                    // written by a client of this task) leaves the message's own.
-                    match TaskMessage::from_json(body.as_bytes()) {
-                        Ok(latest) => (msg.args, msg.kwargs) = (latest.args, latest.kwargs),
-                        Err(e) => {
-                            tracing::warn!(error = %e, "debounced: the latest arguments do not read; running the first enqueue's")
-                        }
-                    }
-                    return Ok(msg);
+                Ok(Debounced::Run) => return Ok(msg),
+                Ok(Debounced::Superseded) => {
+                    tracing::debug!("debounced: a later enqueue's copy replaced this one");
+                    return Err(self.ack(d, Outcome::Superseded).await);
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "debounce state unreachable: releasing the message");
@@ -309,5 +309,7 @@ impl Inner {
                 }
             }
         }
+        // Enqueued again and again while held: back to the broker, as a task not due.
+        Err(self.release_after(d, HOLD_WINDOW, Outcome::NotDue).await)
     }
 }

@@ -171,6 +171,8 @@ pub enum Outcome {
     Retried,
     /// A duplicate of a finished task; acked.
     Duplicate,
+    /// A debounced task's copy that a later enqueue's copy replaced; acked, nothing run.
+    Superseded,
     /// Another worker holds the claim; released until its lease ends.
     Deferred,
     /// Past its deadline before it started; `DeadlineExceeded` stored, parked as `expired`.
@@ -209,6 +211,7 @@ impl Outcome {
             Outcome::Succeeded
                 | Outcome::Failed
                 | Outcome::Duplicate
+                | Outcome::Superseded
                 | Outcome::Expired
                 | Outcome::Revoked
                 | Outcome::DeadLettered
@@ -222,6 +225,7 @@ impl Outcome {
             Outcome::Failed => "failed",
             Outcome::Retried => "retried",
             Outcome::Duplicate => "duplicate",
+            Outcome::Superseded => "superseded",
             Outcome::Deferred => "deferred",
             Outcome::Expired => "expired",
             Outcome::Revoked => "revoked",
@@ -238,11 +242,12 @@ impl Outcome {
         }
     }
 
-    pub(crate) const ALL: [Outcome; 17] = [
+    pub(crate) const ALL: [Outcome; 18] = [
         Outcome::Succeeded,
         Outcome::Failed,
         Outcome::Retried,
         Outcome::Duplicate,
+        Outcome::Superseded,
         Outcome::Deferred,
         Outcome::Expired,
         Outcome::Revoked,

@@ -1,78 +1,53 @@
 //! Debounced enqueues on Valkey: one hash per key, `{prefix}:debounce:{<uuid5 of the key>}`,
-//! with the key's waiting task (`cur`) and, per task, when it may run (`<id>:due`, server µs),
-//! the latest message body (`<id>:body`), its state (`<id>:s`: `w` waiting, `t` let run) and
-//! when it was let run (`<id>:at`). One key per script, so it works on Valkey Cluster.
+//! holding the key's latest task (`task`), how many enqueues it took (`seq`), when it may run
+//! (`due`, server µs) and whether it was let run (`s`: `w` waiting, `t` let run). One key per
+//! script, so it works on Valkey Cluster.
 
 use std::time::Duration;
 
-use ferriq::store::{Debounced, StoreError};
+use ferriq::store::{DebounceTurn, Debounced, StoreError};
 use ferriq::wire::TaskId;
 use fred::types::Value;
 
 use crate::ValkeyStore;
 
-/// How long a debounce hash outlives its last enqueue beyond the window, and a let-run
-/// task's record is kept for its redeliveries.
-const KEEP_US: u64 = 3_600_000_000;
+/// How long a debounce hash outlives its last enqueue beyond the window (and a let-run one
+/// its run), ms.
+const KEEP_MS: u64 = 3_600_000;
 
-/// KEYS: the key's hash. ARGV: task id, body, window µs, keep µs. Returns the waiting task's
-/// id when there is one (it takes the body and waits a window again), else ''.
+/// KEYS: the key's hash. ARGV: task id, window µs, keep ms. Returns {'new'} or {'joined',
+/// waiting task, seq}.
 const DEBOUNCE: &str = r#"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local id, body, window, keep = ARGV[1], ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
-local function fmt(x) return string.format('%d', x) end
-local ttl = fmt(math.floor((window + keep) / 1000))
-local cur = redis.call('HGET', KEYS[1], 'cur')
-if cur and redis.call('HGET', KEYS[1], cur .. ':s') == 'w' then
-  redis.call('HSET', KEYS[1], cur .. ':body', body, cur .. ':due', fmt(now + window))
+local window = tonumber(ARGV[2])
+local due = string.format('%d', now + window)
+local ttl = string.format('%d', math.floor(window / 1000) + tonumber(ARGV[3]))
+local r = redis.call('HMGET', KEYS[1], 'task', 's')
+if r[1] and r[2] == 'w' then
+  local seq = redis.call('HINCRBY', KEYS[1], 'seq', 1)
+  redis.call('HSET', KEYS[1], 'due', due)
   redis.call('PEXPIRE', KEYS[1], ttl)
-  if cur == id then return '' end
-  return cur
+  return {'joined', r[1], seq}
 end
--- Tasks let run long ago are forgotten.
-local fields = redis.call('HKEYS', KEYS[1])
-for _, f in ipairs(fields) do
-  if string.sub(f, -3) == ':at' then
-    local at = tonumber(redis.call('HGET', KEYS[1], f))
-    if at < now - keep then
-      local old = string.sub(f, 1, -4)
-      redis.call('HDEL', KEYS[1], old .. ':s', old .. ':due', old .. ':body', old .. ':at')
-    end
-  end
-end
-redis.call('HSET', KEYS[1], 'cur', id, id .. ':s', 'w', id .. ':due', fmt(now + window),
-  id .. ':body', body)
+redis.call('HSET', KEYS[1], 'task', ARGV[1], 'seq', 1, 'due', due, 's', 'w')
 redis.call('PEXPIRE', KEYS[1], ttl)
-return ''
+return {'new'}
 "#;
 
-/// KEYS: the key's hash. ARGV: task id, grace µs, keep µs. Returns {'wait', µs}, {'run'} (no
-/// record) or {'run', body}.
+/// KEYS: the key's hash. ARGV: task id, copy seq, grace µs, keep ms. Returns {'run'},
+/// {'superseded'} or {'wait', µs}.
 const TAKE: &str = r#"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local id = ARGV[1]
-local s = redis.call('HGET', KEYS[1], id .. ':s')
-if not s then return {'run'} end
-if s == 'w' then
-  local due = tonumber(redis.call('HGET', KEYS[1], id .. ':due'))
-  if due > now + tonumber(ARGV[2]) then return {'wait', due - now} end
-  redis.call('HSET', KEYS[1], id .. ':s', 't', id .. ':at', string.format('%d', now))
-  if redis.call('HGET', KEYS[1], 'cur') == id then redis.call('HDEL', KEYS[1], 'cur') end
-  local ttl = redis.call('PTTL', KEYS[1])
-  local keep = math.floor(tonumber(ARGV[3]) / 1000)
-  if ttl < keep then redis.call('PEXPIRE', KEYS[1], keep) end
-end
-return {'run', redis.call('HGET', KEYS[1], id .. ':body')}
-"#;
-
-/// KEYS: the key's hash. ARGV: task id. Forgets the task (its message was not sent).
-const ABANDON: &str = r#"
-local id = ARGV[1]
-if redis.call('HGET', KEYS[1], 'cur') == id then redis.call('HDEL', KEYS[1], 'cur') end
-redis.call('HDEL', KEYS[1], id .. ':s', id .. ':due', id .. ':body', id .. ':at')
-return 1
+local r = redis.call('HMGET', KEYS[1], 'task', 'seq', 'due', 's')
+if not r[1] or r[1] ~= ARGV[1] or r[4] ~= 'w' then return {'run'} end
+if tonumber(ARGV[2]) < tonumber(r[2]) then return {'superseded'} end
+local due = tonumber(r[3])
+if due > now + tonumber(ARGV[3]) then return {'wait', due - now} end
+redis.call('HSET', KEYS[1], 's', 't')
+redis.call('PEXPIRE', KEYS[1], ARGV[4])
+return {'run'}
 "#;
 
 impl ValkeyStore {
@@ -88,26 +63,35 @@ impl ValkeyStore {
         &self,
         key: &str,
         id: &TaskId,
-        body: &str,
         window: Duration,
-    ) -> Result<Option<TaskId>, StoreError> {
+    ) -> Result<DebounceTurn, StoreError> {
         let argv = vec![
             id.to_string(),
-            body.to_owned(),
             window.as_micros().max(1).to_string(),
-            KEEP_US.to_string(),
+            KEEP_MS.to_string(),
         ];
-        let answer = self
+        let parts = self
             .run(DEBOUNCE, vec![self.debounce_key(key)], argv)
-            .await?;
-        match answer.as_str().as_deref() {
-            None | Some("") => Ok(None),
-            Some(waiting) => TaskId::parse(waiting)
-                .map(Some)
-                .map_err(|e| StoreError::Corrupt {
+            .await?
+            .into_array();
+        match (
+            parts.first().and_then(Value::as_str).as_deref(),
+            parts.get(1),
+            parts.get(2),
+        ) {
+            (Some("new"), _, _) => Ok(DebounceTurn::New),
+            (Some("joined"), Some(task), Some(seq)) => {
+                let task = task.as_str().unwrap_or_default();
+                let task = TaskId::parse(&task).map_err(|e| StoreError::Corrupt {
                     task_id: id.to_string(),
                     reason: format!("debounced task: {e}"),
-                }),
+                })?;
+                Ok(DebounceTurn::Joined {
+                    task,
+                    seq: seq.as_u64().unwrap_or(1),
+                })
+            }
+            _ => Err(StoreError::Unavailable("unexpected debounce answer".into())),
         }
     }
 
@@ -115,8 +99,14 @@ impl ValkeyStore {
         &self,
         key: &str,
         id: &TaskId,
+        seq: u64,
     ) -> Result<Debounced, StoreError> {
-        let argv = vec![id.to_string(), "2000".to_owned(), KEEP_US.to_string()];
+        let argv = vec![
+            id.to_string(),
+            seq.to_string(),
+            "2000".to_owned(),
+            KEEP_MS.to_string(),
+        ];
         let parts = self
             .run(TAKE, vec![self.debounce_key(key)], argv)
             .await?
@@ -128,14 +118,9 @@ impl ValkeyStore {
             (Some("wait"), Some(us)) => Ok(Debounced::Wait(Duration::from_micros(
                 us.as_u64().unwrap_or(0),
             ))),
-            (Some("run"), body) => Ok(Debounced::Run(body.and_then(Value::as_string))),
+            (Some("run"), _) => Ok(Debounced::Run),
+            (Some("superseded"), _) => Ok(Debounced::Superseded),
             _ => Err(StoreError::Unavailable("unexpected debounce answer".into())),
         }
-    }
-
-    pub(crate) async fn debounce_abandon(&self, key: &str, id: &TaskId) -> Result<(), StoreError> {
-        self.run(ABANDON, vec![self.debounce_key(key)], vec![id.to_string()])
-            .await?;
-        Ok(())
     }
 }

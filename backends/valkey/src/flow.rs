@@ -4,8 +4,8 @@
 
 use async_trait::async_trait;
 use ferriq::store::{
-    Debounced, FlowStore, LimitOverride, LimiterSeen, LimiterUsage, RateDecision, SlotDecision,
-    StoreError,
+    DebounceTurn, Debounced, FlowStore, LimitOverride, LimiterSeen, LimiterUsage, RateDecision,
+    SlotDecision, StoreError,
 };
 use ferriq::task::Rate;
 use ferriq::wire::TaskId;
@@ -106,18 +106,18 @@ impl FlowStore for ValkeyStore {
         &self,
         key: &str,
         id: &TaskId,
-        body: &str,
         window: std::time::Duration,
-    ) -> Result<Option<TaskId>, StoreError> {
-        self.debounce_enqueue(key, id, body, window).await
+    ) -> Result<DebounceTurn, StoreError> {
+        self.debounce_enqueue(key, id, window).await
     }
 
-    async fn take_debounced(&self, key: &str, id: &TaskId) -> Result<Debounced, StoreError> {
-        self.debounce_take(key, id).await
-    }
-
-    async fn abandon_debounce(&self, key: &str, id: &TaskId) -> Result<(), StoreError> {
-        self.debounce_abandon(key, id).await
+    async fn take_debounced(
+        &self,
+        key: &str,
+        id: &TaskId,
+        seq: u64,
+    ) -> Result<Debounced, StoreError> {
+        self.debounce_take(key, id, seq).await
     }
 
     async fn set_limit_override(

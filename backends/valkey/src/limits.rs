@@ -39,7 +39,10 @@ local function admit(started, turns, reserved, id, n, period)
   local keep = math.max(period * 10, 60000000)
   local ttl = math.floor((period + keep) / 1000) + 1000
   local waiting = redis.call('ZCARD', reserved) > 0
-  if waiting then redis.call('ZREMRANGEBYSCORE', reserved, '-inf', fmt(now - keep)) end
+  if waiting then
+    redis.call('ZREMRANGEBYSCORE', reserved, '-inf', fmt(now - keep))
+    waiting = redis.call('ZCARD', reserved) > 0
+  end
   local free_at = now
   local oldest = redis.call('LINDEX', started, n - 1)
   if oldest and tonumber(oldest) > now - period then free_at = tonumber(oldest) + period end
@@ -211,6 +214,8 @@ for i = 0, #KEYS / 2 - 1 do
     local avg = redis.call('HGET', stats, 'avg')
     if avg then avg = tonumber(avg) * 0.8 + ran * 0.2 else avg = ran end
     redis.call('HSET', stats, 'avg', string.format('%d', avg))
+    -- A limiter used once is forgotten like any other (an hour past its last use).
+    if redis.call('PTTL', stats) < 0 then redis.call('PEXPIRE', stats, 3600000) end
   end
 end
 return {}

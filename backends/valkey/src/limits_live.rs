@@ -12,13 +12,21 @@ use crate::error::store_error;
 use crate::scripts;
 use crate::ValkeyStore;
 
-/// KEYS: the noted limiters (hash: kind and limiter → limit, a newline, when noted in ms).
-/// ARGV: pairs of field and limit. Stamps each with the server's time.
+/// KEYS: the noted limiters (hash: kind and limiter → limit, a newline, when noted in ms),
+/// and when the old ones were last forgotten. ARGV: how long one is kept (ms), then pairs of
+/// field and limit. Stamps each with the server's time; forgets the old ones once a minute.
 const NOTE: &str = r#"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-for i = 1, #ARGV, 2 do
+for i = 2, #ARGV, 2 do
   redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1] .. '\n' .. string.format('%d', now))
+end
+if redis.call('SET', KEYS[2], '1', 'NX', 'PX', 60000) then
+  local all = redis.call('HGETALL', KEYS[1])
+  for i = 1, #all, 2 do
+    local at = tonumber(string.match(all[i + 1], '\n(%d+)$') or '0')
+    if at < now - tonumber(ARGV[1]) then redis.call('HDEL', KEYS[1], all[i]) end
+  end
 end
 return 1
 "#;
@@ -111,11 +119,12 @@ impl ValkeyStore {
     }
 
     pub(crate) async fn note(&self, seen: &[LimiterSeen]) -> Result<(), StoreError> {
-        let keys = vec![self.noted_key()];
-        let argv: Vec<String> = seen
-            .iter()
-            .flat_map(|s| [field(s.kind, &s.limiter), s.limit.clone()])
-            .collect();
+        let keys = vec![self.noted_key(), format!("{}:swept", self.noted_key())];
+        let mut argv = vec![ferriq::store::LIMITER_LISTED_FOR.as_millis().to_string()];
+        argv.extend(
+            seen.iter()
+                .flat_map(|s| [field(s.kind, &s.limiter), s.limit.clone()]),
+        );
         scripts::call(&self.core().pool, &Script::from_lua(NOTE), || {
             (keys.clone(), argv.clone())
         })

@@ -89,53 +89,57 @@ async fn a_debounced_task_runs_once_when_its_key_is_quiet_with_the_latest_argume
     // A window of quiet after the last edit (the server's clock, so a little slack).
     let quiet = runs[0].0 - last_edit;
     assert!(quiet >= Duration::from_millis(950), "{quiet:?}");
-    assert_eq!(broker.stats().published, 1);
+    assert_eq!(broker.stats().published, 4, "a copy per enqueue");
     worker.stop().await;
 }
 
 #[tokio::test]
-async fn a_debounced_task_let_run_gets_the_same_arguments_when_redelivered() {
-    use ferriq::store::{Debounced, FlowStore};
+async fn copies_of_a_debounced_task_run_once_the_latest_and_a_redelivery_runs_again() {
+    use ferriq::store::{DebounceTurn, Debounced, FlowStore};
     let store = common::store().await;
     let (first, second) = (
         ferriq::wire::TaskId::random(),
         ferriq::wire::TaskId::random(),
     );
-    let window = Duration::from_millis(200);
+    let window = Duration::from_millis(300);
     assert_eq!(
-        store.debounce("k", &first, "v1", window).await.unwrap(),
-        None
+        store.debounce("k", &first, window).await.unwrap(),
+        DebounceTurn::New
     );
+    let joined = DebounceTurn::Joined {
+        task: first.clone(),
+        seq: 2,
+    };
+    assert_eq!(store.debounce("k", &second, window).await.unwrap(), joined);
+    // The first copy is replaced; the latest waits for the quiet.
     assert_eq!(
-        store.debounce("k", &second, "v2", window).await.unwrap(),
-        Some(first.clone())
+        store.take_debounced("k", &first, 1).await.unwrap(),
+        Debounced::Superseded
     );
     assert!(matches!(
-        store.take_debounced("k", &first).await.unwrap(),
+        store.take_debounced("k", &first, 2).await.unwrap(),
         Debounced::Wait(_)
     ));
     tokio::time::sleep(window + Duration::from_millis(50)).await;
-    let run = Debounced::Run(Some("v2".into()));
-    assert_eq!(store.take_debounced("k", &first).await.unwrap(), run);
-    // Its worker died: the redelivery runs with the same arguments, though the key moved on.
     assert_eq!(
-        store.debounce("k", &second, "v3", window).await.unwrap(),
-        None
+        store.take_debounced("k", &first, 2).await.unwrap(),
+        Debounced::Run
     );
-    assert_eq!(store.take_debounced("k", &first).await.unwrap(), run);
-    // A producer that does not debounce: no record, run the message as it is.
+    // Its worker died: the redelivery runs (the claims decide), and the key moved on.
+    assert_eq!(
+        store.take_debounced("k", &first, 2).await.unwrap(),
+        Debounced::Run
+    );
+    assert_eq!(
+        store.debounce("k", &second, window).await.unwrap(),
+        DebounceTurn::New
+    );
+    // A producer that does not debounce: nothing known, run it.
     assert_eq!(
         store
-            .take_debounced("k", &ferriq::wire::TaskId::random())
+            .take_debounced("other", &ferriq::wire::TaskId::random(), 1)
             .await
             .unwrap(),
-        Debounced::Run(None)
-    );
-    // A message that could not be sent is forgotten: the next enqueue is a new task.
-    store.abandon_debounce("k", &second).await.unwrap();
-    let third = ferriq::wire::TaskId::random();
-    assert_eq!(
-        store.debounce("k", &third, "v4", window).await.unwrap(),
-        None
+        Debounced::Run
     );
 }
