@@ -211,7 +211,7 @@ impl Shared {
             }
             // lapin's errors do not contain the URL (nor the key: its parse errors say what,
             // not where).
-            .map_err(|e| explain(&e.to_string()))
+            .map_err(|e| explain(&e.to_string(), self.current_node().scheme() == "amqps"))
         };
         tokio::time::timeout(config.connect_timeout, connecting)
             .await
@@ -581,7 +581,7 @@ fn watch_events(
 }
 
 /// A connection error with, for a TLS failure, what to fix.
-fn explain(error: &str) -> String {
+fn explain(error: &str, tls: bool) -> String {
     let e = error.to_ascii_lowercase();
     let hint = if e.contains("unknownissuer") || e.contains("unknown issuer") {
         "the broker's certificate is not signed by a CA this client trusts: set FERRIQ_BROKER_TLS_CA (builder: tls_ca_file) to the PEM file of the CA that signed it"
@@ -597,6 +597,10 @@ fn explain(error: &str) -> String {
         "the broker refused this client's certificate (or wants one): set FERRIQ_BROKER_TLS_CERT and FERRIQ_BROKER_TLS_KEY (builder: tls_client_cert) to a certificate signed by a CA the broker trusts"
     } else if e.contains("corrupt message") || e.contains("invalidcontenttype") {
         "the broker does not speak TLS on this port: use amqp:// for a plain port, or the broker's TLS port (5671 by default)"
+    } else if tls && (e.contains("connection reset") || e.contains("broken pipe")) {
+        // With TLS 1.3 a server refusing the client's certificate (or its absence) may close
+        // the connection before its alert is read: the usual cause of a reset right here.
+        "the broker closed the TLS connection during the handshake: if it asks for client certificates, set FERRIQ_BROKER_TLS_CERT and FERRIQ_BROKER_TLS_KEY (builder: tls_client_cert) to one signed by a CA it trusts; if the port is a plain one, use the broker's TLS port (a plain port does not speak TLS)"
     } else if e.contains("private key") || e.contains("no keys found") {
         "FERRIQ_BROKER_TLS_KEY is not a readable PEM private key (PKCS#8, PKCS#1 or SEC1)"
     } else {

@@ -179,6 +179,14 @@ impl ValkeyStore {
             let noperm = details
                 .contains("NOPERM")
                 .then_some(crate::error::NOPERM_HINT);
+            // With TLS 1.3 a server refusing the client's certificate may close the connection
+            // before its alert is read.
+            let lower = details.to_ascii_lowercase();
+            let reset =
+                tls && (lower.contains("connection reset") || lower.contains("broken pipe"));
+            let noperm = noperm.or(reset.then_some(
+                "the server closed the TLS connection during the handshake: if it asks for client certificates, set FERRIQ_STORE_TLS_CERT and FERRIQ_STORE_TLS_KEY (builder: tls_client_cert) to one signed by a CA it trusts; if the port is a plain one, use the server's TLS port (a plain port does not speak TLS)",
+            ));
             let hint = noperm.or_else(|| crate::tls::explain(&format!("{:?} {details}", e.kind()))).or_else(|| {
                 // A plain port reads a TLS hello as the start of a command and never answers.
                 (tls && *e.kind() == fred::error::ErrorKind::Timeout).then_some(
