@@ -409,9 +409,14 @@ impl Client {
                     // Every debounced enqueue sends a message: its own, or a copy of the task
                     // its key waits with, carrying this enqueue's arguments.
                     match self.store.debounce(&key, &id, ttl).await {
-                        Ok(DebounceTurn::Joined { task, seq }) => {
-                            p = self.copy_of(p, &task, seq)?;
-                        }
+                        Ok(DebounceTurn::Joined { task, seq }) => match self.copy_of(p, &task, seq)
+                        {
+                            Ok(copy) => p = copy,
+                            Err(e) => {
+                                self.release_reserved(&reserved).await;
+                                return Err(e);
+                            }
+                        },
                         Ok(_) => {}
                         Err(e) => {
                             self.release_reserved(&reserved).await;
