@@ -1,7 +1,7 @@
 //! `fault-harness`: runs the fault scenarios and prints (or writes) RELIABILITY.md's table.
 //!
 //! ```text
-//! cargo run -p ferriq-harness --bin fault-harness -- [--size small|full] [--broker amqp|sqs|both]
+//! cargo run -p ferriq-harness --bin fault-harness -- [--size small|full] [--broker amqp|sqs|cluster|all]
 //!     [--only NAME[,NAME…]] [--write RELIABILITY.md]
 //! fault-harness worker    # a worker process (started by the harness itself)
 //! ```
@@ -34,7 +34,8 @@ async fn main() {
     let backends = match arg("--broker", "both").as_str() {
         "amqp" => vec![Backend::Amqp],
         "sqs" => vec![Backend::Sqs],
-        _ => vec![Backend::Amqp, Backend::Sqs],
+        "cluster" => vec![Backend::AmqpCluster],
+        _ => vec![Backend::Amqp, Backend::Sqs, Backend::AmqpCluster],
     };
     let only = arg("--only", "");
     let mut names: Vec<&str> = scenarios::ALL.to_vec();

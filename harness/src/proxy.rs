@@ -95,6 +95,13 @@ impl Proxy {
         self.mode.send_replace(Mode::Blackhole);
     }
 
+    /// How many connections it carries now.
+    pub fn live(&self) -> usize {
+        let mut all = self.conns.lock().unwrap_or_else(|p| p.into_inner());
+        all.retain(|t| !t.is_finished());
+        all.len()
+    }
+
     /// Closes every connection at once and forwards again for new ones.
     pub fn reset(&self) {
         for task in self

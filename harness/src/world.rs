@@ -16,6 +16,8 @@ use ferriq_valkey::ValkeyStore;
 use tokio::process::Child;
 use tokio::time::Instant;
 
+use ferriq_testkit::rabbitmq::PrivateCluster;
+
 use crate::proxy::Proxy;
 use crate::redis::{free_port, Oracle, PrivateRedis};
 
@@ -26,6 +28,9 @@ pub enum Backend {
     Amqp,
     /// The fauxqs emulator, through a proxy.
     Sqs,
+    /// A private three-node RabbitMQ cluster of the world's own, each node behind a proxy;
+    /// every worker's URL lists every node, each starting with another.
+    AmqpCluster,
 }
 
 impl Backend {
@@ -34,6 +39,7 @@ impl Backend {
         match self {
             Backend::Amqp => "RabbitMQ",
             Backend::Sqs => "SQS (fauxqs)",
+            Backend::AmqpCluster => "RabbitMQ, 3-node cluster",
         }
     }
 }
@@ -128,6 +134,10 @@ pub struct World {
     settings: Settings,
     sqs: Option<SqsQueues>,
     spawned: u32,
+    /// On [`Backend::AmqpCluster`], its nodes.
+    pub cluster: Option<PrivateCluster>,
+    /// On [`Backend::AmqpCluster`], between the workers and each node (same order).
+    pub node_proxies: Vec<Proxy>,
 }
 
 /// Unix ms now.
@@ -167,8 +177,29 @@ impl World {
                 .await
                 .expect("the private redis"),
         );
+        let mut cluster = None;
+        let mut node_proxies = Vec::new();
         let (broker, broker_proxy, sqs): (Arc<dyn Broker>, Proxy, Option<SqsQueues>) = match backend
         {
+            Backend::AmqpCluster => {
+                let nodes = PrivateCluster::start().await;
+                for node in &nodes.nodes {
+                    node_proxies
+                        .push(Proxy::start(&format!("127.0.0.1:{}", node.plain_port)).await);
+                }
+                // The producer and the oracle's side reach the nodes directly (every node
+                // listed), outside the faulted path; the lane's queue is declared on the first.
+                let broker = ferriq_amqp::AmqpBroker::builder(nodes.url().as_str())
+                    .exchange(format!("{name}.x"))
+                    .queues([name.as_str()])
+                    .connect()
+                    .await
+                    .expect("the private RabbitMQ cluster");
+                // Workers use `node_proxies`; this one stays idle.
+                let idle = Proxy::start(&format!("127.0.0.1:{}", nodes.nodes[0].plain_port)).await;
+                cluster = Some(nodes);
+                (Arc::new(broker), idle, None)
+            }
             Backend::Amqp => {
                 let url = ferriq_examples::amqp_url();
                 let broker = ferriq_amqp::AmqpBroker::builder(url.as_str())
@@ -223,11 +254,24 @@ impl World {
             settings,
             sqs,
             spawned: 0,
+            cluster,
+            node_proxies,
         }
     }
 
-    /// The URL workers reach the broker with (through its proxy).
-    fn worker_broker_url(&self) -> String {
+    /// The URL worker `n` (from 1) reaches the broker with (through its proxy; on a cluster,
+    /// every node's, starting with node `(n - 1) % 3`).
+    fn worker_broker_url(&self, n: u32) -> String {
+        if !self.node_proxies.is_empty() {
+            let mut urls: Vec<String> = self
+                .node_proxies
+                .iter()
+                .map(|p| format!("amqp://guest:guest@127.0.0.1:{}/%2f", p.port))
+                .collect();
+            let first = (n as usize - 1) % urls.len();
+            urls.rotate_left(first);
+            return urls.join(";");
+        }
         match (&self.backend, &self.sqs) {
             (Backend::Sqs, Some(q)) => {
                 let path = q.url.split_once("://").map_or("", |(_, r)| r);
@@ -252,7 +296,7 @@ impl World {
         let s = &self.settings;
         let mut cmd = tokio::process::Command::new(std::env::current_exe().expect("this binary"));
         cmd.arg("worker")
-            .env("FERRIQ_BROKER_URL", self.worker_broker_url())
+            .env("FERRIQ_BROKER_URL", self.worker_broker_url(n))
             .env(
                 "FERRIQ_STORE_URL",
                 format!("redis://127.0.0.1:{}", self.redis_proxy.port),
@@ -469,6 +513,8 @@ impl World {
             Some(q) => {
                 ferriq_examples::sqs::delete_queues(&q.admin, &[q.url.clone(), q.dlq.clone()]).await
             }
+            // A private cluster goes with its nodes.
+            None if self.cluster.is_some() => {}
             None => ferriq_examples::delete_amqp_topology(&self.exchange, &self.lane).await,
         }
         self.redis.kill().await;

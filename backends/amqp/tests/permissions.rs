@@ -8,9 +8,9 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::node::PrivateNode;
 use ferriq::{Client, TaskError};
 use ferriq_amqp::AmqpBroker;
+use ferriq_testkit::rabbitmq::PrivateNode;
 use ferriq_valkey::ValkeyStore;
 
 /// The permissions the README's Security section documents: `(configure, write, read)`.

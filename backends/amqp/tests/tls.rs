@@ -36,7 +36,7 @@ async fn refusal(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_amqps_with_a_private_ca_and_a_client_certificate_a_task_runs_and_each_refusal_says_what_to_fix(
 ) {
-    let node = common::node::PrivateNode::start().await;
+    let node = ferriq_testkit::rabbitmq::PrivateNode::start().await;
     let (ca, cert, key) = (
         node.path("ca.pem"),
         node.path("client.pem"),

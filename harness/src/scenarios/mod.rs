@@ -9,6 +9,7 @@ use ferriq::broker::OutgoingMessage;
 use rand::Rng;
 use tokio::time::Instant;
 
+mod cluster;
 mod fifo;
 mod limits;
 mod outages;
@@ -51,7 +52,7 @@ impl Size {
 }
 
 /// Every scenario, by name.
-pub const ALL: [&str; 15] = [
+pub const ALL: [&str; 17] = [
     "sigkill_workers",
     "sigstop_past_lease",
     "longer_than_lease",
@@ -67,11 +68,18 @@ pub const ALL: [&str; 15] = [
     "fifo_sigkill",
     "slot_holder_sigkill",
     "store_restart_slots",
+    "cluster_leader_sigkill",
+    "cluster_leader_partition",
 ];
 
-/// Whether scenario `name` applies to `backend` (FIFO message groups are SQS's).
+/// Whether scenario `name` applies to `backend`: FIFO message groups are SQS's; a cluster
+/// runs its own rows only.
 pub fn runs_on(name: &str, backend: Backend) -> bool {
-    name != "fifo_sigkill" || backend == Backend::Sqs
+    match (name, backend) {
+        ("fifo_sigkill", b) => b == Backend::Sqs,
+        (n, b) if n.starts_with("cluster_") => b == Backend::AmqpCluster,
+        (_, b) => b != Backend::AmqpCluster,
+    }
 }
 
 /// Runs scenario `name` on `backend`.
@@ -92,6 +100,12 @@ pub async fn run(name: &str, backend: Backend, size: Size, root: &Path) -> Row {
         "fifo_sigkill" => fifo::fifo_sigkill(backend, size, root).await,
         "slot_holder_sigkill" => limits::slot_holder_sigkill(backend, size, root).await,
         "store_restart_slots" => limits::store_restart_waiting(backend, size, root).await,
+        "cluster_leader_sigkill" => {
+            cluster::leader_lost(backend, size, root, cluster::Loss::Kill).await
+        }
+        "cluster_leader_partition" => {
+            cluster::leader_lost(backend, size, root, cluster::Loss::Partition).await
+        }
         "bad_input" => crate::bad_input::run(backend, root).await,
         other => panic!("no scenario {other}"),
     }

@@ -2,8 +2,6 @@
 //! TCP proxy the test can cut.
 #![allow(dead_code)]
 
-pub mod node;
-
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 

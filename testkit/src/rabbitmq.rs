@@ -1,11 +1,12 @@
-//! A private RabbitMQ node for the tests that need one of their own (TLS, users and
-//! permissions): its own name, ports and data directory, the shared node untouched; run as the
-//! `rabbitmq` user when the tests run as root; stopped by its PID.
+//! Private RabbitMQ nodes for the tests that need one of their own (TLS, users and
+//! permissions, clusters, killing a node): its own name, ports and data directory, the shared
+//! node untouched; run as the `rabbitmq` user when the tests run as root; stopped by its PID.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+/// Runs `program` with `args` in `dir`; panics with its stderr unless it succeeds.
 pub fn run(dir: &Path, program: &str, args: &[&str]) {
     let out = Command::new(program)
         .args(args)
@@ -19,13 +20,14 @@ pub fn run(dir: &Path, program: &str, args: &[&str]) {
     );
 }
 
-/// A port free now (the kernel picks it).
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+use crate::free_port;
+
+/// Whether this process runs as root (a node then runs as the `rabbitmq` user).
+fn as_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| o.stdout.starts_with(b"0\n"))
 }
 
 /// A private RabbitMQ node with a TLS listener asking for client certificates, its files in a
@@ -38,6 +40,8 @@ pub struct PrivateNode {
     pub plain_port: u16,
     pid: Option<u32>,
     node: String,
+    /// The shell command that starts it (again, after a kill).
+    start: String,
 }
 
 impl PrivateNode {
@@ -133,22 +137,14 @@ impl PrivateNode {
             "fqtls{}@localhost",
             &uuid::Uuid::new_v4().simple().to_string()[..8]
         );
-        let env = format!(
+        let start = format!(
             "HOME={d} RABBITMQ_NODENAME={node} RABBITMQ_DIST_PORT={dist_port} \
              RABBITMQ_MNESIA_BASE={d}/mnesia RABBITMQ_LOG_BASE={d}/log \
              RABBITMQ_CONFIG_FILE={d}/rabbitmq RABBITMQ_ENABLED_PLUGINS_FILE={d}/enabled_plugins \
              RABBITMQ_PID_FILE={d}/pid rabbitmq-server -detached"
         );
-        // As root, the node runs as the rabbitmq user (it refuses files it cannot own).
-        let root = Command::new("id")
-            .arg("-u")
-            .output()
-            .is_ok_and(|o| o.stdout.starts_with(b"0\n"));
-        if root {
+        if as_root() {
             run(&dir, "chown", &["-R", "rabbitmq:rabbitmq", &d.to_string()]);
-            run(&dir, "su", &["rabbitmq", "-s", "/bin/sh", "-c", &env]);
-        } else {
-            run(&dir, "sh", &["-c", &env]);
         }
         let mut server = PrivateNode {
             dir,
@@ -156,25 +152,62 @@ impl PrivateNode {
             plain_port,
             pid: None,
             node,
+            start,
         };
+        server.launch().await;
+        server
+    }
+
+    /// Runs its start command and waits until both listeners answer (up to a minute).
+    async fn launch(&mut self) {
+        let _ = std::fs::remove_file(self.dir.join("pid"));
+        self.pid = None;
+        // As root, the node runs as the rabbitmq user (it refuses files it cannot own).
+        if as_root() {
+            run(
+                &self.dir,
+                "su",
+                &["rabbitmq", "-s", "/bin/sh", "-c", &self.start],
+            );
+        } else {
+            run(&self.dir, "sh", &["-c", &self.start]);
+        }
         let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-        while std::net::TcpStream::connect(("127.0.0.1", tls_port)).is_err() {
-            if server.pid.is_none() {
-                server.pid = std::fs::read_to_string(server.dir.join("pid"))
+        loop {
+            if self.pid.is_none() {
+                self.pid = std::fs::read_to_string(self.dir.join("pid"))
                     .ok()
                     .and_then(|p| p.trim().parse().ok());
+            }
+            let up = |port: u16| std::net::TcpStream::connect(("127.0.0.1", port)).is_ok();
+            if self.pid.is_some() && up(self.tls_port) && up(self.plain_port) {
+                return;
             }
             assert!(
                 tokio::time::Instant::now() < deadline,
                 "the private RabbitMQ node did not start: see {}/log",
-                server.dir.display()
+                self.dir.display()
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        server.pid = std::fs::read_to_string(server.dir.join("pid"))
-            .ok()
-            .and_then(|p| p.trim().parse().ok());
-        server
+    }
+
+    /// SIGKILLs the node (no shutdown of any kind) and waits until its process is gone.
+    pub async fn kill(&mut self) {
+        let Some(pid) = self.pid.take() else {
+            return;
+        };
+        let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while Path::new(&format!("/proc/{pid}")).exists() && tokio::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Starts the node again after [`kill`](Self::kill): same name, ports and data.
+    pub async fn restart(&mut self) {
+        self.launch().await;
     }
 
     /// Its TLS listener, as guest.
@@ -225,11 +258,7 @@ impl PrivateNode {
                 .collect::<Vec<_>>()
                 .join(" ")
         );
-        let root = Command::new("id")
-            .arg("-u")
-            .output()
-            .is_ok_and(|o| o.stdout.starts_with(b"0\n"));
-        if root {
+        if as_root() {
             run(
                 &self.dir,
                 "su",
@@ -268,11 +297,7 @@ impl PrivateNode {
             self.node.clone(),
         ];
         command.extend(args.iter().map(|a| a.to_string()));
-        let root = Command::new("id")
-            .arg("-u")
-            .output()
-            .is_ok_and(|o| o.stdout.starts_with(b"0\n"));
-        let out = if root {
+        let out = if as_root() {
             Command::new("su")
                 .args(["rabbitmq", "-s", "/bin/sh", "-c", &command.join(" ")])
                 .output()
@@ -316,6 +341,25 @@ impl PrivateCluster {
             }
         }
         PrivateCluster { nodes }
+    }
+
+    /// The node leading `queue`'s quorum queue, as the cluster lists it (its index); `None`
+    /// while no live node lists one.
+    pub fn leader(&self, queue: &str) -> Option<usize> {
+        for node in self.nodes.iter().filter(|n| n.pid.is_some()) {
+            let listed =
+                node.ctl_output(&["list_queues", "-q", "--no-table-headers", "name", "leader"]);
+            if let Some(name) = listed
+                .lines()
+                .find(|l| l.split_whitespace().next() == Some(queue))
+                .and_then(|l| l.split_whitespace().nth(1))
+            {
+                if let Some(i) = self.nodes.iter().position(|n| n.name() == name) {
+                    return Some(i);
+                }
+            }
+        }
+        None
     }
 
     /// Every node, as a list URL (guest).
