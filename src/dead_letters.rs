@@ -112,6 +112,10 @@ pub struct DeadFilter {
     pub id: Option<String>,
     /// Parked at least this long ago.
     pub older_than: Option<Duration>,
+    /// Its error text contains this (ignoring case).
+    pub detail_contains: Option<String>,
+    /// One of these dead letters (empty: any).
+    pub ids: Vec<String>,
 }
 
 impl DeadFilter {
@@ -150,6 +154,18 @@ impl DeadFilter {
         self
     }
 
+    /// Only those whose error text contains `text`, ignoring case.
+    pub fn detail_contains(mut self, text: impl Into<String>) -> Self {
+        self.detail_contains = Some(text.into().to_lowercase());
+        self
+    }
+
+    /// Only the dead letters `ids` (a selection).
+    pub fn any_of_ids(mut self, ids: impl IntoIterator<Item = String>) -> Self {
+        self.ids = ids.into_iter().collect();
+        self
+    }
+
     /// Whether `m` is one of them (at `now_ms`).
     pub fn matches(&self, m: &DeadMessage, now_ms: u64) -> bool {
         self.reason
@@ -164,6 +180,11 @@ impl DeadFilter {
                 .as_ref()
                 .is_none_or(|id| m.task_id.as_ref() == Some(id))
             && self.id.as_deref().is_none_or(|id| m.id == id)
+            && (self.ids.is_empty() || self.ids.contains(&m.id))
+            && self
+                .detail_contains
+                .as_deref()
+                .is_none_or(|t| m.detail.to_lowercase().contains(&t.to_lowercase()))
             && self
                 .older_than
                 .is_none_or(|min| m.age(now_ms).is_some_and(|age| age >= min))

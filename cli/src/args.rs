@@ -83,6 +83,18 @@ pub(crate) enum Command {
         #[command(subcommand)]
         action: Option<LimitsCommand>,
     },
+    /// Serve the dashboard: a web page of lanes, workers, tasks, dead letters, schedules and
+    /// limits. Read-only unless `--allow-actions`; a token (FERRIQ_DASHBOARD_TOKEN) is
+    /// required to listen beyond loopback.
+    Dashboard {
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        listen: std::net::SocketAddr,
+        /// Let the page redrive and purge dead letters and pause, resume, remove and run
+        /// schedules.
+        #[arg(long)]
+        allow_actions: bool,
+    },
 }
 
 /// Limit commands.

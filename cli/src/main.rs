@@ -2,9 +2,11 @@
 //! `ferriq`: the on-call engineer's command. It connects with the same URLs and `FERRIQ_*`
 //! environment as a worker, and shows queues, workers and their runs, dead letters (listed,
 //! shown, redriven, purged), tasks (status, result, revoke), schedules and limits. Tables for people, `--json`
-//! for scripts; destructive commands ask first unless `--yes`.
+//! for scripts; destructive commands ask first unless `--yes`. `ferriq dashboard` serves the
+//! same as a web page.
 
 mod args;
+mod dashboard;
 mod dlq;
 mod limits;
 mod output;
@@ -120,6 +122,7 @@ fn check_usage(cli: &Cli) -> Result<(), Failure> {
         Command::Task(command) => task::check_usage(command),
         Command::Schedules(command) => schedules::check_usage(command),
         Command::Limits { action } => limits::check_usage(action),
+        Command::Dashboard { listen, .. } => dashboard::check_usage(*listen),
         Command::Queues { .. } | Command::Workers => Ok(()),
     }
 }
@@ -138,6 +141,10 @@ async fn run(cli: Cli) -> Result<(), Failure> {
         Command::Limits { action } => limits::run(&client, &out, action).await,
         Command::Dlq(command) => dlq::run(&client, &out, &cli, command).await,
         Command::Task(command) => task::run(&client, &out, &cli, command).await,
+        Command::Dashboard {
+            listen,
+            allow_actions,
+        } => dashboard::serve(&client, *listen, *allow_actions).await,
     };
     client.close().await;
     done

@@ -1,0 +1,107 @@
+// Keeps the overview, workers and bulk jobs live (polling every 2 s), and asks before
+// destructive buttons. Everything is written with textContent: no server data becomes HTML.
+"use strict";
+
+const base = document.querySelector('meta[name="ferriq-base"]')?.content ?? "";
+
+function cell(row, text) {
+  const td = document.createElement("td");
+  td.textContent = text === null || text === undefined ? "-" : String(text);
+  row.appendChild(td);
+  return td;
+}
+
+function fill(tbodyId, items, render, empty) {
+  const body = document.getElementById(tbodyId);
+  if (!body) return;
+  const cols = body.closest("table").querySelectorAll("thead th").length;
+  body.replaceChildren();
+  if (items.length === 0) {
+    const tr = document.createElement("tr");
+    const td = cell(tr, empty);
+    td.colSpan = cols;
+    td.className = "empty";
+    body.appendChild(tr);
+    return;
+  }
+  for (const item of items) {
+    const tr = document.createElement("tr");
+    render(tr, item);
+    body.appendChild(tr);
+  }
+}
+
+const renderers = {
+  overview(data) {
+    fill("lanes", data.lanes, (tr, l) => {
+      const td = document.createElement("td");
+      const a = document.createElement("a");
+      a.href = `${base}/dead?lane=${encodeURIComponent(l.lane)}`;
+      a.textContent = l.lane;
+      td.appendChild(a);
+      tr.appendChild(td);
+      for (const k of ["ready", "in_flight", "delayed", "dead", "consumers", "running"]) cell(tr, l[k]);
+    }, "no lanes");
+  },
+  workers(data) {
+    fill("workers", data.workers, (tr, w) => {
+      cell(tr, w.id);
+      cell(tr, `${w.host} (pid ${w.pid})`);
+      cell(tr, w.version);
+      cell(tr, w.lanes.join(", "));
+      cell(tr, `${w.runs.length} / ${w.concurrency}`);
+      const oldest = w.runs.reduce((m, r) => Math.max(m, r.age_s), -1);
+      cell(tr, oldest < 0 ? "-" : `${oldest} s`);
+      cell(tr, `${w.seen_s.toFixed(1)} s ago`);
+    }, "no worker has reported within its lease");
+  },
+  jobs(data) {
+    const box = document.getElementById("jobs");
+    if (!box) return;
+    box.replaceChildren();
+    for (const j of data.jobs.slice().reverse()) {
+      const p = document.createElement("p");
+      p.className = "job";
+      p.dataset.finished = j.finished;
+      const bar = document.createElement("progress");
+      if (j.finished) { bar.max = 1; bar.value = 1; } else { bar.removeAttribute("value"); }
+      p.append(`${j.kind} #${j.id} on ${j.lane}: `, bar,
+        ` ${j.done} done of ${j.seen} looked at` + (j.outcome ? ` — ${j.outcome}` : ""));
+      box.appendChild(p);
+    }
+  },
+};
+
+const endpoints = { overview: "/api/overview", workers: "/api/workers", jobs: "/api/jobs" };
+
+async function poll(kind, marker) {
+  try {
+    const res = await fetch(base + endpoints[kind], { credentials: "same-origin" });
+    const data = await res.json();
+    if (!res.ok) throw new Error(data.error ?? res.statusText);
+    renderers[kind](data);
+    if (marker.classList) {
+      marker.classList.remove("stale");
+      if (kind !== "jobs") marker.textContent = `live: updated ${new Date().toLocaleTimeString()}`;
+    }
+  } catch (e) {
+    if (marker.classList && kind !== "jobs") {
+      marker.classList.add("stale");
+      marker.textContent = `not updated: ${e.message}`;
+    }
+  }
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  for (const marker of document.querySelectorAll("[data-live]")) {
+    const kind = marker.dataset.live;
+    if (!endpoints[kind]) continue;
+    poll(kind, marker);
+    setInterval(() => poll(kind, marker), 2000);
+  }
+  for (const button of document.querySelectorAll("button[data-confirm]")) {
+    button.addEventListener("click", (ev) => {
+      if (!window.confirm(button.dataset.confirm)) ev.preventDefault();
+    });
+  }
+});

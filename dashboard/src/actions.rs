@@ -1,0 +1,248 @@
+//! What the buttons do. Every action is a POST whose form carries the page's CSRF token;
+//! the guard has already checked the token, the origin and that actions are allowed.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::State as Shared;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Redirect, Response};
+use ferriq::dead_letters::DeadFilter;
+use ferriq::wire::{Labels, TaskId, TaskMessage};
+
+use crate::pages::{enc, DeadQuery};
+use crate::security::{token_ok, COOKIE};
+use crate::State;
+
+/// A form's fields, repeated ones kept (`id=a&id=b`).
+struct Form(Vec<(String, String)>);
+
+impl Form {
+    fn parse(body: &[u8]) -> Form {
+        Form(form_urlencoded::parse(body).into_owned().collect())
+    }
+
+    fn get(&self, name: &str) -> &str {
+        self.0
+            .iter()
+            .find(|(k, _)| k == name)
+            .map_or("", |(_, v)| v.as_str())
+    }
+
+    fn all(&self, name: &str) -> Vec<String> {
+        self.0
+            .iter()
+            .filter(|(k, _)| k == name)
+            .map(|(_, v)| v.clone())
+            .collect()
+    }
+
+    /// Refused unless it carries this process's CSRF token.
+    fn check(&self, state: &State) -> Result<(), Response> {
+        if self.get("csrf") == state.csrf {
+            Ok(())
+        } else {
+            Err((
+                StatusCode::FORBIDDEN,
+                "refused: the form is stale or not from this dashboard (reload the page)\n",
+            )
+                .into_response())
+        }
+    }
+}
+
+/// The login form: the token, as an HttpOnly cookie for this path.
+pub(crate) async fn login(Shared(state): Shared<Arc<State>>, body: Bytes) -> Response {
+    let form = Form::parse(&body);
+    if let Err(refused) = form.check(&state) {
+        return refused;
+    }
+    let token = form.get("token");
+    if state.token.is_none() || !token_ok(&state, token) {
+        return (StatusCode::UNAUTHORIZED, "wrong token\n").into_response();
+    }
+    let path = if state.base.is_empty() {
+        "/"
+    } else {
+        &state.base
+    };
+    let cookie = format!(
+        "{COOKIE}={}; Path={path}; HttpOnly; SameSite=Strict",
+        enc(token)
+    );
+    let mut answer = Redirect::to(&format!("{}/", state.base)).into_response();
+    if let Ok(v) = cookie.parse() {
+        answer.headers_mut().insert(header::SET_COOKIE, v);
+    }
+    answer
+}
+
+/// The dead letters page's filter from a form, with `selected` ids when asked.
+fn dead_filter(form: &Form) -> Result<(String, DeadFilter, &'static str), Response> {
+    let q = DeadQuery {
+        lane: form.get("lane").to_owned(),
+        reason: form.get("reason").to_owned(),
+        task: form.get("task").to_owned(),
+        text: form.get("text").to_owned(),
+        older_than_min: form.get("older_than_min").parse().ok(),
+        offset: 0,
+    };
+    if q.lane.is_empty() {
+        return Err((StatusCode::BAD_REQUEST, "no lane given\n").into_response());
+    }
+    match form.get("scope") {
+        "selected" => {
+            let ids = form.all("id");
+            if ids.is_empty() {
+                return Err((StatusCode::BAD_REQUEST, "nothing selected\n").into_response());
+            }
+            Ok((q.lane.clone(), q.filter().any_of_ids(ids), "selected"))
+        }
+        "filter" => Ok((q.lane.clone(), q.filter(), "filter")),
+        _ => Err((StatusCode::BAD_REQUEST, "scope is selected or filter\n").into_response()),
+    }
+}
+
+/// Back to the dead letters page of `lane`, where the job's progress shows.
+fn back_to_dead(state: &State, lane: &str) -> Response {
+    Redirect::to(&format!("{}/dead?lane={}", state.base, enc(lane))).into_response()
+}
+
+/// Redrives the selected dead letters, or every one the filter matches, in the background.
+pub(crate) async fn redrive(Shared(state): Shared<Arc<State>>, body: Bytes) -> Response {
+    let form = Form::parse(&body);
+    if let Err(refused) = form.check(&state) {
+        return refused;
+    }
+    let (lane, filter, _) = match dead_filter(&form) {
+        Ok(f) => f,
+        Err(bad) => return bad,
+    };
+    let job = state.jobs.start("redrive", &lane);
+    let (st, l) = (state.clone(), lane.clone());
+    tokio::spawn(async move {
+        let ops = st.client.ops();
+        let done = ops
+            .redrive(&l, &filter, |p| {
+                st.jobs.update(job, |j| {
+                    j.seen = p.seen;
+                    j.done = p.done;
+                })
+            })
+            .await;
+        st.jobs.update(job, |j| {
+            j.finished = true;
+            j.outcome = Some(match done {
+                Ok(r) => {
+                    j.done = r.redriven;
+                    format!(
+                        "{} redriven, {} kept, {} parked again meanwhile",
+                        r.redriven, r.kept, r.parked_again
+                    )
+                }
+                Err(e) => format!("stopped: {e}"),
+            });
+        });
+        tracing::info!(lane = %l, job, "dashboard redrive ended");
+    });
+    back_to_dead(&state, &lane)
+}
+
+/// Purges the selected dead letters, or every one the filter matches, in the background.
+pub(crate) async fn purge(Shared(state): Shared<Arc<State>>, body: Bytes) -> Response {
+    let form = Form::parse(&body);
+    if let Err(refused) = form.check(&state) {
+        return refused;
+    }
+    let (lane, filter, _) = match dead_filter(&form) {
+        Ok(f) => f,
+        Err(bad) => return bad,
+    };
+    let job = state.jobs.start("purge", &lane);
+    let (st, l) = (state.clone(), lane.clone());
+    tokio::spawn(async move {
+        let done = st
+            .client
+            .ops()
+            .purge(&l, &filter, |p| {
+                st.jobs.update(job, |j| {
+                    j.seen = p.seen;
+                    j.done = p.done;
+                })
+            })
+            .await;
+        st.jobs.update(job, |j| {
+            j.finished = true;
+            j.outcome = Some(match done {
+                Ok(r) => {
+                    j.done = r.purged;
+                    format!("{} purged, {} kept", r.purged, r.kept)
+                }
+                Err(e) => format!("stopped: {e}"),
+            });
+        });
+        tracing::info!(lane = %l, job, "dashboard purge ended");
+    });
+    back_to_dead(&state, &lane)
+}
+
+/// Pauses, resumes, removes or runs a schedule now.
+pub(crate) async fn schedule(Shared(state): Shared<Arc<State>>, body: Bytes) -> Response {
+    let form = Form::parse(&body);
+    if let Err(refused) = form.check(&state) {
+        return refused;
+    }
+    let id = form.get("id");
+    let schedules = state.client.schedules();
+    let done = match form.get("action") {
+        "pause" => schedules.pause(id).await.map_err(|e| e.to_string()),
+        "resume" => schedules.resume(id).await.map_err(|e| e.to_string()),
+        "remove" => schedules
+            .remove(id)
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string()),
+        "run" => run_now(&state, id).await,
+        _ => Err("action is pause, resume, remove or run".into()),
+    };
+    match done {
+        Ok(()) => Redirect::to(&format!("{}/schedules", state.base)).into_response(),
+        Err(e) => (StatusCode::BAD_GATEWAY, format!("{e}\n")).into_response(),
+    }
+}
+
+/// Sends one run of schedule `id`'s task now, outside its timing, with the schedule's
+/// arguments and lane (its own task id: a tick's id is its time, and this is none).
+async fn run_now(state: &State, id: &str) -> Result<(), String> {
+    let listed = state
+        .client
+        .schedules()
+        .list()
+        .await
+        .map_err(|e| e.to_string())?;
+    let spec = listed
+        .into_iter()
+        .find(|s| s.spec.id == id)
+        .ok_or_else(|| format!("no schedule {id:?}"))?
+        .spec;
+    let mut labels = Labels::new();
+    // Not marked as the schedule's tick (no `ferriq_schedule` label): a tick is answered
+    // rather than parked when late, and this run is an operator's, not the timing's.
+    if let Some(q) = &spec.queue {
+        // taskiq's routing label, as `Call::with_queue` sets it.
+        labels.insert("queue_name", q.as_str());
+    }
+    let msg = TaskMessage {
+        task_id: TaskId::random(),
+        task_name: spec.task.clone(),
+        labels,
+        args: spec.args.clone(),
+        kwargs: spec.kwargs.clone(),
+    };
+    state
+        .client
+        .enqueue_message(msg)
+        .await
+        .map(|_| ())
+        .map_err(|e| e.to_string())
+}

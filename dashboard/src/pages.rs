@@ -1,0 +1,532 @@
+//! The pages, rendered whole on the server (they work without script); `app.js` then keeps
+//! the overview and workers tables live and shows bulk jobs' progress.
+
+use std::fmt::Write;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{Query, State as Shared};
+use axum::response::Html;
+use ferriq::client::TaskStatus;
+use ferriq::dead_letters::{DeadFilter, DeadMessage};
+use ferriq::wire::TaskId;
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::html::{age, csrf_field, cut, error_box, esc, page, table, time_ms};
+use crate::{api, State};
+
+/// A number cell, `-` when unknown.
+fn num(v: &Value) -> String {
+    v.as_u64().map_or("-".to_owned(), |n| n.to_string())
+}
+
+/// Overview: the lanes.
+pub(crate) async fn overview(Shared(state): Shared<Arc<State>>) -> Html<String> {
+    let body = match api::overview_rows(&state).await {
+        Ok(rows) => {
+            let cells: Vec<Vec<String>> = rows
+                .iter()
+                .map(|r| {
+                    let lane = r["lane"].as_str().unwrap_or("");
+                    vec![
+                        format!(
+                            "<a href=\"{}/dead?lane={}\">{}</a>",
+                            esc(&state.base),
+                            esc(&enc(lane)),
+                            esc(lane)
+                        ),
+                        num(&r["ready"]),
+                        num(&r["in_flight"]),
+                        num(&r["delayed"]),
+                        num(&r["dead"]),
+                        num(&r["consumers"]),
+                        num(&r["running"]),
+                    ]
+                })
+                .collect();
+            table(
+                "lanes",
+                &[
+                    "lane",
+                    "ready",
+                    "in flight",
+                    "delayed",
+                    "dead",
+                    "consumers",
+                    "running",
+                ],
+                &cells,
+                "no lanes",
+            )
+        }
+        Err(e) => error_box(&e.to_string()),
+    };
+    page(
+        &state,
+        "Overview",
+        "/",
+        &format!("<p class=\"live\" data-live=\"overview\">live: updated every 2 s</p>{body}"),
+    )
+}
+
+/// Workers: who runs what.
+pub(crate) async fn workers(Shared(state): Shared<Arc<State>>) -> Html<String> {
+    let body = match api::worker_rows(&state).await {
+        Ok(rows) => {
+            let cells: Vec<Vec<String>> = rows.iter().map(worker_cells).collect();
+            table(
+                "workers",
+                &[
+                    "worker",
+                    "host",
+                    "version",
+                    "lanes",
+                    "runs",
+                    "oldest run",
+                    "last heartbeat",
+                ],
+                &cells,
+                "no worker has reported within its lease",
+            )
+        }
+        Err(e) => error_box(&e.to_string()),
+    };
+    page(
+        &state,
+        "Workers",
+        "/workers",
+        &format!("<p class=\"live\" data-live=\"workers\">live: updated every 2 s</p>{body}"),
+    )
+}
+
+/// A worker's row (the script renders the same from `/api/workers`).
+fn worker_cells(w: &Value) -> Vec<String> {
+    let runs = w["runs"].as_array().map_or(0, Vec::len);
+    let oldest = w["runs"]
+        .as_array()
+        .and_then(|r| r.iter().filter_map(|r| r["age_s"].as_u64()).max())
+        .map_or("-".to_owned(), |s| format!("{s} s"));
+    let lanes: Vec<&str> = w["lanes"]
+        .as_array()
+        .map(|l| l.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    vec![
+        esc(w["id"].as_str().unwrap_or("")),
+        esc(&format!(
+            "{} (pid {})",
+            w["host"].as_str().unwrap_or(""),
+            w["pid"]
+        )),
+        esc(w["version"].as_str().unwrap_or("")),
+        esc(&lanes.join(", ")),
+        format!("{runs} / {}", w["concurrency"]),
+        oldest,
+        format!("{:.1} s ago", w["seen_s"].as_f64().unwrap_or(0.0)),
+    ]
+}
+
+/// Percent-encodes a query value.
+pub(crate) fn enc(s: &str) -> String {
+    form_urlencoded::byte_serialize(s.as_bytes()).collect()
+}
+
+/// `?id=`.
+#[derive(Debug, Deserialize)]
+pub(crate) struct TaskQuery {
+    #[serde(default)]
+    id: String,
+}
+
+fn status_text(s: &TaskStatus) -> String {
+    match s {
+        TaskStatus::Pending => "pending (queued, or waiting for a retry)".into(),
+        TaskStatus::Started { worker, .. } => format!("running on {worker}"),
+        TaskStatus::Succeeded => "succeeded".into(),
+        TaskStatus::Failed(f) => format!("failed: {} {}", f.exc_type, f.message),
+        TaskStatus::Expired(f) => format!("expired: {}", f.message),
+        TaskStatus::FinishedWithoutResult => "finished (no result stored)".into(),
+        _ => format!("{s:?}"),
+    }
+}
+
+/// Tasks: one looked up by id.
+pub(crate) async fn task(
+    Shared(state): Shared<Arc<State>>,
+    Query(q): Query<TaskQuery>,
+) -> Html<String> {
+    let id = q.id.trim();
+    let mut body = format!(
+        "<form method=\"get\" class=\"filters\"><label>Task id <input name=\"id\" value=\"{}\" \
+         size=\"40\" autofocus></label><button>Look up</button></form>",
+        esc(id)
+    );
+    if !id.is_empty() {
+        match TaskId::parse(id) {
+            Err(e) => body.push_str(&error_box(&format!("not a task id: {e}"))),
+            Ok(id) => match state.client.ops().task(&id).await {
+                Err(e) => body.push_str(&error_box(&e.to_string())),
+                Ok(info) => {
+                    let mut rows = vec![
+                        ("status", esc(&status_text(&info.status))),
+                        ("id", esc(info.id.as_str())),
+                    ];
+                    if let Some(c) = &info.claim {
+                        rows.push(("claim holder", esc(&c.holder)));
+                        rows.push((
+                            "attempts",
+                            format!(
+                                "{} started, {} failed, {} taken over",
+                                c.starts, c.failures, c.takeovers
+                            ),
+                        ));
+                        if let Some(t) = c.started_at_ms {
+                            rows.push(("started", esc(&time_ms(t))));
+                        }
+                    }
+                    if let Some(p) = &info.progress {
+                        rows.push(("progress", format!("<code>{}</code>", esc(&p.to_string()))));
+                    }
+                    if let Some(r) = &info.result {
+                        let what = if r.is_err { "error" } else { "result" };
+                        rows.push((
+                            what,
+                            format!(
+                                "<pre>{}</pre>",
+                                esc(&serde_json::to_string_pretty(&r.return_value)
+                                    .unwrap_or_default())
+                            ),
+                        ));
+                        rows.push(("run time", format!("{:.3} s", r.execution_time)));
+                    }
+                    body.push_str("<dl class=\"task\">");
+                    for (k, v) in rows {
+                        let _ = write!(body, "<dt>{k}</dt><dd>{v}</dd>");
+                    }
+                    body.push_str("</dl>");
+                }
+            },
+        }
+    }
+    page(&state, "Tasks", "/tasks", &body)
+}
+
+/// The dead letters page's filters.
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct DeadQuery {
+    #[serde(default)]
+    pub(crate) lane: String,
+    #[serde(default)]
+    pub(crate) reason: String,
+    #[serde(default)]
+    pub(crate) task: String,
+    #[serde(default)]
+    pub(crate) text: String,
+    /// Parked at least this many minutes ago.
+    #[serde(default)]
+    pub(crate) older_than_min: Option<u64>,
+    #[serde(default)]
+    pub(crate) offset: usize,
+}
+
+impl DeadQuery {
+    /// The filter these fields describe.
+    pub(crate) fn filter(&self) -> DeadFilter {
+        let mut f = DeadFilter::all();
+        if !self.reason.trim().is_empty() {
+            f = f.reason(self.reason.trim());
+        }
+        if !self.task.trim().is_empty() {
+            f = f.task_name(self.task.trim());
+        }
+        if !self.text.trim().is_empty() {
+            f = f.detail_contains(self.text.trim());
+        }
+        if let Some(m) = self.older_than_min.filter(|m| *m > 0) {
+            f = f.older_than(Duration::from_secs(m * 60));
+        }
+        f
+    }
+}
+
+/// A dead letter's arguments as text (its body is user data: shown escaped, cut).
+fn arguments(m: &DeadMessage) -> String {
+    match serde_json::from_slice::<Value>(&m.body) {
+        Ok(v) if v.is_object() => {
+            let args = v.get("args").cloned().unwrap_or(Value::Null);
+            let kwargs = v.get("kwargs").cloned().unwrap_or(Value::Null);
+            let mut s = args.to_string();
+            if kwargs.as_object().is_some_and(|k| !k.is_empty()) {
+                s.push(' ');
+                s.push_str(&kwargs.to_string());
+            }
+            cut(&s, 300)
+        }
+        _ => format!("(unreadable body, {} bytes)", m.body.len()),
+    }
+}
+
+const PAGE: usize = 50;
+
+/// Dead letters: filtered, with redrive and purge.
+pub(crate) async fn dead_letters(
+    Shared(state): Shared<Arc<State>>,
+    Query(q): Query<DeadQuery>,
+) -> Html<String> {
+    let ops = state.client.ops();
+    let lanes: Vec<String> = match ops.queues().await {
+        Ok(l) => l.into_iter().map(|q| q.name).collect(),
+        Err(e) => return page(&state, "Dead letters", "/dead", &error_box(&e.to_string())),
+    };
+    let lane = if q.lane.is_empty() {
+        lanes.first().cloned().unwrap_or_default()
+    } else {
+        q.lane.clone()
+    };
+    let mut body = String::from("<form method=\"get\" class=\"filters\" id=\"filters\">");
+    let _ = write!(body, "<label>Lane <select name=\"lane\">");
+    for l in &lanes {
+        let sel = if *l == lane { " selected" } else { "" };
+        let _ = write!(body, "<option{sel}>{}</option>", esc(l));
+    }
+    let _ = write!(
+        body,
+        "</select></label>\
+         <label>Reason <input name=\"reason\" value=\"{}\" list=\"reasons\" size=\"16\"></label>\
+         <datalist id=\"reasons\"><option>retries_exhausted</option><option>expired</option>\
+         <option>unknown_task</option><option>undecodable</option><option>too_large</option>\
+         <option>takeovers_exhausted</option></datalist>\
+         <label>Task <input name=\"task\" value=\"{}\" size=\"16\"></label>\
+         <label>Error text <input name=\"text\" value=\"{}\" size=\"16\"></label>\
+         <label>Older than (min) <input name=\"older_than_min\" type=\"number\" min=\"0\" value=\"{}\" size=\"5\"></label>\
+         <button>Filter</button></form>",
+        esc(&q.reason),
+        esc(&q.task),
+        esc(&q.text),
+        q.older_than_min.map_or(String::new(), |m| m.to_string())
+    );
+    let filter = q.filter();
+    let listed = ops
+        .dead_letters_matching(&lane, &filter, q.offset, PAGE + 1)
+        .await;
+    let mut found = match listed {
+        Ok(found) => found,
+        Err(e) => {
+            body.push_str(&error_box(&e.to_string()));
+            return page(&state, "Dead letters", "/dead", &body);
+        }
+    };
+    let more = found.len() > PAGE;
+    found.truncate(PAGE);
+    let now = state.client.clock().now_unix_ms();
+    let rows: Vec<Vec<String>> = found
+        .iter()
+        .map(|m| {
+            let id_cell = if state.actions {
+                format!(
+                    "<input type=\"checkbox\" name=\"id\" value=\"{}\" form=\"act\" aria-label=\"select\">",
+                    esc(&m.id)
+                )
+            } else {
+                String::new()
+            };
+            let task_link = m.task_id.as_ref().map_or("-".to_owned(), |id| {
+                format!(
+                    "<a href=\"{}/tasks?id={}\">{}</a>",
+                    esc(&state.base),
+                    esc(&enc(id.as_str())),
+                    esc(&cut(id.as_str(), 12))
+                )
+            });
+            vec![
+                id_cell,
+                esc(m.task_name.as_deref().unwrap_or("-")),
+                task_link,
+                esc(m.reason.as_deref().unwrap_or("-")),
+                m.attempts.to_string(),
+                m.dead_at_ms.map_or("-".into(), |t| age(now, t)),
+                format!("<code class=\"args\">{}</code>", esc(&arguments(m))),
+                format!("<span class=\"detail\">{}</span>", esc(&cut(&m.detail, 300))),
+            ]
+        })
+        .collect();
+    body.push_str(&table(
+        "dead",
+        &["", "task", "id", "reason", "attempts", "age", "arguments", "error"],
+        &rows,
+        "no dead letter matches",
+    ));
+    let here = format!(
+        "lane={}&reason={}&task={}&text={}&older_than_min={}",
+        enc(&lane),
+        enc(&q.reason),
+        enc(&q.task),
+        enc(&q.text),
+        q.older_than_min.unwrap_or(0)
+    );
+    body.push_str("<p class=\"pager\">");
+    if q.offset > 0 {
+        let _ = write!(
+            body,
+            "<a href=\"?{}&offset={}\">← newer</a> ",
+            esc(&here),
+            q.offset.saturating_sub(PAGE)
+        );
+    }
+    let _ = write!(
+        body,
+        "{}–{}",
+        if found.is_empty() { 0 } else { q.offset + 1 },
+        q.offset + found.len()
+    );
+    if more {
+        let _ = write!(
+            body,
+            " <a href=\"?{}&offset={}\">older →</a>",
+            esc(&here),
+            q.offset + PAGE
+        );
+    }
+    body.push_str("</p>");
+    if state.actions {
+        let _ = write!(
+            body,
+            "<form method=\"post\" id=\"act\" class=\"actions\">{csrf}\
+             <input type=\"hidden\" name=\"lane\" value=\"{lane}\">\
+             <input type=\"hidden\" name=\"reason\" value=\"{reason}\">\
+             <input type=\"hidden\" name=\"task\" value=\"{task}\">\
+             <input type=\"hidden\" name=\"text\" value=\"{text}\">\
+             <input type=\"hidden\" name=\"older_than_min\" value=\"{older}\">\
+             <button name=\"scope\" value=\"selected\" formaction=\"{base}/dead/redrive\" id=\"redrive-selected\">Redrive selected</button>\
+             <button name=\"scope\" value=\"selected\" formaction=\"{base}/dead/purge\" data-confirm=\"Purge the selected dead letters? They are gone for good.\">Purge selected</button>\
+             <button name=\"scope\" value=\"filter\" formaction=\"{base}/dead/redrive\" data-confirm=\"Redrive every dead letter this filter matches?\">Redrive all matching</button>\
+             <button name=\"scope\" value=\"filter\" formaction=\"{base}/dead/purge\" data-confirm=\"Purge every dead letter this filter matches? They are gone for good.\">Purge all matching</button>\
+             </form>",
+            csrf = csrf_field(&state),
+            lane = esc(&lane),
+            reason = esc(&q.reason),
+            task = esc(&q.task),
+            text = esc(&q.text),
+            older = q.older_than_min.unwrap_or(0),
+            base = esc(&state.base),
+        );
+    }
+    body.push_str("<section id=\"jobs\" data-live=\"jobs\"></section>");
+    page(&state, "Dead letters", "/dead", &body)
+}
+
+/// Schedules: next and last tick, pause, resume, remove, run now.
+pub(crate) async fn schedules(Shared(state): Shared<Arc<State>>) -> Html<String> {
+    let listed = match state.client.schedules().list().await {
+        Ok(l) => l,
+        Err(e) => return page(&state, "Schedules", "/schedules", &error_box(&e.to_string())),
+    };
+    let rows: Vec<Vec<String>> = listed
+        .iter()
+        .map(|s| {
+            let timing = serde_json::to_value(&s.spec.timing)
+                .map(|v| v.to_string())
+                .unwrap_or_default();
+            let mut cells = vec![
+                esc(&s.spec.id),
+                esc(&s.spec.task),
+                format!("<code>{}</code>", esc(&timing)),
+                s.next_run
+                    .map_or("-".into(), |t| esc(&time_ms(t.max(0) as u64 * 1000))),
+                s.last_tick
+                    .map_or("-".into(), |t| esc(&time_ms(t.max(0) as u64 * 1000))),
+                s.last_status
+                    .as_ref()
+                    .map_or("-".into(), |st| esc(&status_text(st))),
+                if s.paused { "paused" } else { "active" }.into(),
+            ];
+            if state.actions {
+                let button = |action: &str, label: &str, confirm: Option<&str>| {
+                    format!(
+                        "<button name=\"action\" value=\"{action}\"{}>{label}</button>",
+                        confirm.map_or(String::new(), |c| format!(" data-confirm=\"{}\"", esc(c)))
+                    )
+                };
+                let toggle = if s.paused {
+                    button("resume", "Resume", None)
+                } else {
+                    button("pause", "Pause", None)
+                };
+                cells.push(format!(
+                    "<form method=\"post\" action=\"{}/schedules/action\" class=\"inline\">{}\
+                     <input type=\"hidden\" name=\"id\" value=\"{}\">{toggle}{}{}</form>",
+                    esc(&state.base),
+                    csrf_field(&state),
+                    esc(&s.spec.id),
+                    button("run", "Run now", None),
+                    button(
+                        "remove",
+                        "Remove",
+                        Some("Remove this schedule? A declared one comes back when its workers restart.")
+                    ),
+                ));
+            }
+            cells
+        })
+        .collect();
+    let mut headers = vec![
+        "schedule",
+        "task",
+        "timing",
+        "next tick",
+        "last tick",
+        "last run",
+        "state",
+    ];
+    if state.actions {
+        headers.push("");
+    }
+    let body = table("schedules", &headers, &rows, "no schedules");
+    page(&state, "Schedules", "/schedules", &body)
+}
+
+/// Limits: every limiter in use, with its limit and usage.
+pub(crate) async fn limits(Shared(state): Shared<Arc<State>>) -> Html<String> {
+    let listed = match state.client.limits().list().await {
+        Ok(l) => l,
+        Err(e) => return page(&state, "Limits", "/limits", &error_box(&e.to_string())),
+    };
+    let rows: Vec<Vec<String>> = listed
+        .iter()
+        .map(|l| {
+            vec![
+                esc(&l.task),
+                esc(l.key.as_deref().unwrap_or("-")),
+                esc(&format!("{:?}", l.kind).to_lowercase()),
+                esc(&l.limit),
+                if l.overridden { "set at run time" } else { "declared" }.into(),
+                l.used.to_string(),
+                l.waiting.to_string(),
+            ]
+        })
+        .collect();
+    let body = table(
+        "limits",
+        &["task", "key", "kind", "limit", "from", "in use", "waiting"],
+        &rows,
+        "no limiter used recently",
+    );
+    page(
+        &state,
+        "Limits",
+        "/limits",
+        &format!("<p>Change a limit with <code>ferriq limits set</code>.</p>{body}"),
+    )
+}
+
+/// The login form (only when a token is required).
+pub(crate) async fn login(Shared(state): Shared<Arc<State>>) -> Html<String> {
+    let body = format!(
+        "<form method=\"post\" action=\"{}/login\" class=\"login\">{}<label>Token \
+         <input name=\"token\" type=\"password\" autocomplete=\"current-password\" autofocus></label>\
+         <button>Open</button></form>",
+        esc(&state.base),
+        csrf_field(&state)
+    );
+    page(&state, "Log in", "", &body)
+}

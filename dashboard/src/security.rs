@@ -1,0 +1,199 @@
+//! Who may see and do what: the token, the app's authorize hook, same-origin checks on
+//! actions, and the headers every answer carries.
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State as Shared};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Redirect, Response};
+
+use crate::State;
+
+/// The cookie the login page sets.
+pub(crate) const COOKIE: &str = "ferriq_dashboard";
+
+/// Who is asking, as the embedding app's own auth layer established it: insert one into the
+/// request's extensions before the dashboard's router, and the [authorize
+/// hook](crate::DashboardBuilder::authorize) sees it.
+///
+/// ```
+/// let who = ferriq_dashboard::Identity("oncall@example.com".into());
+/// assert_eq!(who.0, "oncall@example.com");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity(pub String);
+
+/// One request, as the authorize hook sees it.
+///
+/// ```
+/// let hook = |a: &ferriq_dashboard::Access| !a.action || a.identity.is_some();
+/// # let _ = hook;
+/// ```
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Access {
+    /// `GET`, `POST`.
+    pub method: String,
+    /// The path below the base path (`/dead/redrive`).
+    pub path: String,
+    /// It changes something (a redrive, a purge, a schedule's state).
+    pub action: bool,
+    /// Who, when the app said.
+    pub identity: Option<String>,
+}
+
+/// Equal in time independent of where they differ (a token compared byte by byte leaks
+/// its prefix through timing).
+fn same(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
+}
+
+/// The token a request carries (header, else cookie).
+fn presented(headers: &HeaderMap) -> Option<String> {
+    if let Some(v) = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()) {
+        if let Some(t) = v.strip_prefix("Bearer ") {
+            return Some(t.trim().to_owned());
+        }
+    }
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|c| c.trim().split_once('='))
+        .find(|(k, _)| *k == COOKIE)
+        .map(|(_, v)| v.to_owned())
+}
+
+/// Whether the request comes from a page of this host (or says nothing: a script's request).
+fn same_origin(headers: &HeaderMap) -> bool {
+    if headers
+        .get("sec-fetch-site")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|s| s == "cross-site" || s == "same-site")
+    {
+        return false;
+    }
+    let Some(origin) = headers.get(header::ORIGIN).and_then(|v| v.to_str().ok()) else {
+        return true;
+    };
+    let host = headers
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let origin_host = origin.split_once("://").map_or(origin, |(_, h)| h);
+    !host.is_empty() && origin_host == host
+}
+
+/// Whether `token` opens this dashboard.
+pub(crate) fn token_ok(state: &State, token: &str) -> bool {
+    state
+        .token
+        .as_deref()
+        .is_none_or(|t| same(t.as_bytes(), token.as_bytes()))
+}
+
+/// Before every route: the token, the hook, same origin for actions; after: the headers.
+pub(crate) async fn guard(Shared(state): Shared<Arc<State>>, req: Request, next: Next) -> Response {
+    let path = req.uri().path().to_owned();
+    let open = path.starts_with("/assets/") || path == "/login";
+    let action = req.method() == Method::POST && path != "/login";
+    let mut answer = if !open
+        && state.token.is_some()
+        && !presented(req.headers()).is_some_and(|t| token_ok(&state, &t))
+    {
+        if req.method() == Method::GET && !path.starts_with("/api/") {
+            Redirect::to(&format!("{}/login", state.base)).into_response()
+        } else {
+            (StatusCode::UNAUTHORIZED, "a token is required\n").into_response()
+        }
+    } else if req.method() == Method::POST && !same_origin(req.headers()) {
+        (
+            StatusCode::FORBIDDEN,
+            "refused: the request did not come from this dashboard's own pages\n",
+        )
+            .into_response()
+    } else if action && !state.actions {
+        (
+            StatusCode::FORBIDDEN,
+            "this dashboard is read-only: start it with actions allowed (ferriq dashboard --allow-actions)\n",
+        )
+            .into_response()
+    } else {
+        let access = Access {
+            method: req.method().to_string(),
+            path: path.clone(),
+            action,
+            identity: req.extensions().get::<Identity>().map(|i| i.0.clone()),
+        };
+        if state.authorize.as_ref().is_some_and(|hook| !hook(&access)) {
+            (StatusCode::FORBIDDEN, "not allowed\n").into_response()
+        } else {
+            next.run(req).await
+        }
+    };
+    let headers = answer.headers_mut();
+    headers.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(
+            "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; \
+             connect-src 'self'; frame-ancestors 'none'; form-action 'self'; base-uri 'none'",
+        ),
+    );
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    headers.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    if !path.starts_with("/assets/") {
+        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    }
+    answer
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_origin_must_be_this_host() {
+        let mut h = HeaderMap::new();
+        h.insert(header::HOST, HeaderValue::from_static("127.0.0.1:8080"));
+        assert!(same_origin(&h), "no Origin: a script, not a browser page");
+        h.insert(
+            header::ORIGIN,
+            HeaderValue::from_static("http://127.0.0.1:8080"),
+        );
+        assert!(same_origin(&h));
+        h.insert(header::ORIGIN, HeaderValue::from_static("http://evil.test"));
+        assert!(!same_origin(&h));
+        h.insert(
+            header::ORIGIN,
+            HeaderValue::from_static("http://127.0.0.1:8080"),
+        );
+        h.insert("sec-fetch-site", HeaderValue::from_static("cross-site"));
+        assert!(!same_origin(&h));
+    }
+
+    #[test]
+    fn the_token_is_read_from_the_header_or_the_cookie() {
+        let mut h = HeaderMap::new();
+        assert_eq!(presented(&h), None);
+        h.insert(
+            header::COOKIE,
+            HeaderValue::from_static("a=1; ferriq_dashboard=s3cret"),
+        );
+        assert_eq!(presented(&h).as_deref(), Some("s3cret"));
+        h.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_static("Bearer other"),
+        );
+        assert_eq!(presented(&h).as_deref(), Some("other"));
+        assert!(same(b"abc", b"abc") && !same(b"abc", b"abd") && !same(b"abc", b"ab"));
+    }
+}
