@@ -84,8 +84,8 @@ fn dead_filter(form: &Form) -> Result<(String, DeadFilter, &'static str), Respon
         reason: form.get("reason").to_owned(),
         task: form.get("task").to_owned(),
         text: form.get("text").to_owned(),
-        older_than_min: form.get("older_than_min").parse().ok(),
-        offset: 0,
+        older_than_min: form.get("older_than_min").to_owned(),
+        offset: String::new(),
     };
     if q.lane.is_empty() {
         return Err((StatusCode::BAD_REQUEST, "no lane given\n").into_response());

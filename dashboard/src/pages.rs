@@ -222,14 +222,23 @@ pub(crate) struct DeadQuery {
     pub(crate) task: String,
     #[serde(default)]
     pub(crate) text: String,
-    /// Parked at least this many minutes ago.
+    /// Parked at least this many minutes ago (text: a form sends an empty field).
     #[serde(default)]
-    pub(crate) older_than_min: Option<u64>,
+    pub(crate) older_than_min: String,
     #[serde(default)]
-    pub(crate) offset: usize,
+    pub(crate) offset: String,
 }
 
 impl DeadQuery {
+    /// Minutes, when a positive number was given.
+    fn older_than(&self) -> Option<u64> {
+        self.older_than_min.trim().parse().ok().filter(|m| *m > 0)
+    }
+
+    fn offset(&self) -> usize {
+        self.offset.trim().parse().unwrap_or(0)
+    }
+
     /// The filter these fields describe.
     pub(crate) fn filter(&self) -> DeadFilter {
         let mut f = DeadFilter::all();
@@ -242,7 +251,7 @@ impl DeadQuery {
         if !self.text.trim().is_empty() {
             f = f.detail_contains(self.text.trim());
         }
-        if let Some(m) = self.older_than_min.filter(|m| *m > 0) {
+        if let Some(m) = self.older_than() {
             f = f.older_than(Duration::from_secs(m * 60));
         }
         f
@@ -303,11 +312,12 @@ pub(crate) async fn dead_letters(
         esc(&q.reason),
         esc(&q.task),
         esc(&q.text),
-        q.older_than_min.map_or(String::new(), |m| m.to_string())
+        q.older_than().map_or(String::new(), |m| m.to_string())
     );
     let filter = q.filter();
+    let offset = q.offset();
     let listed = ops
-        .dead_letters_matching(&lane, &filter, q.offset, PAGE + 1)
+        .dead_letters_matching(&lane, &filter, offset, PAGE + 1)
         .await;
     let mut found = match listed {
         Ok(found) => found,
@@ -362,29 +372,29 @@ pub(crate) async fn dead_letters(
         enc(&q.reason),
         enc(&q.task),
         enc(&q.text),
-        q.older_than_min.unwrap_or(0)
+        q.older_than().unwrap_or(0)
     );
     body.push_str("<p class=\"pager\">");
-    if q.offset > 0 {
+    if offset > 0 {
         let _ = write!(
             body,
             "<a href=\"?{}&offset={}\">← newer</a> ",
             esc(&here),
-            q.offset.saturating_sub(PAGE)
+            offset.saturating_sub(PAGE)
         );
     }
     let _ = write!(
         body,
         "{}–{}",
-        if found.is_empty() { 0 } else { q.offset + 1 },
-        q.offset + found.len()
+        if found.is_empty() { 0 } else { offset + 1 },
+        offset + found.len()
     );
     if more {
         let _ = write!(
             body,
             " <a href=\"?{}&offset={}\">older →</a>",
             esc(&here),
-            q.offset + PAGE
+            offset + PAGE
         );
     }
     body.push_str("</p>");
@@ -407,7 +417,7 @@ pub(crate) async fn dead_letters(
             reason = esc(&q.reason),
             task = esc(&q.task),
             text = esc(&q.text),
-            older = q.older_than_min.unwrap_or(0),
+            older = q.older_than().unwrap_or(0),
             base = esc(&state.base),
         );
     }

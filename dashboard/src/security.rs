@@ -67,21 +67,16 @@ fn presented(headers: &HeaderMap) -> Option<String> {
 }
 
 /// Whether the request comes from a page of this host (or says nothing: a script's request).
+/// A browser's `Sec-Fetch-Site` decides when sent; else its `Origin` must name this host.
 fn same_origin(headers: &HeaderMap) -> bool {
-    if headers
-        .get("sec-fetch-site")
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|s| s == "cross-site" || s == "same-site")
-    {
-        return false;
+    let text = |name: header::HeaderName| headers.get(name).and_then(|v| v.to_str().ok());
+    if let Some(site) = text(header::HeaderName::from_static("sec-fetch-site")) {
+        return site == "same-origin" || site == "none";
     }
-    let Some(origin) = headers.get(header::ORIGIN).and_then(|v| v.to_str().ok()) else {
+    let Some(origin) = text(header::ORIGIN) else {
         return true;
     };
-    let host = headers
-        .get(header::HOST)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
+    let host = text(header::HOST).unwrap_or("");
     let origin_host = origin.split_once("://").map_or(origin, |(_, h)| h);
     !host.is_empty() && origin_host == host
 }
@@ -147,7 +142,8 @@ pub(crate) async fn guard(Shared(state): Shared<Arc<State>>, req: Request, next:
     );
     headers.insert(
         header::REFERRER_POLICY,
-        HeaderValue::from_static("no-referrer"),
+        // Not `no-referrer`: with it a browser sends `Origin: null` on a form's POST.
+        HeaderValue::from_static("same-origin"),
     );
     headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
     if !path.starts_with("/assets/") {
@@ -178,6 +174,11 @@ mod tests {
         );
         h.insert("sec-fetch-site", HeaderValue::from_static("cross-site"));
         assert!(!same_origin(&h));
+        h.insert("sec-fetch-site", HeaderValue::from_static("same-origin"));
+        assert!(same_origin(&h));
+        h.remove("sec-fetch-site");
+        h.insert(header::ORIGIN, HeaderValue::from_static("null"));
+        assert!(!same_origin(&h), "an opaque origin is not this host");
     }
 
     #[test]

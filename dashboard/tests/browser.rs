@@ -1,0 +1,173 @@
+//! The dashboard in a real browser (Debian's headless `chromium`, driven over the DevTools
+//! protocol): every page renders with no console error, exception or dialog; an argument
+//! `<script>alert(1)</script>` shows as text; a filter is typed; a dead letter redriven by
+//! clicking runs and succeeds. Screenshots of every page go to
+//! `target/dashboard-screenshots/` for people to look at.
+
+mod cdp;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use ferriq::client::TaskStatus;
+use ferriq::schedule::ScheduleSpec;
+
+static FAILING: AtomicBool = AtomicBool::new(true);
+
+#[ferriq::task(name = "dash.flaky", max_attempts = 1)]
+async fn flaky(text: String) -> Result<String, ferriq::TaskError> {
+    if FAILING.load(Ordering::SeqCst) {
+        return Err(ferriq::TaskError::fatal(format!("failed on {text}")));
+    }
+    Ok(text)
+}
+
+fn screenshots() -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../target/dashboard-screenshots");
+    std::fs::create_dir_all(&dir).expect("the screenshots folder");
+    dir
+}
+
+/// Bounded polling: `check` true within 15 s.
+async fn eventually<F: std::future::Future<Output = bool>>(what: &str, check: impl Fn() -> F) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    while !check().await {
+        assert!(tokio::time::Instant::now() < deadline, "not within 15 s: {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_page_renders_and_a_dead_letter_is_redriven_by_clicking() {
+    let env = ferriq::testing::TestEnv::new();
+    let worker = env.spawn_worker(
+        env.worker().registry(
+            ferriq::Registry::from_inventory()
+                .unwrap()
+                .only(&[flaky::NAME])
+                .unwrap(),
+        ),
+    );
+    let script = "<script>alert(1)</script>";
+    let hostile = env.client.enqueue(flaky::call(script.into())).await.unwrap();
+    let plain = env
+        .client
+        .enqueue(flaky::call("plain".into()))
+        .await
+        .unwrap();
+    let ops = env.client.ops();
+    eventually("both tasks parked", || async {
+        ops.dead_letters("taskiq", 0, 10)
+            .await
+            .is_ok_and(|d| d.len() == 2)
+    })
+    .await;
+    env.client
+        .schedules()
+        .add(ScheduleSpec::every("nightly-<b>", flaky::NAME, 3600).with_args(vec!["x".into()]))
+        .await
+        .unwrap();
+
+    let dashboard = ferriq_dashboard::Dashboard::builder(env.client.clone())
+        .allow_actions(true)
+        .build();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, dashboard.router()).await });
+
+    let mut b = cdp::Browser::start().await;
+    let shots = screenshots();
+    let pages = [
+        ("overview", "/".to_owned(), "#lanes"),
+        ("workers", "/workers".to_owned(), "#workers"),
+        (
+            "task",
+            format!("/tasks?id={}", hostile.task_id().as_str()),
+            "dl.task",
+        ),
+        ("dead-letters", "/dead".to_owned(), "#dead"),
+        ("schedules", "/schedules".to_owned(), "#schedules"),
+        ("limits", "/limits".to_owned(), "#limits"),
+    ];
+    for (name, path, selector) in &pages {
+        b.open(&format!("{base}{path}")).await;
+        b.wait_for(&format!("document.querySelector({selector:?})"))
+            .await;
+        if *name == "overview" || *name == "workers" {
+            // The script polled once and rewrote the table without error.
+            b.wait_for("document.querySelector('[data-live]').textContent.includes('updated')")
+                .await;
+        }
+        b.screenshot(&shots.join(format!("{name}.png"))).await;
+        let problems = b.take_problems();
+        assert!(problems.is_empty(), "{name}: {problems:?}");
+    }
+
+    // The overview lists the lane with its two dead letters (live data, not the first render).
+    b.open(&format!("{base}/")).await;
+    b.wait_for("[...document.querySelectorAll('#lanes tr')].some(r => r.cells[0].textContent === 'taskiq' && r.cells[4].textContent === '2')").await;
+
+    // The hostile argument is text, on the dead letters page and nowhere a script.
+    b.open(&format!("{base}/dead")).await;
+    let shown = b
+        .eval("[...document.querySelectorAll('code.args')].map(c => c.textContent).join('|')")
+        .await;
+    assert!(
+        shown.as_str().unwrap().contains(script),
+        "the argument is shown as text: {shown}"
+    );
+    assert_eq!(
+        b.eval("document.querySelectorAll('script').length").await,
+        1,
+        "only the dashboard's own script"
+    );
+    assert_eq!(
+        b.eval("document.querySelector('#schedules, td b')").await,
+        serde_json::Value::Null
+    );
+
+    // A filter typed: the error text of one of them.
+    b.type_into("input[name=text]", "on plain").await;
+    b.click_and_wait("#filters button").await;
+    assert_eq!(b.eval("document.querySelectorAll('#dead tr').length").await, 1);
+    assert!(b
+        .eval("document.querySelector('#dead').textContent")
+        .await
+        .as_str()
+        .unwrap()
+        .contains("failed on plain"));
+    b.screenshot(&shots.join("dead-letters-filtered.png")).await;
+
+    // Redriven by clicking, now that the task works: it runs and succeeds.
+    FAILING.store(false, Ordering::SeqCst);
+    b.eval("document.querySelector('#dead input[type=checkbox]').click()")
+        .await;
+    b.click_and_wait("#redrive-selected").await;
+    b.wait_for("document.querySelector('#jobs .job[data-finished=true]')")
+        .await;
+    let job = b.eval("document.querySelector('#jobs').textContent").await;
+    assert!(
+        job.as_str().unwrap().contains("1 redriven"),
+        "the job's report: {job}"
+    );
+    eventually("the redriven task succeeded", || async {
+        matches!(plain.status().await, Ok(TaskStatus::Succeeded))
+    })
+    .await;
+    assert_eq!(ops.dead_letters("taskiq", 0, 10).await.unwrap().len(), 1);
+    b.screenshot(&shots.join("dead-letters-redriven.png")).await;
+
+    // A schedule's name is user data too: shown as text.
+    b.open(&format!("{base}/schedules")).await;
+    assert!(b
+        .eval("document.querySelector('#schedules').textContent")
+        .await
+        .as_str()
+        .unwrap()
+        .contains("nightly-<b>"));
+    let problems = b.take_problems();
+    assert!(problems.is_empty(), "{problems:?}");
+    worker.stop().await;
+}
