@@ -38,6 +38,20 @@ ensure_rabbitmq() {
   rabbitmqctl await_startup >/dev/null 2>&1 || true
 }
 
+# A real browser for the dashboard's tests: Debian's headless chromium.
+ensure_chromium() {
+  if command -v chromium >/dev/null; then
+    echo "chromium: $(chromium --version 2>/dev/null | head -n1)"
+  else
+    echo "chromium: not installed, installing Debian's package"
+    local sudo=""
+    [ "$(id -u)" = 0 ] || sudo="sudo"
+    $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null \
+      || { $sudo apt-get update -q >/dev/null && $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; }
+  fi
+  export FERRIQ_TEST_CHROMIUM="$(command -v chromium)"
+}
+
 # Python taskiq for the interop tests, in an ignored folder; reused when already there.
 ensure_python_env() {
   local venv=.venv-interop

@@ -11,6 +11,7 @@ step "services"
 ensure_redis
 ensure_rabbitmq
 ensure_python_env
+ensure_chromium
 ensure_sqs_emulators
 trap stop_sqs_emulators EXIT
 

@@ -12,7 +12,9 @@ const TOKEN_VAR: &str = "FERRIQ_DASHBOARD_TOKEN";
 
 /// The token from the environment (an empty one is none).
 fn token() -> Option<String> {
-    std::env::var(TOKEN_VAR).ok().filter(|t| !t.trim().is_empty())
+    std::env::var(TOKEN_VAR)
+        .ok()
+        .filter(|t| !t.trim().is_empty())
 }
 
 /// Beyond loopback, a token is required: the page shows arguments and errors (user data).

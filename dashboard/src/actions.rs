@@ -14,6 +14,15 @@ use crate::pages::{enc, DeadQuery};
 use crate::security::{token_ok, COOKIE};
 use crate::State;
 
+/// Why an action was refused (small, unlike a whole response).
+pub(crate) struct Refusal(StatusCode, &'static str);
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        (self.0, self.1).into_response()
+    }
+}
+
 /// A form's fields, repeated ones kept (`id=a&id=b`).
 struct Form(Vec<(String, String)>);
 
@@ -38,15 +47,14 @@ impl Form {
     }
 
     /// Refused unless it carries this process's CSRF token.
-    fn check(&self, state: &State) -> Result<(), Response> {
+    fn check(&self, state: &State) -> Result<(), Refusal> {
         if self.get("csrf") == state.csrf {
             Ok(())
         } else {
-            Err((
+            Err(Refusal(
                 StatusCode::FORBIDDEN,
                 "refused: the form is stale or not from this dashboard (reload the page)\n",
-            )
-                .into_response())
+            ))
         }
     }
 }
@@ -55,7 +63,7 @@ impl Form {
 pub(crate) async fn login(Shared(state): Shared<Arc<State>>, body: Bytes) -> Response {
     let form = Form::parse(&body);
     if let Err(refused) = form.check(&state) {
-        return refused;
+        return refused.into_response();
     }
     let token = form.get("token");
     if state.token.is_none() || !token_ok(&state, token) {
@@ -78,7 +86,7 @@ pub(crate) async fn login(Shared(state): Shared<Arc<State>>, body: Bytes) -> Res
 }
 
 /// The dead letters page's filter from a form, with `selected` ids when asked.
-fn dead_filter(form: &Form) -> Result<(String, DeadFilter, &'static str), Response> {
+fn dead_filter(form: &Form) -> Result<(String, DeadFilter), Refusal> {
     let q = DeadQuery {
         lane: form.get("lane").to_owned(),
         reason: form.get("reason").to_owned(),
@@ -88,18 +96,21 @@ fn dead_filter(form: &Form) -> Result<(String, DeadFilter, &'static str), Respon
         offset: String::new(),
     };
     if q.lane.is_empty() {
-        return Err((StatusCode::BAD_REQUEST, "no lane given\n").into_response());
+        return Err(Refusal(StatusCode::BAD_REQUEST, "no lane given\n"));
     }
     match form.get("scope") {
         "selected" => {
             let ids = form.all("id");
             if ids.is_empty() {
-                return Err((StatusCode::BAD_REQUEST, "nothing selected\n").into_response());
+                return Err(Refusal(StatusCode::BAD_REQUEST, "nothing selected\n"));
             }
-            Ok((q.lane.clone(), q.filter().any_of_ids(ids), "selected"))
+            Ok((q.lane.clone(), q.filter().any_of_ids(ids)))
         }
-        "filter" => Ok((q.lane.clone(), q.filter(), "filter")),
-        _ => Err((StatusCode::BAD_REQUEST, "scope is selected or filter\n").into_response()),
+        "filter" => Ok((q.lane.clone(), q.filter())),
+        _ => Err(Refusal(
+            StatusCode::BAD_REQUEST,
+            "scope is selected or filter\n",
+        )),
     }
 }
 
@@ -112,11 +123,11 @@ fn back_to_dead(state: &State, lane: &str) -> Response {
 pub(crate) async fn redrive(Shared(state): Shared<Arc<State>>, body: Bytes) -> Response {
     let form = Form::parse(&body);
     if let Err(refused) = form.check(&state) {
-        return refused;
+        return refused.into_response();
     }
-    let (lane, filter, _) = match dead_filter(&form) {
+    let (lane, filter) = match dead_filter(&form) {
         Ok(f) => f,
-        Err(bad) => return bad,
+        Err(bad) => return bad.into_response(),
     };
     let job = state.jobs.start("redrive", &lane);
     let (st, l) = (state.clone(), lane.clone());
@@ -152,11 +163,11 @@ pub(crate) async fn redrive(Shared(state): Shared<Arc<State>>, body: Bytes) -> R
 pub(crate) async fn purge(Shared(state): Shared<Arc<State>>, body: Bytes) -> Response {
     let form = Form::parse(&body);
     if let Err(refused) = form.check(&state) {
-        return refused;
+        return refused.into_response();
     }
-    let (lane, filter, _) = match dead_filter(&form) {
+    let (lane, filter) = match dead_filter(&form) {
         Ok(f) => f,
-        Err(bad) => return bad,
+        Err(bad) => return bad.into_response(),
     };
     let job = state.jobs.start("purge", &lane);
     let (st, l) = (state.clone(), lane.clone());
@@ -190,7 +201,7 @@ pub(crate) async fn purge(Shared(state): Shared<Arc<State>>, body: Bytes) -> Res
 pub(crate) async fn schedule(Shared(state): Shared<Arc<State>>, body: Bytes) -> Response {
     let form = Form::parse(&body);
     if let Err(refused) = form.check(&state) {
-        return refused;
+        return refused.into_response();
     }
     let id = form.get("id");
     let schedules = state.client.schedules();

@@ -304,7 +304,7 @@ pub(crate) async fn dead_letters(
          <label>Reason <input name=\"reason\" value=\"{}\" list=\"reasons\" size=\"16\"></label>\
          <datalist id=\"reasons\"><option>retries_exhausted</option><option>expired</option>\
          <option>unknown_task</option><option>undecodable</option><option>too_large</option>\
-         <option>takeovers_exhausted</option></datalist>\
+         <option>takeovers_exhausted</option><option>non_retryable</option></datalist>\
          <label>Task <input name=\"task\" value=\"{}\" size=\"16\"></label>\
          <label>Error text <input name=\"text\" value=\"{}\" size=\"16\"></label>\
          <label>Older than (min) <input name=\"older_than_min\" type=\"number\" min=\"0\" value=\"{}\" size=\"5\"></label>\
@@ -362,7 +362,16 @@ pub(crate) async fn dead_letters(
         .collect();
     body.push_str(&table(
         "dead",
-        &["", "task", "id", "reason", "attempts", "age", "arguments", "error"],
+        &[
+            "",
+            "task",
+            "id",
+            "reason",
+            "attempts",
+            "age",
+            "arguments",
+            "error",
+        ],
         &rows,
         "no dead letter matches",
     ));
@@ -429,7 +438,14 @@ pub(crate) async fn dead_letters(
 pub(crate) async fn schedules(Shared(state): Shared<Arc<State>>) -> Html<String> {
     let listed = match state.client.schedules().list().await {
         Ok(l) => l,
-        Err(e) => return page(&state, "Schedules", "/schedules", &error_box(&e.to_string())),
+        Err(e) => {
+            return page(
+                &state,
+                "Schedules",
+                "/schedules",
+                &error_box(&e.to_string()),
+            )
+        }
     };
     let rows: Vec<Vec<String>> = listed
         .iter()
@@ -509,7 +525,12 @@ pub(crate) async fn limits(Shared(state): Shared<Arc<State>>) -> Html<String> {
                 esc(l.key.as_deref().unwrap_or("-")),
                 esc(&format!("{:?}", l.kind).to_lowercase()),
                 esc(&l.limit),
-                if l.overridden { "set at run time" } else { "declared" }.into(),
+                if l.overridden {
+                    "set at run time"
+                } else {
+                    "declared"
+                }
+                .into(),
                 l.used.to_string(),
                 l.waiting.to_string(),
             ]

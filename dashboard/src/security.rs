@@ -51,7 +51,10 @@ fn same(a: &[u8], b: &[u8]) -> bool {
 
 /// The token a request carries (header, else cookie).
 fn presented(headers: &HeaderMap) -> Option<String> {
-    if let Some(v) = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()) {
+    if let Some(v) = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+    {
         if let Some(t) = v.strip_prefix("Bearer ") {
             return Some(t.trim().to_owned());
         }

@@ -24,8 +24,7 @@ async fn flaky(text: String) -> Result<String, ferriq::TaskError> {
 }
 
 fn screenshots() -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../target/dashboard-screenshots");
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/dashboard-screenshots");
     std::fs::create_dir_all(&dir).expect("the screenshots folder");
     dir
 }
@@ -34,7 +33,10 @@ fn screenshots() -> PathBuf {
 async fn eventually<F: std::future::Future<Output = bool>>(what: &str, check: impl Fn() -> F) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
     while !check().await {
-        assert!(tokio::time::Instant::now() < deadline, "not within 15 s: {what}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not within 15 s: {what}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -51,7 +53,11 @@ async fn every_page_renders_and_a_dead_letter_is_redriven_by_clicking() {
         ),
     );
     let script = "<script>alert(1)</script>";
-    let hostile = env.client.enqueue(flaky::call(script.into())).await.unwrap();
+    let hostile = env
+        .client
+        .enqueue(flaky::call(script.into()))
+        .await
+        .unwrap();
     let plain = env
         .client
         .enqueue(flaky::call("plain".into()))
@@ -131,7 +137,10 @@ async fn every_page_renders_and_a_dead_letter_is_redriven_by_clicking() {
     // A filter typed: the error text of one of them.
     b.type_into("input[name=text]", "on plain").await;
     b.click_and_wait("#filters button").await;
-    assert_eq!(b.eval("document.querySelectorAll('#dead tr').length").await, 1);
+    assert_eq!(
+        b.eval("document.querySelectorAll('#dead tr').length").await,
+        1
+    );
     assert!(b
         .eval("document.querySelector('#dead').textContent")
         .await

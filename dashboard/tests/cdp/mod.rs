@@ -45,10 +45,8 @@ pub fn chromium() -> String {
 impl Browser {
     /// Starts the browser and opens a blank page.
     pub async fn start() -> Browser {
-        let profile = std::env::temp_dir().join(format!(
-            "fq-chromium-{}",
-            uuid::Uuid::new_v4().simple()
-        ));
+        let profile =
+            std::env::temp_dir().join(format!("fq-chromium-{}", uuid::Uuid::new_v4().simple()));
         let mut child = tokio::process::Command::new(chromium())
             .args([
                 "--headless=new",
@@ -184,7 +182,9 @@ impl Browser {
     pub async fn wait_for(&mut self, expression: &str) {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
         loop {
-            let check = format!("(() => {{ try {{ return !!({expression}); }} catch (e) {{ return false; }} }})()");
+            let check = format!(
+                "(() => {{ try {{ return !!({expression}); }} catch (e) {{ return false; }} }})()"
+            );
             if self.eval(&check).await == json!(true) {
                 return;
             }
@@ -213,8 +213,11 @@ impl Browser {
     /// document, loaded, with its `main`).
     pub async fn click_and_wait(&mut self, selector: &str) {
         let origin = self.eval("performance.timeOrigin").await;
-        self.eval(&format!("document.querySelector({}).click()", json!(selector)))
-            .await;
+        self.eval(&format!(
+            "document.querySelector({}).click()",
+            json!(selector)
+        ))
+        .await;
         self.wait_for(&format!(
             "performance.timeOrigin !== {origin} && document.readyState === 'complete' \
              && document.querySelector('main')"
@@ -224,8 +227,11 @@ impl Browser {
 
     /// Types `text` into the element `selector` finds, as a keyboard would.
     pub async fn type_into(&mut self, selector: &str, text: &str) {
-        self.eval(&format!("document.querySelector({}).focus()", json!(selector)))
-            .await;
+        self.eval(&format!(
+            "document.querySelector({}).focus()",
+            json!(selector)
+        ))
+        .await;
         self.call("Input.insertText", json!({ "text": text })).await;
     }
 
