@@ -1,13 +1,13 @@
 //! The memory store's workers and redrive resets.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::time::Instant;
 
 use super::store::{Claim, MemoryStore, Phase};
-use crate::store::{OpsStore, RedriveReset, StoreError, WorkerInfo};
+use crate::store::{MinuteStats, OpsStore, RedriveReset, StoreError, WorkerInfo, HISTORY_KEPT};
 use crate::wire::TaskId;
 
 /// Workers' reports and the dead letters already reset.
@@ -15,6 +15,8 @@ use crate::wire::TaskId;
 pub(crate) struct MemOps {
     workers: HashMap<String, (WorkerInfo, Instant)>,
     resets: HashSet<String>,
+    /// History by (minute, task).
+    history: BTreeMap<(u64, String), MinuteStats>,
 }
 
 #[async_trait]
@@ -68,5 +70,32 @@ impl OpsStore for MemoryStore {
         state.progress.remove(id);
         state.ops.resets.insert(key);
         Ok(RedriveReset::Reset)
+    }
+
+    async fn add_history(&self, stats: &[MinuteStats]) -> Result<(), StoreError> {
+        let mut state = self.lock();
+        let history = &mut state.ops.history;
+        for s in stats {
+            history
+                .entry((s.minute, s.task.clone()))
+                .or_insert_with(|| MinuteStats::new(s.minute, s.task.as_str()))
+                .add(s);
+        }
+        // Kept as long as the Valkey store keeps it (by the newest minute seen).
+        let newest = history.keys().next_back().map_or(0, |(m, _)| *m);
+        let oldest = newest.saturating_sub(HISTORY_KEPT.as_secs() / 60);
+        history.retain(|(m, _), _| *m >= oldest);
+        Ok(())
+    }
+
+    async fn history(&self, from: u64, to: u64) -> Result<Vec<MinuteStats>, StoreError> {
+        let state = self.lock();
+        Ok(state
+            .ops
+            .history
+            .range((from, String::new())..)
+            .take_while(|((m, _), _)| *m <= to)
+            .map(|(_, s)| s.clone())
+            .collect())
     }
 }

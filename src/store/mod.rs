@@ -14,7 +14,9 @@ pub use flow::{
 };
 #[cfg(feature = "memory")]
 pub(crate) use flow::{RateState, SlotState};
-pub use ops::{OpsStore, RedriveReset, RunInfo, WorkerInfo};
+pub use ops::{
+    MinuteStats, OpsStore, RedriveReset, RunInfo, WorkerInfo, HISTORY_BUCKETS, HISTORY_KEPT,
+};
 pub use schedule::ScheduleStore;
 
 pub use workflow::{

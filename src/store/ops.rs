@@ -110,7 +110,84 @@ pub enum RedriveReset {
     Running,
 }
 
-/// Workers and resets. Object-safe.
+/// Upper bounds (seconds) of the run-time buckets history keeps (a last bucket is +Inf): the
+/// same as the `/metrics` run-duration histogram.
+pub const HISTORY_BUCKETS: [f64; 12] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 60.0, 300.0,
+];
+
+/// How long the store keeps a minute of history (a day, and an hour to read it whole).
+pub const HISTORY_KEPT: Duration = Duration::from_secs(25 * 3600);
+
+/// How one task's runs ended within one minute, summed over every worker: what the
+/// dashboard's charts read. Workers add theirs every few seconds ([`OpsStore::add_history`]).
+///
+/// ```
+/// let m = ferriq::store::MinuteStats::new(29_000_000, "reports.render");
+/// assert_eq!(m.durations.len(), ferriq::store::HISTORY_BUCKETS.len() + 1);
+/// assert_eq!(m.runs(), 0);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct MinuteStats {
+    /// The minute: unix seconds ÷ 60.
+    pub minute: u64,
+    /// The task's name.
+    pub task: String,
+    /// Results written as successes.
+    pub succeeded: u64,
+    /// Results written as errors.
+    pub failed: u64,
+    /// Runs per run-time bucket of [`HISTORY_BUCKETS`] (not cumulative; +Inf last).
+    pub durations: Vec<u64>,
+}
+
+impl MinuteStats {
+    /// Nothing yet, for `task` in `minute`.
+    pub fn new(minute: u64, task: impl Into<String>) -> Self {
+        MinuteStats {
+            minute,
+            task: task.into(),
+            succeeded: 0,
+            failed: 0,
+            durations: vec![0; HISTORY_BUCKETS.len() + 1],
+        }
+    }
+
+    /// Runs timed (each ends in one bucket).
+    pub fn runs(&self) -> u64 {
+        self.durations.iter().sum()
+    }
+
+    /// Adds `other`'s counts to these.
+    pub fn add(&mut self, other: &MinuteStats) {
+        self.succeeded += other.succeeded;
+        self.failed += other.failed;
+        for (a, b) in self.durations.iter_mut().zip(&other.durations) {
+            *a += b;
+        }
+    }
+
+    /// The run time under which `q` (0–1) of the runs ended, as its bucket's upper bound
+    /// (seconds); `None` without runs, `f64::INFINITY` past the last bound.
+    pub fn quantile(&self, q: f64) -> Option<f64> {
+        let total = self.runs();
+        if total == 0 {
+            return None;
+        }
+        let wanted = (q.clamp(0.0, 1.0) * total as f64).ceil().max(1.0) as u64;
+        let mut seen = 0;
+        for (i, n) in self.durations.iter().enumerate() {
+            seen += n;
+            if seen >= wanted {
+                return Some(HISTORY_BUCKETS.get(i).copied().unwrap_or(f64::INFINITY));
+            }
+        }
+        Some(f64::INFINITY)
+    }
+}
+
+/// Workers, resets and history. Object-safe.
 #[async_trait]
 pub trait OpsStore: Send + Sync + 'static {
     /// Records a worker's report; it expires after `ttl` unless reported again.
@@ -127,4 +204,10 @@ pub trait OpsStore: Send + Sync + 'static {
         id: &TaskId,
         dead_letter_id: &str,
     ) -> Result<RedriveReset, StoreError>;
+    /// Adds workers' counts to the minutes they name (kept [`HISTORY_KEPT`]); a minute and
+    /// task seen twice adds up.
+    async fn add_history(&self, stats: &[MinuteStats]) -> Result<(), StoreError>;
+    /// The minutes `from..=to` (unix minutes), one entry per minute and task with any count,
+    /// in minute order.
+    async fn history(&self, from: u64, to: u64) -> Result<Vec<MinuteStats>, StoreError>;
 }

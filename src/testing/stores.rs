@@ -527,6 +527,14 @@ macro_rules! forward_store_traits {
                 let $this = self;
                 $inner.reset_for_redrive(id, dead_letter_id).await
             }
+            async fn add_history(&self, stats: &[crate::store::MinuteStats]) -> Result<(), StoreError> {
+                let $this = self;
+                $inner.add_history(stats).await
+            }
+            async fn history(&self, from: u64, to: u64) -> Result<Vec<crate::store::MinuteStats>, StoreError> {
+                let $this = self;
+                $inner.history(from, to).await
+            }
         }
     };
 }

@@ -236,6 +236,13 @@ impl WorkerBuilder {
         self
     }
 
+    /// Whether this worker adds its counts to the store's history (default on;
+    /// `FERRIQ_HISTORY=0` turns it off).
+    pub fn history(mut self, on: bool) -> Self {
+        self.config.history = on;
+        self
+    }
+
     /// Whether this worker also runs a scheduler (default off; `FERRIQ_SCHEDULER=1`).
     pub fn scheduler(mut self, on: bool) -> Self {
         self.config.scheduler = on;

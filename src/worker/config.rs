@@ -107,6 +107,9 @@ pub struct WorkerConfig {
     /// probes (`/livez`, `/readyz`, `/metrics`) (`FERRIQ_PROBE_ADDR`, e.g. `0.0.0.0:9090`; none
     /// by default). The worker's `build` binds it.
     pub probe_addr: Option<std::net::SocketAddr>,
+    /// Whether this worker adds its counts to the store's history every few seconds (what the
+    /// dashboard's charts read): `FERRIQ_HISTORY=0` turns it off; default on.
+    pub history: bool,
 }
 
 impl Default for WorkerConfig {
@@ -131,6 +134,7 @@ impl Default for WorkerConfig {
             scheduler: false,
             clock: Clock::system(),
             probe_addr: None,
+            history: true,
         }
     }
 }
@@ -167,6 +171,7 @@ impl WorkerConfig {
         "FERRIQ_VALKEY_URL",
         "FERRIQ_SCHEDULER",
         "FERRIQ_PROBE_ADDR",
+        "FERRIQ_HISTORY",
     ];
 
     /// Reads `FERRIQ_*` variables from the process environment over the defaults.
@@ -220,6 +225,15 @@ impl WorkerConfig {
                     c.scheduler = crate::connect::parse_flag(value).ok_or_else(|| {
                         ConfigError::InvalidVar {
                             name: "FERRIQ_SCHEDULER",
+                            value: value.to_owned(),
+                            reason: "expected 1 or 0 (true or false)",
+                        }
+                    })?
+                }
+                "FERRIQ_HISTORY" => {
+                    c.history = crate::connect::parse_flag(value).ok_or_else(|| {
+                        ConfigError::InvalidVar {
+                            name: "FERRIQ_HISTORY",
                             value: value.to_owned(),
                             reason: "expected 1 or 0 (true or false)",
                         }

@@ -60,10 +60,12 @@ pub(crate) fn spawn(inner: Arc<Inner>) -> Heartbeats {
             }
         })
     };
-    Heartbeats {
-        stop,
-        tasks: vec![broker_loop, claim_loop, report_loop, limits_loop],
+    let mut tasks = vec![broker_loop, claim_loop, report_loop, limits_loop];
+    if inner.config.history {
+        let (inner, stop) = (Arc::clone(&inner), stop.clone());
+        tasks.push(tokio::spawn(super::history::run(inner, stop)));
     }
+    Heartbeats { stop, tasks }
 }
 
 /// The worker's report for operators (`ferriq workers`): who it is and what it runs; it

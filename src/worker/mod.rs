@@ -6,6 +6,7 @@ mod config;
 mod delivery;
 mod dispatch;
 mod heartbeat;
+mod history;
 mod limits;
 mod metrics;
 mod ordered;

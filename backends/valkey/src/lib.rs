@@ -57,6 +57,7 @@ mod debounce;
 mod error;
 mod flow;
 mod from_url;
+mod history;
 mod keys;
 mod limits;
 mod limits_live;

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use ferriq::store::{OpsStore, RedriveReset, StoreError, WorkerInfo};
+use ferriq::store::{MinuteStats, OpsStore, RedriveReset, StoreError, WorkerInfo};
 use ferriq::wire::TaskId;
 use fred::prelude::KeysInterface;
 use fred::types::scripts::Script;
@@ -151,6 +151,14 @@ impl OpsStore for ValkeyStore {
             let _: Result<i64, _> = core.pool.del(core.keys.progress(id)).await;
         }
         Ok(outcome)
+    }
+
+    async fn add_history(&self, stats: &[MinuteStats]) -> Result<(), StoreError> {
+        self.add_history_minutes(stats).await
+    }
+
+    async fn history(&self, from: u64, to: u64) -> Result<Vec<MinuteStats>, StoreError> {
+        self.read_history(from, to).await
     }
 }
 

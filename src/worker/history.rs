@@ -1,0 +1,74 @@
+//! The worker's share of the store's history: every [`HISTORY_EVERY`] it adds what its
+//! counters gained since (results per task, run times), under the current minute. Nothing is
+//! done per task: the counters `/metrics` keeps anyway are read and differenced here.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use super::metrics::{Counters, OTHER_TASK};
+use super::Inner;
+use crate::store::MinuteStats;
+
+/// How often a worker adds its counts.
+pub(crate) const HISTORY_EVERY: Duration = Duration::from_secs(10);
+
+/// What was added last, per task: succeeded, failed, run-time buckets.
+type Sent = HashMap<&'static str, (u64, u64, Vec<u64>)>;
+
+/// What the counters gained over `sent`, as stats of `minute` (tasks without any left out),
+/// and the counters as read.
+fn gains(counters: &Counters, sent: &Sent, minute: u64) -> (Vec<MinuteStats>, Sent) {
+    let mut out = Vec::new();
+    let mut now = Sent::new();
+    for (task, c) in counters.per_task() {
+        if task == OTHER_TASK {
+            continue;
+        }
+        let ok = c.results[0].load(std::sync::atomic::Ordering::Relaxed);
+        let failed = c.results[1].load(std::sync::atomic::Ordering::Relaxed);
+        let (buckets, _) = c.run_seconds.read();
+        let (ok0, failed0, buckets0) = sent.get(task).cloned().unwrap_or_default();
+        let mut s = MinuteStats::new(minute, task);
+        s.succeeded = ok.saturating_sub(ok0);
+        s.failed = failed.saturating_sub(failed0);
+        for (i, n) in buckets.iter().enumerate() {
+            s.durations[i] = n.saturating_sub(buckets0.get(i).copied().unwrap_or(0));
+        }
+        if s.succeeded + s.failed + s.runs() > 0 {
+            out.push(s);
+        }
+        now.insert(task, (ok, failed, buckets));
+    }
+    (out, now)
+}
+
+/// Adds this worker's gains to the store every [`HISTORY_EVERY`], and once more when stopped.
+pub(crate) async fn run(inner: Arc<Inner>, stop: CancellationToken) {
+    let mut sent = Sent::new();
+    let mut tick = tokio::time::interval(HISTORY_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    loop {
+        let stopping = tokio::select! {
+            _ = stop.cancelled() => true,
+            _ = tick.tick() => false,
+        };
+        let minute = inner.config.clock.now_unix_ms() / 60_000;
+        let (stats, now) = gains(&inner.counters, &sent, minute);
+        if stats.is_empty() {
+            sent = now;
+        } else {
+            match inner.store.add_history(&stats).await {
+                Ok(()) => sent = now,
+                // Kept for the next round: counts are added late rather than lost.
+                Err(e) => tracing::debug!(error = %e, "history not added"),
+            }
+        }
+        if stopping {
+            return;
+        }
+    }
+}

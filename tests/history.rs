@@ -1,0 +1,71 @@
+//! Workers add their counts to the store's history (what the dashboard's charts read): per
+//! minute and task, successes, failures and run times; none when turned off.
+
+use std::time::Duration;
+
+use ferriq::store::{MinuteStats, OpsStore};
+use ferriq::testing::TestEnv;
+use ferriq::{Registry, TaskError};
+
+#[ferriq::task(name = "hist.ok")]
+async fn ok(n: u32) -> u32 {
+    n
+}
+
+#[ferriq::task(name = "hist.fails", max_attempts = 1)]
+async fn fails(n: u32) -> Result<u32, TaskError> {
+    Err(TaskError::fatal(format!("no {n}")))
+}
+
+/// Runs 5 `hist.ok` and 2 `hist.fails` on a worker built by `tune`, stops it; the history.
+async fn run(tune: impl FnOnce(ferriq::WorkerBuilder) -> ferriq::WorkerBuilder) -> Vec<MinuteStats> {
+    let env = TestEnv::new();
+    let worker = env.spawn_worker(tune(env.worker().registry(
+        Registry::from_inventory()
+            .unwrap()
+            .only(&[ok::NAME, fails::NAME])
+            .unwrap(),
+    )));
+    let mut handles = Vec::new();
+    for n in 0..5 {
+        handles.push(env.client.enqueue(ok::call(n)).await.unwrap());
+    }
+    let failing = [
+        env.client.enqueue(fails::call(1)).await.unwrap(),
+        env.client.enqueue(fails::call(2)).await.unwrap(),
+    ];
+    for h in &handles {
+        h.wait(Duration::from_secs(10)).await.unwrap();
+    }
+    for h in &failing {
+        assert!(h.wait(Duration::from_secs(10)).await.is_err());
+    }
+    // Stopping adds what the last round has not.
+    worker.stop().await;
+    let minute = env.clock.now_unix_ms() / 60_000;
+    env.store.history(minute - 5, minute + 1).await.unwrap()
+}
+
+fn total(history: &[MinuteStats], task: &str) -> MinuteStats {
+    let mut sum = MinuteStats::new(0, task);
+    for m in history.iter().filter(|m| m.task == task) {
+        sum.add(m);
+    }
+    sum
+}
+
+#[tokio::test]
+async fn a_worker_adds_its_results_and_run_times_per_task_and_minute() {
+    let history = run(|b| b).await;
+    let ok = total(&history, ok::NAME);
+    assert_eq!((ok.succeeded, ok.failed, ok.runs()), (5, 0, 5));
+    assert_eq!(ok.quantile(0.95), Some(0.005), "fast runs fall in the first bucket");
+    let fails = total(&history, fails::NAME);
+    assert_eq!((fails.succeeded, fails.failed, fails.runs()), (0, 2, 2));
+}
+
+#[tokio::test]
+async fn turned_off_it_adds_nothing() {
+    let history = run(|b| b.history(false)).await;
+    assert!(history.is_empty(), "{history:?}");
+}
