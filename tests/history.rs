@@ -18,14 +18,18 @@ async fn fails(n: u32) -> Result<u32, TaskError> {
 }
 
 /// Runs 5 `hist.ok` and 2 `hist.fails` on a worker built by `tune`, stops it; the history.
-async fn run(tune: impl FnOnce(ferriq::WorkerBuilder) -> ferriq::WorkerBuilder) -> Vec<MinuteStats> {
+async fn run(
+    tune: impl FnOnce(ferriq::WorkerBuilder) -> ferriq::WorkerBuilder,
+) -> Vec<MinuteStats> {
     let env = TestEnv::new();
-    let worker = env.spawn_worker(tune(env.worker().registry(
-        Registry::from_inventory()
-            .unwrap()
-            .only(&[ok::NAME, fails::NAME])
-            .unwrap(),
-    )));
+    let worker = env.spawn_worker(tune(
+        env.worker().registry(
+            Registry::from_inventory()
+                .unwrap()
+                .only(&[ok::NAME, fails::NAME])
+                .unwrap(),
+        ),
+    ));
     let mut handles = Vec::new();
     for n in 0..5 {
         handles.push(env.client.enqueue(ok::call(n)).await.unwrap());
@@ -59,7 +63,11 @@ async fn a_worker_adds_its_results_and_run_times_per_task_and_minute() {
     let history = run(|b| b).await;
     let ok = total(&history, ok::NAME);
     assert_eq!((ok.succeeded, ok.failed, ok.runs()), (5, 0, 5));
-    assert_eq!(ok.quantile(0.95), Some(0.005), "fast runs fall in the first bucket");
+    assert_eq!(
+        ok.quantile(0.95),
+        Some(0.005),
+        "fast runs fall in the first bucket"
+    );
     let fails = total(&history, fails::NAME);
     assert_eq!((fails.succeeded, fails.failed, fails.runs()), (0, 2, 2));
 }

@@ -72,6 +72,33 @@ const renderers = {
   },
 };
 
+// The overview's history: its charts reloaded and its per-task table refreshed every 10 s.
+async function refreshCharts(marker) {
+  const params = new URLSearchParams(location.search);
+  const hours = params.get("hours") ?? "6";
+  for (const img of marker.querySelectorAll("img")) {
+    const url = new URL(img.src);
+    url.searchParams.set("t", Date.now());
+    img.src = url.toString();
+  }
+  try {
+    const res = await fetch(`${base}/api/history?hours=${encodeURIComponent(hours)}`, { credentials: "same-origin" });
+    if (!res.ok) return;
+    const data = await res.json();
+    fill("history", data.tasks, (tr, t) => {
+      const td = document.createElement("td");
+      const a = document.createElement("a");
+      a.href = `${base}/?hours=${encodeURIComponent(hours)}&task=${encodeURIComponent(t.task)}`;
+      a.textContent = t.task;
+      td.appendChild(a);
+      tr.appendChild(td);
+      for (const k of ["runs", "succeeded", "failed", "p50", "p95"]) cell(tr, t[k]);
+    }, "nothing ran in this window (or workers run with FERRIQ_HISTORY=0)");
+  } catch (e) {
+    // The next round tries again; the lanes' marker shows connection trouble.
+  }
+}
+
 const endpoints = { overview: "/api/overview", workers: "/api/workers", jobs: "/api/jobs" };
 
 async function poll(kind, marker) {
@@ -95,6 +122,10 @@ async function poll(kind, marker) {
 document.addEventListener("DOMContentLoaded", () => {
   for (const marker of document.querySelectorAll("[data-live]")) {
     const kind = marker.dataset.live;
+    if (kind === "charts") {
+      setInterval(() => refreshCharts(marker), 10000);
+      continue;
+    }
     if (!endpoints[kind]) continue;
     poll(kind, marker);
     setInterval(() => poll(kind, marker), 2000);

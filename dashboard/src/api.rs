@@ -88,6 +88,33 @@ pub(crate) async fn worker_rows(state: &State) -> Result<Vec<Value>, ferriq::sto
         .collect())
 }
 
+/// Per task over the last `hours` (1–24, default 6): runs, successes, failures, p50 and p95.
+pub(crate) async fn history(
+    Shared(state): Shared<Arc<State>>,
+    axum::extract::Query(q): axum::extract::Query<crate::charts::ChartQuery>,
+) -> Response {
+    let hours = crate::charts::hours(q.hours);
+    match crate::charts::per_task(&state, hours).await {
+        Ok(tasks) => {
+            let rows: Vec<Value> = tasks
+                .iter()
+                .map(|t| {
+                    json!({
+                        "task": t.task,
+                        "runs": t.runs(),
+                        "succeeded": t.succeeded,
+                        "failed": t.failed,
+                        "p50": crate::pages::seconds(t.quantile(0.5)),
+                        "p95": crate::pages::seconds(t.quantile(0.95)),
+                    })
+                })
+                .collect();
+            Json(json!({ "hours": hours, "tasks": rows })).into_response()
+        }
+        Err(e) => failed(e),
+    }
+}
+
 /// This process's bulk jobs and their progress.
 pub(crate) async fn jobs(Shared(state): Shared<Arc<State>>) -> Response {
     Json(json!({ "jobs": state.jobs.list() })).into_response()

@@ -31,6 +31,7 @@
 mod actions;
 mod api;
 mod assets;
+mod charts;
 mod html;
 mod jobs;
 mod pages;
@@ -127,6 +128,9 @@ impl Dashboard {
             .route("/api/overview", get(api::overview))
             .route("/api/workers", get(api::workers))
             .route("/api/jobs", get(api::jobs))
+            .route("/api/history", get(api::history))
+            .route("/charts/runs.svg", get(charts::runs))
+            .route("/charts/durations.svg", get(charts::durations))
             .route("/dead/redrive", post(actions::redrive))
             .route("/dead/purge", post(actions::purge))
             .route("/schedules/action", post(actions::schedule))

@@ -21,8 +21,11 @@ fn num(v: &Value) -> String {
     v.as_u64().map_or("-".to_owned(), |n| n.to_string())
 }
 
-/// Overview: the lanes.
-pub(crate) async fn overview(Shared(state): Shared<Arc<State>>) -> Html<String> {
+/// Overview: the lanes, then the last hours from the store's history.
+pub(crate) async fn overview(
+    Shared(state): Shared<Arc<State>>,
+    Query(q): Query<crate::charts::ChartQuery>,
+) -> Html<String> {
     let body = match api::overview_rows(&state).await {
         Ok(rows) => {
             let cells: Vec<Vec<String>> = rows
@@ -62,12 +65,90 @@ pub(crate) async fn overview(Shared(state): Shared<Arc<State>>) -> Html<String> 
         }
         Err(e) => error_box(&e.to_string()),
     };
+    let history = history_section(&state, &q).await;
     page(
         &state,
         "Overview",
         "/",
-        &format!("<p class=\"live\" data-live=\"overview\">live: updated every 2 s</p>{body}"),
+        &format!(
+            "<p class=\"live\" data-live=\"overview\">live: updated every 2 s</p>{body}{history}"
+        ),
     )
+}
+
+/// The last hours: runs and run times as charts, and per task the sums.
+async fn history_section(state: &State, q: &crate::charts::ChartQuery) -> String {
+    let hours = crate::charts::hours(q.hours);
+    let base = esc(&state.base);
+    let task = q.task.as_deref().filter(|t| !t.is_empty());
+    let task_q = task.map_or(String::new(), |t| format!("&task={}", enc(t)));
+    let mut out = format!("<h2>Last {hours} h</h2><p class=\"choices\">");
+    for h in [1, 6, 24] {
+        let current = if h == hours {
+            " aria-current=\"true\""
+        } else {
+            ""
+        };
+        let _ = write!(
+            out,
+            "<a href=\"{base}/?hours={h}{}\"{current}>{h} h</a> ",
+            esc(&task_q)
+        );
+    }
+    if let Some(t) = task {
+        let _ = write!(
+            out,
+            "· run times of <strong>{}</strong> (<a href=\"{base}/?hours={hours}\">every task</a>)",
+            esc(t)
+        );
+    }
+    out.push_str("</p>");
+    let _ = write!(
+        out,
+        "<div class=\"charts\" data-live=\"charts\">\
+         <figure><img src=\"{base}/charts/runs.svg?hours={hours}\" alt=\"Runs per interval: succeeded and failed\"><figcaption>runs: succeeded, failed</figcaption></figure>\
+         <figure><img src=\"{base}/charts/durations.svg?hours={hours}{}\" alt=\"Run time p50 and p95\"><figcaption>run time: p50, p95</figcaption></figure></div>",
+        esc(&task_q)
+    );
+    match crate::charts::per_task(state, hours).await {
+        Ok(tasks) => {
+            let rows: Vec<Vec<String>> = tasks
+                .iter()
+                .map(|t| {
+                    vec![
+                        format!(
+                            "<a href=\"{base}/?hours={hours}&task={}\">{}</a>",
+                            esc(&enc(&t.task)),
+                            esc(&t.task)
+                        ),
+                        t.runs().to_string(),
+                        t.succeeded.to_string(),
+                        t.failed.to_string(),
+                        seconds(t.quantile(0.5)),
+                        seconds(t.quantile(0.95)),
+                    ]
+                })
+                .collect();
+            out.push_str(&table(
+                "history",
+                &["task", "runs", "succeeded", "failed", "p50 ≤", "p95 ≤"],
+                &rows,
+                "nothing ran in this window (or workers run with FERRIQ_HISTORY=0)",
+            ));
+        }
+        Err(e) => out.push_str(&error_box(&format!("history unavailable: {e}"))),
+    }
+    out
+}
+
+/// A run-time bucket bound as text.
+pub(crate) fn seconds(v: Option<f64>) -> String {
+    match v {
+        None => "-".into(),
+        Some(v) if v.is_infinite() => "> 300 s".into(),
+        Some(v) if v < 1.0 => format!("{} ms", (v * 1000.0).round()),
+        Some(v) => format!("{v} s"),
+    }
 }
 
 /// Workers: who runs what.

@@ -115,6 +115,25 @@ async fn every_page_renders_and_a_dead_letter_is_redriven_by_clicking() {
     b.open(&format!("{base}/")).await;
     b.wait_for("[...document.querySelectorAll('#lanes tr')].some(r => r.cells[0].textContent === 'taskiq' && r.cells[4].textContent === '2')").await;
 
+    // The history the worker adds every 10 s: both failures, charted and listed.
+    let minute = env.clock.now_unix_ms() / 60_000;
+    eventually("the worker's history reached the store", || async {
+        use ferriq::store::OpsStore;
+        env.store
+            .history(minute - 2, minute + 1)
+            .await
+            .unwrap()
+            .iter()
+            .map(|m| m.failed)
+            .sum::<u64>()
+            == 2
+    })
+    .await;
+    b.open(&format!("{base}/?hours=1")).await;
+    b.wait_for("[...document.querySelectorAll('.charts img')].every(i => i.complete && i.naturalWidth > 0)").await;
+    b.wait_for("[...document.querySelectorAll('#history tr')].some(r => r.cells[0].textContent === 'dash.flaky' && r.cells[3].textContent === '2')").await;
+    b.screenshot(&shots.join("overview-history.png")).await;
+
     // The hostile argument is text, on the dead letters page and nowhere a script.
     b.open(&format!("{base}/dead")).await;
     let shown = b

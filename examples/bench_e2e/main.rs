@@ -67,7 +67,7 @@ use load::{
     as_raw_client, bulk, bulk_of, drive, fmt_cost, fmt_cpu, fmt_runs, metered, raw_client_name,
     report, round_trips, warm_up, Figures,
 };
-use modes::{compare_middlewares, limits_rounds, memory_round, rss_run};
+use modes::{compare_middlewares, history_rounds, limits_rounds, memory_round, rss_run};
 use rounds::{amqp_rounds, print_cpu_table, AmqpWorld};
 
 #[ferriq::task(name = "bench.noop")]
@@ -173,6 +173,8 @@ fn worker_with(
                 .unwrap(),
         )
         .concurrency(CONCURRENCY)
+        // `--history 0`: the worker adds nothing to the store's history.
+        .history(arg("--history", "1") != "0")
         .build()
         .unwrap()
 }
@@ -244,6 +246,9 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let (figures, raw, rss, what) = match broker_kind.as_str() {
         "amqp" if arg("--backlog", "0") != "0" => {
             return rss_run(tag, arg("--backlog", "0").parse()?).await;
+        }
+        "amqp" if arg("--history-ab", "0") != "0" => {
+            return history_rounds(tag, n, arg("--history-ab", "0").parse()?).await;
         }
         "amqp" if arg("--limits", "0") != "0" => {
             return limits_rounds(tag, n, arg("--limits", "0").parse()?).await;

@@ -111,6 +111,67 @@ pub(super) async fn compare_middlewares(
 /// under a rate limit they never reach (50,000/s) and N under a concurrency limit they never
 /// reach (1,000 slots), in turns; medians and their ratios to the run without. What a limit
 /// costs when it does not bind: a store round trip per task (and the slot's release).
+/// `--broker amqp --history-ab R`: the same bulk runs on two workers alike but for history
+/// (one with `--history 0`), alternating, R rounds each; throughput and worker CPU per task.
+pub(super) async fn history_rounds(
+    tag: &str,
+    n: u64,
+    rounds: usize,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let mut on = AmqpWorld::start(&format!("{tag}h1")).await?;
+    let mut off = AmqpWorld::start_with(&format!("{tag}h0"), &["--history", "0"]).await?;
+    warm_up(&on.client).await;
+    warm_up(&off.client).await;
+    let meters = [
+        Meter::new(vec![("worker", Some(on.pid))]),
+        Meter::new(vec![("worker", Some(off.pid))]),
+    ];
+    let mut rate: [Vec<f64>; 2] = Default::default();
+    let mut cpu: [Vec<f64>; 2] = Default::default();
+    for round in 0..rounds {
+        for k in 0..2 {
+            let k = (k + round) % 2;
+            let client = if k == 0 { &on.client } else { &off.client };
+            let before = meters[k].read();
+            let (_, took) = bulk_of(client, n, noop::call).await;
+            cpu[k].push(meters[k].per_task_us(&before, n)[0]);
+            rate[k].push(n as f64 / took.as_secs_f64());
+        }
+    }
+    for w in [&mut on, &mut off] {
+        w.stop_worker().await;
+    }
+    on.remove().await;
+    off.remove().await;
+    let median = |v: &[f64]| {
+        let mut v = v.to_vec();
+        v.sort_by(|a, b| a.total_cmp(b));
+        v[v.len() / 2]
+    };
+    println!("ferriq bench_e2e --history-ab {rounds}: RabbitMQ + Redis, workers in their own processes; N={n} per run, concurrency {CONCURRENCY}");
+    println!("CPU: {}", ferriq_examples::cpu_model());
+    println!("| worker | end to end, median of {rounds} | worker CPU per task | runs |");
+    println!("|---|---|---|---|");
+    for (k, what) in ["history on (default)", "history off (FERRIQ_HISTORY=0)"]
+        .iter()
+        .enumerate()
+    {
+        println!(
+            "| {what} | {:.0} tasks/s | {:.1} µs | {} |",
+            median(&rate[k]),
+            median(&cpu[k]),
+            fmt_runs(&rate[k])
+        );
+    }
+    println!(
+        "history_on_tasks_per_s={:.0} history_off_tasks_per_s={:.0} history_ratio={:.3}",
+        median(&rate[0]),
+        median(&rate[1]),
+        median(&rate[0]) / median(&rate[1])
+    );
+    Ok(())
+}
+
 pub(super) async fn limits_rounds(
     tag: &str,
     n: u64,

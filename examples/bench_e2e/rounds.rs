@@ -15,6 +15,14 @@ pub(super) struct AmqpWorld {
 
 impl AmqpWorld {
     pub(super) async fn start(tag: &str) -> Result<Self, Box<dyn std::error::Error>> {
+        Self::start_with(tag, &[]).await
+    }
+
+    /// A world whose worker process gets `worker_args` too (`--history 0`).
+    pub(super) async fn start_with(
+        tag: &str,
+        worker_args: &[&str],
+    ) -> Result<Self, Box<dyn std::error::Error>> {
         let (exchange, queue, prefix) = (
             format!("fqbench.{tag}.x"),
             format!("fqbench.{tag}"),
@@ -26,6 +34,7 @@ impl AmqpWorld {
             .args(["--role", "worker", "--exchange", &exchange])
             .args(["--queue", &queue, "--prefix", &prefix])
             .args(["--worker-threads", &arg("--worker-threads", "0")])
+            .args(worker_args)
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .kill_on_drop(true)

@@ -32,7 +32,10 @@ impl ValkeyStore {
         format!("{}:history:{minute}", self.prefix())
     }
 
-    pub(crate) async fn add_history_minutes(&self, stats: &[MinuteStats]) -> Result<(), StoreError> {
+    pub(crate) async fn add_history_minutes(
+        &self,
+        stats: &[MinuteStats],
+    ) -> Result<(), StoreError> {
         let mut by_minute: HashMap<u64, Vec<String>> = HashMap::new();
         for s in stats {
             let args = by_minute.entry(s.minute).or_default();
@@ -63,7 +66,11 @@ impl ValkeyStore {
         Ok(())
     }
 
-    pub(crate) async fn read_history(&self, from: u64, to: u64) -> Result<Vec<MinuteStats>, StoreError> {
+    pub(crate) async fn read_history(
+        &self,
+        from: u64,
+        to: u64,
+    ) -> Result<Vec<MinuteStats>, StoreError> {
         let minutes: Vec<u64> = (from..=to.min(from + HISTORY_KEPT.as_secs() / 60)).collect();
         let pool = &self.core().pool;
         let mut out = Vec::new();
@@ -88,7 +95,9 @@ impl ValkeyStore {
                         "ok" => s.succeeded = *n,
                         "fail" => s.failed = *n,
                         i => {
-                            if let Some(b) = i.parse::<usize>().ok().and_then(|i| s.durations.get_mut(i)) {
+                            if let Some(b) =
+                                i.parse::<usize>().ok().and_then(|i| s.durations.get_mut(i))
+                            {
                                 *b = *n;
                             }
                         }

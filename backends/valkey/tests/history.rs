@@ -59,7 +59,9 @@ async fn counts_add_up_and_a_day_stays_within_its_bound() {
     assert_eq!(read[1].quantile(0.5), Some(f64::INFINITY));
 
     // A day of one task with every count in use.
-    let day: Vec<MinuteStats> = (0..1440).map(|m| full_minute(start + 10 + m, "t.day")).collect();
+    let day: Vec<MinuteStats> = (0..1440)
+        .map(|m| full_minute(start + 10 + m, "t.day"))
+        .collect();
     let before = used_memory(server.port);
     for chunk in day.chunks(60) {
         store.add_history(chunk).await.unwrap();
