@@ -54,6 +54,22 @@ const renderers = {
       cell(tr, oldest < 0 ? "-" : `${oldest} s`);
       cell(tr, `${w.seen_s.toFixed(1)} s ago`);
     }, "no worker has reported within its lease");
+    const runs = data.workers
+      .flatMap((w) => w.runs.map((r) => ({ worker: w.id, ...r })))
+      .sort((a, b) => b.age_s - a.age_s);
+    fill("runs", runs, (tr, r) => {
+      cell(tr, r.worker);
+      cell(tr, r.task);
+      const td = document.createElement("td");
+      const a = document.createElement("a");
+      a.href = `${base}/tasks?id=${encodeURIComponent(r.task_id)}`;
+      a.textContent = r.task_id.length > 12 ? `${r.task_id.slice(0, 12)}…` : r.task_id;
+      td.appendChild(a);
+      tr.appendChild(td);
+      cell(tr, r.lane);
+      cell(tr, r.attempt);
+      cell(tr, `${r.age_s} s`);
+    }, "nothing runs now");
   },
   jobs(data) {
     const box = document.getElementById("jobs");

@@ -156,19 +156,51 @@ pub(crate) async fn workers(Shared(state): Shared<Arc<State>>) -> Html<String> {
     let body = match api::worker_rows(&state).await {
         Ok(rows) => {
             let cells: Vec<Vec<String>> = rows.iter().map(worker_cells).collect();
-            table(
-                "workers",
-                &[
-                    "worker",
-                    "host",
-                    "version",
-                    "lanes",
+            let mut runs: Vec<Vec<String>> = Vec::new();
+            for w in &rows {
+                for r in w["runs"].as_array().into_iter().flatten() {
+                    let id = r["task_id"].as_str().unwrap_or("");
+                    runs.push(vec![
+                        esc(w["id"].as_str().unwrap_or("")),
+                        esc(r["task"].as_str().unwrap_or("")),
+                        format!(
+                            "<a href=\"{}/tasks?id={}\">{}</a>",
+                            esc(&state.base),
+                            esc(&enc(id)),
+                            esc(&cut(id, 12))
+                        ),
+                        esc(r["lane"].as_str().unwrap_or("")),
+                        r["attempt"].to_string(),
+                        format!("{} s", r["age_s"]),
+                    ]);
+                }
+            }
+            // Longest running first: what an on-call engineer looks for.
+            runs.sort_by_key(|r| {
+                std::cmp::Reverse(r[5].trim_end_matches(" s").parse::<u64>().unwrap_or(0))
+            });
+            format!(
+                "{}<h2>Runs in flight</h2>{}",
+                table(
+                    "workers",
+                    &[
+                        "worker",
+                        "host",
+                        "version",
+                        "lanes",
+                        "runs",
+                        "oldest run",
+                        "last heartbeat",
+                    ],
+                    &cells,
+                    "no worker has reported within its lease",
+                ),
+                table(
                     "runs",
-                    "oldest run",
-                    "last heartbeat",
-                ],
-                &cells,
-                "no worker has reported within its lease",
+                    &["worker", "task", "id", "lane", "attempt", "running for"],
+                    &runs,
+                    "nothing runs now",
+                )
             )
         }
         Err(e) => error_box(&e.to_string()),

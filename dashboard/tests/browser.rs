@@ -14,6 +14,19 @@ use ferriq::client::TaskStatus;
 use ferriq::schedule::ScheduleSpec;
 
 static FAILING: AtomicBool = AtomicBool::new(true);
+static RELEASED: AtomicBool = AtomicBool::new(false);
+
+/// Runs until the test releases it (bounded: a minute).
+#[ferriq::task(name = "dash.slow")]
+async fn slow() -> u32 {
+    for _ in 0..3000 {
+        if RELEASED.load(Ordering::SeqCst) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    1
+}
 
 #[ferriq::task(name = "dash.flaky", max_attempts = 1)]
 async fn flaky(text: String) -> Result<String, ferriq::TaskError> {
@@ -48,7 +61,7 @@ async fn every_page_renders_and_a_dead_letter_is_redriven_by_clicking() {
         env.worker().registry(
             ferriq::Registry::from_inventory()
                 .unwrap()
-                .only(&[flaky::NAME])
+                .only(&[flaky::NAME, slow::NAME])
                 .unwrap(),
         ),
     );
@@ -83,6 +96,7 @@ async fn every_page_renders_and_a_dead_letter_is_redriven_by_clicking() {
     let base = format!("http://{}", listener.local_addr().unwrap());
     tokio::spawn(async move { axum::serve(listener, dashboard.router()).await });
 
+    let running = env.client.enqueue(slow::call()).await.unwrap();
     let mut b = cdp::Browser::start().await;
     let shots = screenshots();
     let pages = [
@@ -106,10 +120,17 @@ async fn every_page_renders_and_a_dead_letter_is_redriven_by_clicking() {
             b.wait_for("document.querySelector('[data-live]').textContent.includes('updated')")
                 .await;
         }
+        if *name == "workers" {
+            b.wait_for("document.querySelector('#runs').textContent.includes('dash.slow')")
+                .await;
+        }
         b.screenshot(&shots.join(format!("{name}.png"))).await;
         let problems = b.take_problems();
         assert!(problems.is_empty(), "{name}: {problems:?}");
     }
+
+    RELEASED.store(true, Ordering::SeqCst);
+    assert_eq!(running.wait(Duration::from_secs(10)).await.unwrap(), 1);
 
     // The overview lists the lane with its two dead letters (live data, not the first render).
     b.open(&format!("{base}/")).await;
