@@ -17,10 +17,11 @@ async fn fails(n: u32) -> Result<u32, TaskError> {
     Err(TaskError::fatal(format!("no {n}")))
 }
 
-/// Runs 5 `hist.ok` and 2 `hist.fails` on a worker built by `tune`, stops it; the history.
+/// Runs 5 `hist.ok` and 2 `hist.fails` on a worker built by `tune`, stops it; the history,
+/// and the environment (its store holds the finished-task index).
 async fn run(
     tune: impl FnOnce(ferriq::WorkerBuilder) -> ferriq::WorkerBuilder,
-) -> Vec<MinuteStats> {
+) -> (Vec<MinuteStats>, TestEnv) {
     let env = TestEnv::new();
     let worker = env.spawn_worker(tune(
         env.worker().registry(
@@ -47,7 +48,10 @@ async fn run(
     // Stopping adds what the last round has not.
     worker.stop().await;
     let minute = env.clock.now_unix_ms() / 60_000;
-    env.store.history(minute - 5, minute + 1).await.unwrap()
+    (
+        env.store.history(minute - 5, minute + 1).await.unwrap(),
+        env,
+    )
 }
 
 fn total(history: &[MinuteStats], task: &str) -> MinuteStats {
@@ -60,7 +64,7 @@ fn total(history: &[MinuteStats], task: &str) -> MinuteStats {
 
 #[tokio::test]
 async fn a_worker_adds_its_results_and_run_times_per_task_and_minute() {
-    let history = run(|b| b).await;
+    let (history, env) = run(|b| b).await;
     let ok = total(&history, ok::NAME);
     assert_eq!((ok.succeeded, ok.failed, ok.runs()), (5, 0, 5));
     assert_eq!(
@@ -70,10 +74,52 @@ async fn a_worker_adds_its_results_and_run_times_per_task_and_minute() {
     );
     let fails = total(&history, fails::NAME);
     assert_eq!((fails.succeeded, fails.failed, fails.runs()), (0, 2, 2));
+
+    // The finished-task index: by name and outcome, newest first, limited.
+    let now = env.clock.now_unix_ms();
+    let found = env
+        .store
+        .finished(ok::NAME, None, now - 60_000, now, 10)
+        .await
+        .unwrap();
+    assert_eq!(found.len(), 5);
+    assert!(
+        found.windows(2).all(|w| w[0].at_ms >= w[1].at_ms),
+        "newest first"
+    );
+    assert_eq!(
+        env.store
+            .finished(ok::NAME, Some(true), 0, now, 10)
+            .await
+            .unwrap()
+            .len(),
+        0
+    );
+    let failed = env
+        .store
+        .finished(fails::NAME, Some(true), 0, now, 10)
+        .await
+        .unwrap();
+    assert_eq!(failed.len(), 2);
+    assert!(failed.iter().all(|f| f.failed && f.task == fails::NAME));
+    assert_eq!(
+        env.store
+            .finished(ok::NAME, None, 0, now, 3)
+            .await
+            .unwrap()
+            .len(),
+        3
+    );
 }
 
 #[tokio::test]
 async fn turned_off_it_adds_nothing() {
-    let history = run(|b| b.history(false)).await;
+    let (history, env) = run(|b| b.history(false)).await;
     assert!(history.is_empty(), "{history:?}");
+    let found = env
+        .store
+        .finished(ok::NAME, None, 0, u64::MAX, 10)
+        .await
+        .unwrap();
+    assert!(found.is_empty());
 }

@@ -120,8 +120,14 @@ const endpoints = { overview: "/api/overview", workers: "/api/workers", jobs: "/
 async function poll(kind, marker) {
   try {
     const res = await fetch(base + endpoints[kind], { credentials: "same-origin" });
+    if (!res.ok) {
+      // JSON from the API, plain text from the guard (a token, a refusal).
+      const text = await res.text();
+      let message = text.trim() || res.statusText;
+      try { message = JSON.parse(text).error ?? message; } catch (_) { /* plain text */ }
+      throw new Error(message);
+    }
     const data = await res.json();
-    if (!res.ok) throw new Error(data.error ?? res.statusText);
     renderers[kind](data);
     if (marker.classList) {
       marker.classList.remove("stale");

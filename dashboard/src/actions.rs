@@ -48,7 +48,7 @@ impl Form {
 
     /// Refused unless it carries this process's CSRF token.
     fn check(&self, state: &State) -> Result<(), Refusal> {
-        if self.get("csrf") == state.csrf {
+        if crate::security::same(self.get("csrf").as_bytes(), state.csrf.as_bytes()) {
             Ok(())
         } else {
             Err(Refusal(
@@ -59,8 +59,13 @@ impl Form {
     }
 }
 
-/// The login form: the token, as an HttpOnly cookie for this path.
-pub(crate) async fn login(Shared(state): Shared<Arc<State>>, body: Bytes) -> Response {
+/// The login form: the token, as an HttpOnly cookie for this path (`Secure` when the request
+/// came over HTTPS, as a proxy in front says).
+pub(crate) async fn login(
+    Shared(state): Shared<Arc<State>>,
+    headers: axum::http::HeaderMap,
+    body: Bytes,
+) -> Response {
     let form = Form::parse(&body);
     if let Err(refused) = form.check(&state) {
         return refused.into_response();
@@ -74,9 +79,14 @@ pub(crate) async fn login(Shared(state): Shared<Arc<State>>, body: Bytes) -> Res
     } else {
         &state.base
     };
+    let https = headers
+        .get("x-forwarded-proto")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|p| p.eq_ignore_ascii_case("https"));
     let cookie = format!(
-        "{COOKIE}={}; Path={path}; HttpOnly; SameSite=Strict",
-        enc(token)
+        "{COOKIE}={}; Path={path}; HttpOnly; SameSite=Strict{}",
+        enc(token),
+        if https { "; Secure" } else { "" }
     );
     let mut answer = Redirect::to(&format!("{}/", state.base)).into_response();
     if let Ok(v) = cookie.parse() {
@@ -204,37 +214,39 @@ pub(crate) async fn schedule(Shared(state): Shared<Arc<State>>, body: Bytes) -> 
         return refused.into_response();
     }
     let id = form.get("id");
+    if id.is_empty() {
+        return (StatusCode::BAD_REQUEST, "no schedule id given\n").into_response();
+    }
     let schedules = state.client.schedules();
     let done = match form.get("action") {
-        "pause" => schedules.pause(id).await.map_err(|e| e.to_string()),
-        "resume" => schedules.resume(id).await.map_err(|e| e.to_string()),
-        "remove" => schedules
-            .remove(id)
-            .await
-            .map(|_| ())
-            .map_err(|e| e.to_string()),
+        "pause" => schedules.pause(id).await.map_err(failed),
+        "resume" => schedules.resume(id).await.map_err(failed),
+        "remove" => schedules.remove(id).await.map(|_| ()).map_err(failed),
         "run" => run_now(&state, id).await,
-        _ => Err("action is pause, resume, remove or run".into()),
+        _ => Err((
+            StatusCode::BAD_REQUEST,
+            "action is pause, resume, remove or run".to_owned(),
+        )),
     };
     match done {
         Ok(()) => Redirect::to(&format!("{}/schedules", state.base)).into_response(),
-        Err(e) => (StatusCode::BAD_GATEWAY, format!("{e}\n")).into_response(),
+        Err((status, e)) => (status, format!("{e}\n")).into_response(),
     }
+}
+
+/// A store or broker failure: 502, with what it said.
+fn failed(e: impl std::fmt::Display) -> (StatusCode, String) {
+    (StatusCode::BAD_GATEWAY, e.to_string())
 }
 
 /// Sends one run of schedule `id`'s task now, outside its timing, with the schedule's
 /// arguments and lane (its own task id: a tick's id is its time, and this is none).
-async fn run_now(state: &State, id: &str) -> Result<(), String> {
-    let listed = state
-        .client
-        .schedules()
-        .list()
-        .await
-        .map_err(|e| e.to_string())?;
+async fn run_now(state: &State, id: &str) -> Result<(), (StatusCode, String)> {
+    let listed = state.client.schedules().list().await.map_err(failed)?;
     let spec = listed
         .into_iter()
         .find(|s| s.spec.id == id)
-        .ok_or_else(|| format!("no schedule {id:?}"))?
+        .ok_or_else(|| (StatusCode::NOT_FOUND, format!("no schedule {id:?}")))?
         .spec;
     let mut labels = Labels::new();
     // Not marked as the schedule's tick (no `ferriq_schedule` label): a tick is answered
@@ -255,5 +267,5 @@ async fn run_now(state: &State, id: &str) -> Result<(), String> {
         .enqueue_message(msg)
         .await
         .map(|_| ())
-        .map_err(|e| e.to_string())
+        .map_err(failed)
 }

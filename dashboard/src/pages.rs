@@ -244,11 +244,97 @@ pub(crate) fn enc(s: &str) -> String {
     form_urlencoded::byte_serialize(s.as_bytes()).collect()
 }
 
-/// `?id=`.
+/// `?id=`, or a search: `?name=&outcome=&hours=`.
 #[derive(Debug, Deserialize)]
 pub(crate) struct TaskQuery {
     #[serde(default)]
     id: String,
+    #[serde(default)]
+    name: String,
+    /// `any`, `succeeded`, `failed`.
+    #[serde(default)]
+    outcome: String,
+    #[serde(default)]
+    hours: String,
+}
+
+/// Finished tasks of one name, outcome and window, newest first (the store's index).
+async fn search(state: &State, q: &TaskQuery) -> String {
+    let hours = crate::charts::hours(q.hours.trim().parse().ok());
+    let names: Vec<String> = crate::charts::per_task(state, 24)
+        .await
+        .map(|t| t.into_iter().map(|t| t.task).collect())
+        .unwrap_or_default();
+    let mut out = String::from(
+        "<h2>Finished tasks</h2><form method=\"get\" class=\"filters\" id=\"search\">\
+         <label>Task <input name=\"name\" list=\"task-names\" size=\"24\" value=\"",
+    );
+    let _ = write!(
+        out,
+        "{}\"></label><datalist id=\"task-names\">",
+        esc(&q.name)
+    );
+    for n in &names {
+        let _ = write!(out, "<option>{}</option>", esc(n));
+    }
+    out.push_str("</datalist><label>Outcome <select name=\"outcome\">");
+    for o in ["any", "succeeded", "failed"] {
+        let sel = if q.outcome == o { " selected" } else { "" };
+        let _ = write!(out, "<option{sel}>{o}</option>");
+    }
+    out.push_str("</select></label><label>Within <select name=\"hours\">");
+    for h in [1u64, 6, 24] {
+        let sel = if h == hours { " selected" } else { "" };
+        let _ = write!(out, "<option value=\"{h}\"{sel}>last {h} h</option>");
+    }
+    out.push_str("</select></label><button>Search</button></form>");
+    let name = q.name.trim();
+    if name.is_empty() {
+        return out;
+    }
+    let failed = match q.outcome.as_str() {
+        "succeeded" => Some(false),
+        "failed" => Some(true),
+        _ => None,
+    };
+    let now = state.client.clock().now_unix_ms();
+    let from = now.saturating_sub(hours * 3_600_000);
+    match state
+        .client
+        .store()
+        .finished(name, failed, from, now, PAGE)
+        .await
+    {
+        Ok(found) => {
+            let rows: Vec<Vec<String>> = found
+                .iter()
+                .map(|f| {
+                    vec![
+                        format!(
+                            "<a href=\"{}/tasks?id={}\">{}</a>",
+                            esc(&state.base),
+                            esc(&enc(f.task_id.as_str())),
+                            esc(f.task_id.as_str())
+                        ),
+                        esc(&f.task),
+                        if f.failed { "failed" } else { "succeeded" }.into(),
+                        esc(&time_ms(f.at_ms)),
+                    ]
+                })
+                .collect();
+            out.push_str(&table(
+                "found",
+                &["id", "task", "outcome", "finished"],
+                &rows,
+                "none in this window (workers with FERRIQ_HISTORY=0 index nothing)",
+            ));
+            if found.len() == PAGE {
+                let _ = write!(out, "<p class=\"pager\">the newest {PAGE} shown</p>");
+            }
+        }
+        Err(e) => out.push_str(&error_box(&format!("search unavailable: {e}"))),
+    }
+    out
 }
 
 fn status_text(s: &TaskStatus) -> String {
@@ -270,8 +356,8 @@ pub(crate) async fn task(
 ) -> Html<String> {
     let id = q.id.trim();
     let mut body = format!(
-        "<form method=\"get\" class=\"filters\"><label>Task id <input name=\"id\" value=\"{}\" \
-         size=\"40\" autofocus></label><button>Look up</button></form>",
+        "<form method=\"get\" class=\"filters\" id=\"lookup\"><label>Task id <input name=\"id\" value=\"{}\" \
+         size=\"40\"></label><button>Look up</button></form>",
         esc(id)
     );
     if !id.is_empty() {
@@ -321,6 +407,7 @@ pub(crate) async fn task(
             },
         }
     }
+    body.push_str(&search(&state, &q).await);
     page(&state, "Tasks", "/tasks", &body)
 }
 
@@ -348,8 +435,13 @@ impl DeadQuery {
         self.older_than_min.trim().parse().ok().filter(|m| *m > 0)
     }
 
+    /// Where the page starts, at most [`MAX_OFFSET`] (each page reads the queue up to it).
     fn offset(&self) -> usize {
-        self.offset.trim().parse().unwrap_or(0)
+        self.offset
+            .trim()
+            .parse::<usize>()
+            .unwrap_or(0)
+            .min(MAX_OFFSET)
     }
 
     /// The filter these fields describe.
@@ -365,7 +457,8 @@ impl DeadQuery {
             f = f.detail_contains(self.text.trim());
         }
         if let Some(m) = self.older_than() {
-            f = f.older_than(Duration::from_secs(m * 60));
+            // Saturating: an absurd age matches nothing rather than wrapping to a small one.
+            f = f.older_than(Duration::from_secs(m.saturating_mul(60)));
         }
         f
     }
@@ -389,6 +482,9 @@ fn arguments(m: &DeadMessage) -> String {
 }
 
 const PAGE: usize = 50;
+
+/// The furthest page start: listing reads a lane's dead letters up to the page shown.
+const MAX_OFFSET: usize = 10_000;
 
 /// Dead letters: filtered, with redrive and purge.
 pub(crate) async fn dead_letters(
@@ -500,7 +596,7 @@ pub(crate) async fn dead_letters(
     if offset > 0 {
         let _ = write!(
             body,
-            "<a href=\"?{}&offset={}\">← newer</a> ",
+            "<a href=\"?{}&amp;offset={}\">← older</a> ",
             esc(&here),
             offset.saturating_sub(PAGE)
         );
@@ -514,7 +610,7 @@ pub(crate) async fn dead_letters(
     if more {
         let _ = write!(
             body,
-            " <a href=\"?{}&offset={}\">older →</a>",
+            " <a href=\"?{}&amp;offset={}\">newer →</a>",
             esc(&here),
             offset + PAGE
         );
@@ -571,9 +667,9 @@ pub(crate) async fn schedules(Shared(state): Shared<Arc<State>>) -> Html<String>
                 esc(&s.spec.task),
                 format!("<code>{}</code>", esc(&timing)),
                 s.next_run
-                    .map_or("-".into(), |t| esc(&time_ms(t.max(0) as u64 * 1000))),
+                    .map_or("-".into(), |t| esc(&time_ms((t.max(0) as u64).saturating_mul(1000)))),
                 s.last_tick
-                    .map_or("-".into(), |t| esc(&time_ms(t.max(0) as u64 * 1000))),
+                    .map_or("-".into(), |t| esc(&time_ms((t.max(0) as u64).saturating_mul(1000)))),
                 s.last_status
                     .as_ref()
                     .map_or("-".into(), |st| esc(&status_text(st))),

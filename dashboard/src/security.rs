@@ -45,18 +45,20 @@ pub struct Access {
 
 /// Equal in time independent of where they differ (a token compared byte by byte leaks
 /// its prefix through timing).
-fn same(a: &[u8], b: &[u8]) -> bool {
+pub(crate) fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
 }
 
-/// The token a request carries (header, else cookie).
+/// The token a request carries (header, else cookie; the cookie holds it percent-encoded).
 fn presented(headers: &HeaderMap) -> Option<String> {
     if let Some(v) = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
     {
-        if let Some(t) = v.strip_prefix("Bearer ") {
-            return Some(t.trim().to_owned());
+        if let Some((scheme, t)) = v.split_once(' ') {
+            if scheme.eq_ignore_ascii_case("bearer") {
+                return Some(t.trim().to_owned());
+            }
         }
     }
     headers
@@ -66,12 +68,40 @@ fn presented(headers: &HeaderMap) -> Option<String> {
         .flat_map(|v| v.split(';'))
         .filter_map(|c| c.trim().split_once('='))
         .find(|(k, _)| *k == COOKIE)
-        .map(|(_, v)| v.to_owned())
+        .map(|(_, v)| {
+            form_urlencoded::parse(format!("v={v}").as_bytes())
+                .next()
+                .map_or_else(String::new, |(_, d)| d.into_owned())
+        })
 }
 
-/// Whether the request comes from a page of this host (or says nothing: a script's request).
-/// A browser's `Sec-Fetch-Site` decides when sent; else its `Origin` must name this host.
-fn same_origin(headers: &HeaderMap) -> bool {
+/// The host a request names (`Host`, else the URI's authority, as HTTP/2 sends it).
+fn host_of<B>(req: &axum::http::Request<B>) -> Option<String> {
+    req.headers()
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+        .or_else(|| req.uri().authority().map(|a| a.to_string()))
+}
+
+/// Whether `host` (with its port) names this machine's loopback. Without a token or a hook,
+/// only such requests are served: a hostile site whose name is re-pointed at 127.0.0.1 (DNS
+/// rebinding) would otherwise be "same origin" with the dashboard.
+fn loopback_host(host: &str) -> bool {
+    let name = match host.strip_prefix('[') {
+        Some(rest) => rest.split(']').next().unwrap_or(""),
+        None => host.rsplit_once(':').map_or(host, |(h, _)| h),
+    };
+    name.eq_ignore_ascii_case("localhost")
+        || name
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// Whether the request comes from a page of this host (or says nothing: a script's request,
+/// which the form's CSRF token still guards). A browser's `Sec-Fetch-Site` decides when sent;
+/// else its `Origin` must name `host`.
+fn same_origin(headers: &HeaderMap, host: &str) -> bool {
     let text = |name: header::HeaderName| headers.get(name).and_then(|v| v.to_str().ok());
     if let Some(site) = text(header::HeaderName::from_static("sec-fetch-site")) {
         return site == "same-origin" || site == "none";
@@ -79,7 +109,6 @@ fn same_origin(headers: &HeaderMap) -> bool {
     let Some(origin) = text(header::ORIGIN) else {
         return true;
     };
-    let host = text(header::HOST).unwrap_or("");
     let origin_host = origin.split_once("://").map_or(origin, |(_, h)| h);
     !host.is_empty() && origin_host == host
 }
@@ -97,7 +126,16 @@ pub(crate) async fn guard(Shared(state): Shared<Arc<State>>, req: Request, next:
     let path = req.uri().path().to_owned();
     let open = path.starts_with("/assets/") || path == "/login";
     let action = req.method() == Method::POST && path != "/login";
-    let mut answer = if !open
+    let host = host_of(&req).unwrap_or_default();
+    let mut answer = if state.token.is_none() && state.authorize.is_none() && !loopback_host(&host)
+    {
+        (
+            StatusCode::MISDIRECTED_REQUEST,
+            "this dashboard has no token: it answers requests for localhost only (give it a \
+             token to serve other names)\n",
+        )
+            .into_response()
+    } else if !open
         && state.token.is_some()
         && !presented(req.headers()).is_some_and(|t| token_ok(&state, &t))
     {
@@ -106,7 +144,7 @@ pub(crate) async fn guard(Shared(state): Shared<Arc<State>>, req: Request, next:
         } else {
             (StatusCode::UNAUTHORIZED, "a token is required\n").into_response()
         }
-    } else if req.method() == Method::POST && !same_origin(req.headers()) {
+    } else if req.method() == Method::POST && !same_origin(req.headers(), &host) {
         (
             StatusCode::FORBIDDEN,
             "refused: the request did not come from this dashboard's own pages\n",
@@ -160,28 +198,44 @@ mod tests {
     use super::*;
 
     #[test]
+    fn only_loopback_names_without_a_token() {
+        for ok in [
+            "127.0.0.1:8080",
+            "localhost:80",
+            "LOCALHOST",
+            "[::1]:9000",
+            "127.0.0.2",
+        ] {
+            assert!(loopback_host(ok), "{ok}");
+        }
+        for no in ["evil.test:8080", "10.0.0.1", "", "localhost.evil.test"] {
+            assert!(!loopback_host(no), "{no}");
+        }
+    }
+
+    #[test]
     fn the_origin_must_be_this_host() {
+        let check = |h: &HeaderMap| same_origin(h, "127.0.0.1:8080");
         let mut h = HeaderMap::new();
-        h.insert(header::HOST, HeaderValue::from_static("127.0.0.1:8080"));
-        assert!(same_origin(&h), "no Origin: a script, not a browser page");
+        assert!(check(&h), "no Origin: a script, not a browser page");
         h.insert(
             header::ORIGIN,
             HeaderValue::from_static("http://127.0.0.1:8080"),
         );
-        assert!(same_origin(&h));
+        assert!(check(&h));
         h.insert(header::ORIGIN, HeaderValue::from_static("http://evil.test"));
-        assert!(!same_origin(&h));
+        assert!(!check(&h));
         h.insert(
             header::ORIGIN,
             HeaderValue::from_static("http://127.0.0.1:8080"),
         );
         h.insert("sec-fetch-site", HeaderValue::from_static("cross-site"));
-        assert!(!same_origin(&h));
+        assert!(!check(&h));
         h.insert("sec-fetch-site", HeaderValue::from_static("same-origin"));
-        assert!(same_origin(&h));
+        assert!(check(&h));
         h.remove("sec-fetch-site");
         h.insert(header::ORIGIN, HeaderValue::from_static("null"));
-        assert!(!same_origin(&h), "an opaque origin is not this host");
+        assert!(!check(&h), "an opaque origin is not this host");
     }
 
     #[test]
@@ -190,12 +244,12 @@ mod tests {
         assert_eq!(presented(&h), None);
         h.insert(
             header::COOKIE,
-            HeaderValue::from_static("a=1; ferriq_dashboard=s3cret"),
+            HeaderValue::from_static("a=1; ferriq_dashboard=a+long%2Bsecret%3D"),
         );
-        assert_eq!(presented(&h).as_deref(), Some("s3cret"));
+        assert_eq!(presented(&h).as_deref(), Some("a long+secret="));
         h.insert(
             header::AUTHORIZATION,
-            HeaderValue::from_static("Bearer other"),
+            HeaderValue::from_static("bearer other"),
         );
         assert_eq!(presented(&h).as_deref(), Some("other"));
         assert!(same(b"abc", b"abc") && !same(b"abc", b"abd") && !same(b"abc", b"ab"));

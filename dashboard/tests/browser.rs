@@ -208,6 +208,26 @@ async fn every_page_renders_and_a_dead_letter_is_redriven_by_clicking() {
     assert_eq!(ops.dead_letters("taskiq", 0, 10).await.unwrap().len(), 1);
     b.screenshot(&shots.join("dead-letters-redriven.png")).await;
 
+    // Finished tasks searched by name and outcome (the index the worker adds with history).
+    b.open(&format!("{base}/tasks")).await;
+    b.type_into("#search input[name=name]", flaky::NAME).await;
+    b.eval("document.querySelector('#search select[name=outcome]').value = 'failed'")
+        .await;
+    b.click_and_wait("#search button").await;
+    assert_eq!(
+        b.eval("document.querySelectorAll('#found tr').length")
+            .await,
+        2,
+        "both failures found"
+    );
+    assert!(b
+        .eval("document.querySelector('#found').textContent")
+        .await
+        .as_str()
+        .unwrap()
+        .contains(hostile.task_id().as_str()));
+    b.screenshot(&shots.join("tasks-search.png")).await;
+
     // A schedule's name is user data too: shown as text.
     b.open(&format!("{base}/schedules")).await;
     assert!(b

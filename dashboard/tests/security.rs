@@ -6,16 +6,19 @@ use axum::http::{header, Request, StatusCode};
 use axum::Router;
 use tower::ServiceExt;
 
+/// Requests name this host: loopback, which a dashboard without a token requires.
+const HOST: &str = "127.0.0.1:8080";
+
 fn get(path: &str) -> Request<Body> {
     Request::get(path)
-        .header(header::HOST, "dash.test")
+        .header(header::HOST, HOST)
         .body(Body::empty())
         .unwrap()
 }
 
 fn post(path: &str, form: &str) -> Request<Body> {
     Request::post(path)
-        .header(header::HOST, "dash.test")
+        .header(header::HOST, HOST)
         .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
         .body(Body::from(form.to_owned()))
         .unwrap()
@@ -52,13 +55,22 @@ async fn read_only_by_default_and_every_answer_carries_the_headers() {
     let (status, _, body) = send(&router, post("/dead/redrive", "lane=taskiq&scope=filter")).await;
     assert_eq!(status, StatusCode::FORBIDDEN);
     assert!(body.contains("--allow-actions"), "{body}");
+    // Without a token, another name (a DNS-rebinding page's) is not served.
+    let mut rebound = get("/");
+    rebound
+        .headers_mut()
+        .insert(header::HOST, "evil.test:8080".parse().unwrap());
+    assert_eq!(
+        send(&router, rebound).await.0,
+        StatusCode::MISDIRECTED_REQUEST
+    );
 }
 
 #[tokio::test]
 async fn a_token_is_asked_for_and_the_login_sets_a_strict_cookie() {
     let env = ferriq::testing::TestEnv::new();
     let router = ferriq_dashboard::Dashboard::builder(env.client.clone())
-        .token("s3cret-token")
+        .token("a long+random/secret=")
         .build()
         .router();
     let (status, headers, _) = send(&router, get("/")).await;
@@ -71,7 +83,7 @@ async fn a_token_is_asked_for_and_the_login_sets_a_strict_cookie() {
     let mut with_bearer = get("/");
     with_bearer.headers_mut().insert(
         header::AUTHORIZATION,
-        "Bearer s3cret-token".parse().unwrap(),
+        "Bearer a long+random/secret=".parse().unwrap(),
     );
     assert_eq!(send(&router, with_bearer).await.0, StatusCode::OK);
 
@@ -80,9 +92,14 @@ async fn a_token_is_asked_for_and_the_login_sets_a_strict_cookie() {
     let csrf = csrf_of(&login);
     let wrong = send(&router, post("/login", &format!("csrf={csrf}&token=nope"))).await;
     assert_eq!(wrong.0, StatusCode::UNAUTHORIZED);
+    // Any token works through the login, whatever its characters (the form encodes them,
+    // and so does the cookie).
     let (status, headers, _) = send(
         &router,
-        post("/login", &format!("csrf={csrf}&token=s3cret-token")),
+        post(
+            "/login",
+            &format!("csrf={csrf}&token=a+long%2Brandom%2Fsecret%3D"),
+        ),
     )
     .await;
     assert_eq!(status, StatusCode::SEE_OTHER);

@@ -7,7 +7,9 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 
 use super::store::{Claim, MemoryStore, Phase};
-use crate::store::{MinuteStats, OpsStore, RedriveReset, StoreError, WorkerInfo, HISTORY_KEPT};
+use crate::store::{
+    FinishedTask, MinuteStats, OpsStore, RedriveReset, StoreError, WorkerInfo, HISTORY_KEPT,
+};
 use crate::wire::TaskId;
 
 /// Workers' reports and the dead letters already reset.
@@ -17,6 +19,8 @@ pub(crate) struct MemOps {
     resets: HashSet<String>,
     /// History by (minute, task).
     history: BTreeMap<(u64, String), MinuteStats>,
+    /// Finished tasks, in the order added.
+    finished: Vec<FinishedTask>,
 }
 
 #[async_trait]
@@ -97,5 +101,43 @@ impl OpsStore for MemoryStore {
             .take_while(|((m, _), _)| *m <= to)
             .map(|(_, s)| s.clone())
             .collect())
+    }
+
+    async fn add_finished(&self, finished: &[FinishedTask]) -> Result<(), StoreError> {
+        let mut state = self.lock();
+        let all = &mut state.ops.finished;
+        all.extend_from_slice(finished);
+        let newest = all.iter().map(|f| f.at_ms).max().unwrap_or(0);
+        let oldest = newest.saturating_sub(HISTORY_KEPT.as_millis() as u64);
+        all.retain(|f| f.at_ms >= oldest);
+        // In process memory: the newest 100,000 only.
+        let excess = all.len().saturating_sub(100_000);
+        all.drain(..excess);
+        Ok(())
+    }
+
+    async fn finished(
+        &self,
+        task: &str,
+        failed: Option<bool>,
+        from_ms: u64,
+        to_ms: u64,
+        limit: usize,
+    ) -> Result<Vec<FinishedTask>, StoreError> {
+        let state = self.lock();
+        let mut found: Vec<FinishedTask> = state
+            .ops
+            .finished
+            .iter()
+            .filter(|f| {
+                f.task == task
+                    && failed.is_none_or(|x| f.failed == x)
+                    && (from_ms..=to_ms).contains(&f.at_ms)
+            })
+            .cloned()
+            .collect();
+        found.sort_by_key(|f| std::cmp::Reverse(f.at_ms));
+        found.truncate(limit);
+        Ok(found)
     }
 }

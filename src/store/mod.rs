@@ -15,7 +15,8 @@ pub use flow::{
 #[cfg(feature = "memory")]
 pub(crate) use flow::{RateState, SlotState};
 pub use ops::{
-    MinuteStats, OpsStore, RedriveReset, RunInfo, WorkerInfo, HISTORY_BUCKETS, HISTORY_KEPT,
+    FinishedTask, MinuteStats, OpsStore, RedriveReset, RunInfo, WorkerInfo, HISTORY_BUCKETS,
+    HISTORY_KEPT,
 };
 pub use schedule::ScheduleStore;
 

@@ -187,6 +187,38 @@ impl MinuteStats {
     }
 }
 
+/// A task whose result was written, as the finished-task index keeps it (with the history, for
+/// [`HISTORY_KEPT`]): what the dashboard's task search reads.
+///
+/// ```
+/// let f = ferriq::store::FinishedTask::new(ferriq::wire::TaskId::random(), "reports.render", true, 1_700_000_000_000);
+/// assert!(f.failed);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct FinishedTask {
+    /// The task.
+    pub task_id: TaskId,
+    /// Its name.
+    pub task: String,
+    /// Its result is an error.
+    pub failed: bool,
+    /// When the result was written (unix ms).
+    pub at_ms: u64,
+}
+
+impl FinishedTask {
+    /// One finished task.
+    pub fn new(task_id: TaskId, task: impl Into<String>, failed: bool, at_ms: u64) -> Self {
+        FinishedTask {
+            task_id,
+            task: task.into(),
+            failed,
+            at_ms,
+        }
+    }
+}
+
 /// Workers, resets and history. Object-safe.
 #[async_trait]
 pub trait OpsStore: Send + Sync + 'static {
@@ -210,4 +242,16 @@ pub trait OpsStore: Send + Sync + 'static {
     /// The minutes `from..=to` (unix minutes), one entry per minute and task with any count,
     /// in minute order.
     async fn history(&self, from: u64, to: u64) -> Result<Vec<MinuteStats>, StoreError>;
+    /// Adds finished tasks to the index (kept [`HISTORY_KEPT`]).
+    async fn add_finished(&self, finished: &[FinishedTask]) -> Result<(), StoreError>;
+    /// Finished tasks named `task` (only failed ones, only successes, or both for `None`)
+    /// whose results were written within `from_ms..=to_ms`: newest first, at most `limit`.
+    async fn finished(
+        &self,
+        task: &str,
+        failed: Option<bool>,
+        from_ms: u64,
+        to_ms: u64,
+        limit: usize,
+    ) -> Result<Vec<FinishedTask>, StoreError>;
 }

@@ -535,6 +535,14 @@ macro_rules! forward_store_traits {
                 let $this = self;
                 $inner.history(from, to).await
             }
+            async fn add_finished(&self, finished: &[crate::store::FinishedTask]) -> Result<(), StoreError> {
+                let $this = self;
+                $inner.add_finished(finished).await
+            }
+            async fn finished(&self, task: &str, failed: Option<bool>, from_ms: u64, to_ms: u64, limit: usize) -> Result<Vec<crate::store::FinishedTask>, StoreError> {
+                let $this = self;
+                $inner.finished(task, failed, from_ms, to_ms, limit).await
+            }
         }
     };
 }

@@ -328,6 +328,7 @@ impl WorkerBuilder {
                 pending: Mutex::default(),
                 rng: Mutex::new(rng),
                 counters,
+                finished: Mutex::default(),
                 scheduler,
                 started_at_ms: Default::default(),
                 middleware: self.middleware,

@@ -1,6 +1,8 @@
 //! The worker's share of the store's history: every [`HISTORY_EVERY`] it adds what its
-//! counters gained since (results per task, run times), under the current minute. Nothing is
-//! done per task: the counters `/metrics` keeps anyway are read and differenced here.
+//! counters gained since (results per task, run times), under the current minute — the
+//! counters `/metrics` keeps anyway, read and differenced here — and the tasks whose results
+//! it wrote (id, name, outcome, time: one push per task into a buffer) to the finished-task
+//! index.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -10,7 +12,30 @@ use tokio_util::sync::CancellationToken;
 
 use super::metrics::{Counters, OTHER_TASK};
 use super::Inner;
-use crate::store::MinuteStats;
+use crate::store::{FinishedTask, MinuteStats};
+use crate::wire::TaskMessage;
+
+/// The most finished tasks a worker holds between two rounds: beyond it, the index misses
+/// some (the counts stay whole).
+const MAX_FINISHED: usize = 200_000;
+
+impl Inner {
+    /// Notes a task whose result this worker wrote, for the finished-task index.
+    pub(crate) fn note_finished(&self, msg: &TaskMessage, failed: bool) {
+        if !self.config.history {
+            return;
+        }
+        let mut held = self.finished.lock().unwrap_or_else(|p| p.into_inner());
+        if held.len() < MAX_FINISHED {
+            held.push(FinishedTask::new(
+                msg.task_id.clone(),
+                msg.task_name.as_str(),
+                failed,
+                self.config.clock.now_unix_ms(),
+            ));
+        }
+    }
+}
 
 /// How often a worker adds its counts.
 pub(crate) const HISTORY_EVERY: Duration = Duration::from_secs(10);
@@ -65,6 +90,17 @@ pub(crate) async fn run(inner: Arc<Inner>, stop: CancellationToken) {
                 Ok(()) => sent = now,
                 // Kept for the next round: counts are added late rather than lost.
                 Err(e) => tracing::debug!(error = %e, "history not added"),
+            }
+        }
+        let finished =
+            std::mem::take(&mut *inner.finished.lock().unwrap_or_else(|p| p.into_inner()));
+        if !finished.is_empty() {
+            if let Err(e) = inner.store.add_finished(&finished).await {
+                tracing::debug!(error = %e, "finished tasks not indexed");
+                // Back for the next round, within the bound.
+                let mut held = inner.finished.lock().unwrap_or_else(|p| p.into_inner());
+                let room = MAX_FINISHED.saturating_sub(held.len());
+                held.extend(finished.into_iter().take(room));
             }
         }
         if stopping {

@@ -51,6 +51,8 @@ pub(crate) struct Inner {
     pending: Mutex<crate::FastMap<crate::wire::TaskId, PendingResult>>,
     rng: Mutex<SmallRng>,
     counters: Counters,
+    /// Tasks whose results this worker wrote since history was last added (bounded).
+    finished: Mutex<Vec<crate::store::FinishedTask>>,
     scheduler: Option<crate::schedule::Scheduler>,
     /// When `run` started (unix ms).
     started_at_ms: std::sync::atomic::AtomicU64,

@@ -63,6 +63,7 @@ impl Inner {
             Ok(written @ (CompleteOutcome::Stored | CompleteOutcome::AlreadyStored)) => {
                 if let (CompleteOutcome::Stored, Some(r)) = (written, &result) {
                     self.counters.result_written(&msg.task_name, r.is_err);
+                    self.note_finished(msg, r.is_err);
                 }
 
                 if !self.advance_workflow(msg, result.as_ref()).await {

@@ -6,8 +6,10 @@
 
 use std::collections::HashMap;
 
-use ferriq::store::{MinuteStats, StoreError, HISTORY_KEPT};
+use ferriq::store::{FinishedTask, MinuteStats, StoreError, HISTORY_KEPT};
+use ferriq::wire::TaskId;
 use fred::prelude::HashesInterface;
+use fred::prelude::ListInterface;
 use fred::types::scripts::Script;
 
 use crate::error::store_error;
@@ -23,6 +25,16 @@ end
 redis.call('PEXPIRE', KEYS[1], ARGV[1])
 return 1
 "#;
+
+/// KEYS: a minute's list of one task and outcome. ARGV: ttl ms, then entries.
+const PUSH: &str = r#"
+redis.call('RPUSH', KEYS[1], unpack(ARGV, 2))
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+return 1
+"#;
+
+/// Entries per script call (Lua's `unpack` takes a few thousand at most).
+const PUSH_CHUNK: usize = 1000;
 
 /// Separates a task's name from the count's name in a field.
 const SEP: char = '\u{1f}';
@@ -109,5 +121,103 @@ impl ValkeyStore {
             }
         }
         Ok(out)
+    }
+
+    /// The list of `task`'s finished tasks of `minute` with `failed` results (one per
+    /// minute, task and outcome, so a search reads only what it asks for).
+    fn finished_key(&self, minute: u64, task: &str, failed: bool) -> String {
+        let outcome = if failed { "failed" } else { "ok" };
+        format!("{}:finished:{minute}:{outcome}:{task}", self.prefix())
+    }
+
+    pub(crate) async fn add_finished_tasks(
+        &self,
+        finished: &[FinishedTask],
+    ) -> Result<(), StoreError> {
+        let mut lists: HashMap<String, Vec<String>> = HashMap::new();
+        for f in finished {
+            lists
+                .entry(self.finished_key(f.at_ms / 60_000, &f.task, f.failed))
+                .or_default()
+                .push(format!("{} {}", f.at_ms, f.task_id));
+        }
+        let script = Script::from_lua(PUSH);
+        for (key, entries) in lists {
+            for chunk in entries.chunks(PUSH_CHUNK) {
+                let keys = vec![key.clone()];
+                let mut args = vec![ms(HISTORY_KEPT)];
+                args.extend(chunk.iter().cloned());
+                scripts::call(&self.core().pool, &script, || (keys.clone(), args.clone()))
+                    .await
+                    .map_err(store_error)?;
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) async fn read_finished(
+        &self,
+        task: &str,
+        failed: Option<bool>,
+        from_ms: u64,
+        to_ms: u64,
+        limit: usize,
+    ) -> Result<Vec<FinishedTask>, StoreError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let outcomes: &[bool] = match failed {
+            Some(true) => &[true],
+            Some(false) => &[false],
+            None => &[false, true],
+        };
+        let pool = &self.core().pool;
+        let last = to_ms / 60_000;
+        let first = (from_ms / 60_000).max(last.saturating_sub(HISTORY_KEPT.as_secs() / 60));
+        let parse = |e: &str| -> Option<(u64, TaskId)> {
+            let (at, id) = e.split_once(' ')?;
+            Some((at.parse().ok()?, TaskId::parse(id).ok()?))
+        };
+        let in_range = |e: &String| parse(e).is_some_and(|(at, _)| (from_ms..=to_ms).contains(&at));
+        // A minute's newest `limit` (its list's tail: entries go in as workers add them); the
+        // whole list only when the range cuts into that tail.
+        let read = |key: String| async move {
+            let tail: Vec<String> = pool.lrange(key.as_str(), -(limit as i64), -1).await?;
+            if tail.len() == limit && !tail.iter().all(in_range) {
+                return pool.lrange::<Vec<String>, _>(key.as_str(), 0, -1).await;
+            }
+            Ok(tail)
+        };
+        let mut found = Vec::new();
+        // Newest minutes first, in batches that grow (1, 2, 4 … 64 minutes, read at once),
+        // until `limit` are found or the range is read.
+        let (mut end, mut batch) = (last, 1u64);
+        loop {
+            let start = end.saturating_sub(batch - 1).max(first);
+            let keys: Vec<(String, bool)> = (start..=end)
+                .rev()
+                .flat_map(|m| outcomes.iter().map(move |f| (m, *f)))
+                .map(|(m, f)| (self.finished_key(m, task, f), f))
+                .collect();
+            let lists =
+                futures_util::future::join_all(keys.iter().map(|(k, _)| read(k.clone()))).await;
+            for ((_, failed), entries) in keys.iter().zip(lists) {
+                for e in entries.map_err(store_error)? {
+                    if let Some((at_ms, task_id)) = parse(&e) {
+                        if (from_ms..=to_ms).contains(&at_ms) {
+                            found.push(FinishedTask::new(task_id, task, *failed, at_ms));
+                        }
+                    }
+                }
+            }
+            if found.len() >= limit || start <= first {
+                break;
+            }
+            end = start - 1;
+            batch = (batch * 2).min(64);
+        }
+        found.sort_by_key(|f| std::cmp::Reverse(f.at_ms));
+        found.truncate(limit);
+        Ok(found)
     }
 }

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use ferriq::store::{MinuteStats, OpsStore, RedriveReset, StoreError, WorkerInfo};
+use ferriq::store::{FinishedTask, MinuteStats, OpsStore, RedriveReset, StoreError, WorkerInfo};
 use ferriq::wire::TaskId;
 use fred::prelude::KeysInterface;
 use fred::types::scripts::Script;
@@ -159,6 +159,22 @@ impl OpsStore for ValkeyStore {
 
     async fn history(&self, from: u64, to: u64) -> Result<Vec<MinuteStats>, StoreError> {
         self.read_history(from, to).await
+    }
+
+    async fn add_finished(&self, finished: &[FinishedTask]) -> Result<(), StoreError> {
+        self.add_finished_tasks(finished).await
+    }
+
+    async fn finished(
+        &self,
+        task: &str,
+        failed: Option<bool>,
+        from_ms: u64,
+        to_ms: u64,
+        limit: usize,
+    ) -> Result<Vec<FinishedTask>, StoreError> {
+        self.read_finished(task, failed, from_ms, to_ms, limit)
+            .await
     }
 }
 

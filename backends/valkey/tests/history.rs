@@ -6,7 +6,8 @@ mod common;
 
 use std::time::Instant;
 
-use ferriq::store::{MinuteStats, OpsStore, HISTORY_BUCKETS};
+use ferriq::store::{FinishedTask, MinuteStats, OpsStore, HISTORY_BUCKETS};
+use ferriq::wire::TaskId;
 
 /// The server's `used_memory`, bytes.
 fn used_memory(port: u16) -> u64 {
@@ -77,4 +78,91 @@ async fn counts_add_up_and_a_day_stays_within_its_bound() {
     eprintln!("a day read back in {took:?}");
     assert_eq!(read.len(), 1440);
     assert_eq!(read, day);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_million_finished_tasks_are_searched_by_name_outcome_and_time() {
+    let server = common::PrivateRedis::start().await;
+    let store = common::store_at(&server.url(), &common::prefix(), |b| b).await;
+    let start_ms = 1_800_000_000_000u64;
+    // A million of one task over an hour (a twentieth failed), and a rare one beside it.
+    let n = 1_000_000u64;
+    let before = used_memory(server.port);
+    let mut batch = Vec::with_capacity(10_000);
+    for i in 0..n {
+        let at = start_ms + i * 3_600_000 / n;
+        batch.push(FinishedTask::new(
+            TaskId::random(),
+            "t.hot",
+            i % 20 == 0,
+            at,
+        ));
+        if batch.len() == 10_000 {
+            store.add_finished(&batch).await.unwrap();
+            batch.clear();
+        }
+    }
+    let rare: Vec<FinishedTask> = (0..3)
+        .map(|i| FinishedTask::new(TaskId::random(), "t.rare", i == 1, start_ms + i * 1_200_000))
+        .collect();
+    store.add_finished(&rare).await.unwrap();
+    let end = start_ms + 3_600_000;
+    let bytes = used_memory(server.port).saturating_sub(before);
+    eprintln!(
+        "a million finished tasks indexed: {} MB of server memory",
+        bytes / 1_000_000
+    );
+    // The bound README states: under 80 bytes per finished task.
+    assert!(bytes < 80 * n, "{bytes} bytes");
+
+    let newest = store
+        .finished("t.rare", None, start_ms, end, 50)
+        .await
+        .unwrap();
+    assert_eq!(newest.len(), 3);
+    assert_eq!(newest[0], rare[2], "newest first");
+    assert_eq!(
+        store
+            .finished("t.rare", Some(true), start_ms, end, 50)
+            .await
+            .unwrap(),
+        vec![rare[1].clone()]
+    );
+    assert_eq!(
+        store
+            .finished("t.rare", None, start_ms + 1, start_ms + 1_200_000, 50)
+            .await
+            .unwrap(),
+        vec![rare[1].clone()],
+        "the time range is inclusive and exact"
+    );
+
+    // The dashboard's searches: a page of 50, of the hot task, each outcome, over the window.
+    let mut took = Vec::new();
+    for round in 0..20 {
+        let failed = [None, Some(true), Some(false)][round % 3];
+        let t = Instant::now();
+        let found = store
+            .finished("t.hot", failed, start_ms, end, 50)
+            .await
+            .unwrap();
+        took.push(t.elapsed());
+        assert_eq!(found.len(), 50);
+        assert!(found.iter().all(|f| failed.is_none_or(|x| f.failed == x)));
+        assert!(found.windows(2).all(|w| w[0].at_ms >= w[1].at_ms));
+        let t = Instant::now();
+        let rare = store
+            .finished("t.rare", Some(false), start_ms, end, 50)
+            .await
+            .unwrap();
+        took.push(t.elapsed());
+        assert_eq!(rare.len(), 2);
+    }
+    took.sort();
+    let p95 = took[took.len() * 95 / 100];
+    eprintln!(
+        "search among 1,000,000 finished tasks: p50 {:?}, p95 {p95:?}",
+        took[took.len() / 2]
+    );
+    assert!(p95 < std::time::Duration::from_millis(500), "p95 {p95:?}");
 }
