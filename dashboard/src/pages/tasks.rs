@@ -10,7 +10,7 @@ use ferriq::wire::TaskId;
 use serde::Deserialize;
 
 use super::{enc, PAGE};
-use crate::html::{error_box, esc, page, table, time_ms};
+use crate::html::{cut, error_box, esc, page, table, time_ms};
 use crate::State;
 
 /// `?id=`, or a search: `?name=&outcome=&hours=`.
@@ -118,6 +118,45 @@ pub(crate) fn status_text(s: &TaskStatus) -> String {
     }
 }
 
+/// The group or chain a finished task belongs to, as its result's labels name it, with the
+/// group's count or the chain's length (escaped HTML).
+async fn workflow(
+    state: &State,
+    labels: &serde_json::Map<String, serde_json::Value>,
+) -> Option<String> {
+    let id = |name: &str| {
+        labels
+            .get(name)?
+            .as_str()
+            .and_then(|s| TaskId::parse(s).ok())
+    };
+    let number = |name: &str| labels.get(name).and_then(serde_json::Value::as_i64);
+    let store = state.client.store();
+    if let Some(group) = id("ferriq_group") {
+        let place =
+            number("ferriq_group_index").map_or(String::new(), |i| format!("member {i} of "));
+        let count = match store.group(&group).await {
+            Ok(Some(g)) => format!(
+                ": {} of {} finished, {} failed{}",
+                g.mark.done,
+                g.mark.size,
+                g.mark.failed,
+                if g.mark.settled { ", completed" } else { "" }
+            ),
+            Ok(None) => ": its record has expired".into(),
+            Err(e) => format!(": unavailable ({e})"),
+        };
+        return Some(esc(&format!("{place}group {}{count}", group.as_str())));
+    }
+    let chain = id("ferriq_chain")?;
+    let step = number("ferriq_chain_step").map_or(String::new(), |i| format!("step {i} of "));
+    let length = match store.chain(&chain).await {
+        Ok(Some(c)) => format!(" ({} steps after the first)", c.steps.len()),
+        _ => String::new(),
+    };
+    Some(esc(&format!("{step}chain {}{length}", chain.as_str())))
+}
+
 /// Tasks: one looked up by id.
 pub(crate) async fn task(
     Shared(state): Shared<Arc<State>>,
@@ -166,6 +205,16 @@ pub(crate) async fn task(
                             ),
                         ));
                         rows.push(("run time", format!("{:.3} s", r.execution_time)));
+                        if let Some(w) = workflow(&state, &r.labels).await {
+                            rows.push(("workflow", w));
+                        }
+                        if !r.labels.is_empty() {
+                            let labels = serde_json::Value::Object(r.labels.clone()).to_string();
+                            rows.push((
+                                "labels",
+                                format!("<code>{}</code>", esc(&cut(&labels, 1000))),
+                            ));
+                        }
                     }
                     body.push_str("<dl class=\"task\">");
                     for (k, v) in rows {
