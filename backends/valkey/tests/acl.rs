@@ -84,6 +84,19 @@ async fn a_worker_and_a_client_run_with_only_the_documented_permissions() {
     );
     assert!(!client.ops().workers().await.unwrap().is_empty());
     worker.stop().await;
+    // The dashboard's history and finished-task index, written and read with the same rule
+    // (a stopped worker adds what it has not yet).
+    {
+        use ferriq::store::OpsStore;
+        let now = ferriq::clock::Clock::system().now_unix_ms();
+        let history = store.history(now / 60_000 - 2, now / 60_000).await.unwrap();
+        assert_eq!(history.iter().map(|m| m.succeeded).sum::<u64>(), 20);
+        let found = store
+            .finished(add::NAME, Some(false), now - 120_000, now, 50)
+            .await
+            .unwrap();
+        assert_eq!(found.len(), 20);
+    }
     // Outside its prefix, nothing: a store under another prefix is refused, saying why.
     let refused = match ValkeyStore::builder(url.as_str())
         .prefix("payroll")
