@@ -139,19 +139,25 @@ pub(crate) async fn redrive(Shared(state): Shared<Arc<State>>, body: Bytes) -> R
         Ok(f) => f,
         Err(bad) => return bad.into_response(),
     };
-    let job = state.jobs.start("redrive", &lane);
+    let job = state
+        .jobs
+        .start("redrive", &lane, state.client.clock().now_unix_ms());
     let (st, l) = (state.clone(), lane.clone());
+    let recorder = {
+        let (st, job) = (state.clone(), job.clone());
+        tokio::spawn(async move { st.jobs.keep_recorded(&st.client, &job).await })
+    };
     tokio::spawn(async move {
         let ops = st.client.ops();
         let done = ops
             .redrive(&l, &filter, |p| {
-                st.jobs.update(job, |j| {
+                st.jobs.update(&job, |j| {
                     j.seen = p.seen;
                     j.done = p.done;
                 })
             })
             .await;
-        st.jobs.update(job, |j| {
+        st.jobs.update(&job, |j| {
             j.finished = true;
             j.outcome = Some(match done {
                 Ok(r) => {
@@ -164,7 +170,9 @@ pub(crate) async fn redrive(Shared(state): Shared<Arc<State>>, body: Bytes) -> R
                 Err(e) => format!("stopped: {e}"),
             });
         });
-        tracing::info!(lane = %l, job, "dashboard redrive ended");
+        // The last record, with the outcome.
+        let _ = recorder.await;
+        tracing::info!(lane = %l, job = %job, "dashboard redrive ended");
     });
     back_to_dead(&state, &lane)
 }
@@ -179,20 +187,26 @@ pub(crate) async fn purge(Shared(state): Shared<Arc<State>>, body: Bytes) -> Res
         Ok(f) => f,
         Err(bad) => return bad.into_response(),
     };
-    let job = state.jobs.start("purge", &lane);
+    let job = state
+        .jobs
+        .start("purge", &lane, state.client.clock().now_unix_ms());
     let (st, l) = (state.clone(), lane.clone());
+    let recorder = {
+        let (st, job) = (state.clone(), job.clone());
+        tokio::spawn(async move { st.jobs.keep_recorded(&st.client, &job).await })
+    };
     tokio::spawn(async move {
         let done = st
             .client
             .ops()
             .purge(&l, &filter, |p| {
-                st.jobs.update(job, |j| {
+                st.jobs.update(&job, |j| {
                     j.seen = p.seen;
                     j.done = p.done;
                 })
             })
             .await;
-        st.jobs.update(job, |j| {
+        st.jobs.update(&job, |j| {
             j.finished = true;
             j.outcome = Some(match done {
                 Ok(r) => {
@@ -202,7 +216,8 @@ pub(crate) async fn purge(Shared(state): Shared<Arc<State>>, body: Bytes) -> Res
                 Err(e) => format!("stopped: {e}"),
             });
         });
-        tracing::info!(lane = %l, job, "dashboard purge ended");
+        let _ = recorder.await;
+        tracing::info!(lane = %l, job = %job, "dashboard purge ended");
     });
     back_to_dead(&state, &lane)
 }

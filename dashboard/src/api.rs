@@ -115,7 +115,7 @@ pub(crate) async fn history(
     }
 }
 
-/// This process's bulk jobs and their progress.
+/// The bulk jobs and their progress (this process's, and those the store recorded).
 pub(crate) async fn jobs(Shared(state): Shared<Arc<State>>) -> Response {
-    Json(json!({ "jobs": state.jobs.list() })).into_response()
+    Json(json!({ "jobs": state.jobs.list(&state.client).await })).into_response()
 }

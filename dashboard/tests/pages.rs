@@ -53,3 +53,110 @@ async fn a_group_members_page_names_its_group_and_count() {
     assert!(page.contains(&expected), "{page}");
     worker.stop().await;
 }
+
+#[ferriq::task(name = "pages.fails", max_attempts = 1)]
+async fn fails(n: u32) -> Result<u32, ferriq::TaskError> {
+    Err(ferriq::TaskError::fatal(format!("no {n}")))
+}
+
+async fn get_json(router: &axum::Router, path: &str) -> serde_json::Value {
+    let req = Request::get(path)
+        .header(header::HOST, "127.0.0.1:8080")
+        .body(Body::empty())
+        .unwrap();
+    let res = router.clone().oneshot(req).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    let body = axum::body::to_bytes(res.into_body(), 1 << 20)
+        .await
+        .unwrap();
+    serde_json::from_slice(&body).unwrap()
+}
+
+#[tokio::test]
+async fn bulk_jobs_are_recorded_in_the_store_and_outlive_their_dashboard() {
+    use ferriq::store::OpsStore;
+    let env = ferriq::testing::TestEnv::new();
+    let worker = env.spawn_worker(
+        env.worker().registry(
+            ferriq::Registry::from_inventory()
+                .unwrap()
+                .only(&[fails::NAME])
+                .unwrap(),
+        ),
+    );
+    for n in 0..3 {
+        let h = env.client.enqueue(fails::call(n)).await.unwrap();
+        assert!(h.wait(Duration::from_secs(10)).await.is_err());
+    }
+    worker.stop().await;
+    let first = ferriq_dashboard::Dashboard::builder(env.client.clone())
+        .allow_actions(true)
+        .build()
+        .router();
+    let page = {
+        let req = Request::get("/dead")
+            .header(header::HOST, "127.0.0.1:8080")
+            .body(Body::empty())
+            .unwrap();
+        let res = first.clone().oneshot(req).await.unwrap();
+        let body = axum::body::to_bytes(res.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        String::from_utf8_lossy(&body).into_owned()
+    };
+    let at = page.find("name=\"csrf\" value=\"").unwrap() + 19;
+    let csrf = &page[at..at + 32];
+    let req = Request::post("/dead/purge")
+        .header(header::HOST, "127.0.0.1:8080")
+        .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+        .body(Body::from(format!("csrf={csrf}&lane=taskiq&scope=filter")))
+        .unwrap();
+    assert_eq!(
+        first.clone().oneshot(req).await.unwrap().status(),
+        StatusCode::SEE_OTHER
+    );
+
+    // Another dashboard (a restart, a replica) lists it from the store once it ended.
+    let second = ferriq_dashboard::Dashboard::builder(env.client.clone())
+        .build()
+        .router();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let jobs = get_json(&second, "/api/jobs").await;
+        let done = jobs["jobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|j| j["finished"] == true && j["outcome"] == "3 purged, 0 kept");
+        if done {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{jobs}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // A running job whose dashboard stopped recording it shows as interrupted.
+    let stale = serde_json::json!({
+        "id": "abc", "kind": "redrive", "lane": "taskiq", "seen": 40, "done": 12,
+        "finished": false, "outcome": null,
+        "started_ms": env.clock.now_unix_ms() - 60_000, "updated_ms": env.clock.now_unix_ms() - 30_000,
+    });
+    env.store
+        .record_job("abc", &stale.to_string(), Duration::from_secs(60))
+        .await
+        .unwrap();
+    let jobs = get_json(&second, "/api/jobs").await;
+    let abc = jobs["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|j| j["id"] == "abc")
+        .unwrap()
+        .clone();
+    assert_eq!(abc["finished"], true);
+    assert!(
+        abc["outcome"].as_str().unwrap().starts_with("interrupted"),
+        "{abc}"
+    );
+    assert_eq!(abc["done"], 12);
+}

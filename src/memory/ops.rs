@@ -21,6 +21,8 @@ pub(crate) struct MemOps {
     history: BTreeMap<(u64, String), MinuteStats>,
     /// Finished tasks, in the order added.
     finished: Vec<FinishedTask>,
+    /// Operators' jobs: id → (JSON, until).
+    jobs: HashMap<String, (String, Instant)>,
 }
 
 #[async_trait]
@@ -101,6 +103,21 @@ impl OpsStore for MemoryStore {
             .take_while(|((m, _), _)| *m <= to)
             .map(|(_, s)| s.clone())
             .collect())
+    }
+
+    async fn record_job(&self, id: &str, json: &str, ttl: Duration) -> Result<(), StoreError> {
+        self.lock()
+            .ops
+            .jobs
+            .insert(id.to_owned(), (json.to_owned(), Instant::now() + ttl));
+        Ok(())
+    }
+
+    async fn jobs(&self) -> Result<Vec<String>, StoreError> {
+        let now = Instant::now();
+        let mut state = self.lock();
+        state.ops.jobs.retain(|_, (_, until)| *until > now);
+        Ok(state.ops.jobs.values().map(|(j, _)| j.clone()).collect())
     }
 
     async fn add_finished(&self, finished: &[FinishedTask]) -> Result<(), StoreError> {

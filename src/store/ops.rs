@@ -242,6 +242,11 @@ pub trait OpsStore: Send + Sync + 'static {
     /// The minutes `from..=to` (unix minutes), one entry per minute and task with any count,
     /// in minute order.
     async fn history(&self, from: u64, to: u64) -> Result<Vec<MinuteStats>, StoreError>;
+    /// Records an operator's job under `id` (its JSON, e.g. a dashboard's bulk redrive and
+    /// its progress), replacing the last record of it; kept `ttl` after the last record.
+    async fn record_job(&self, id: &str, json: &str, ttl: Duration) -> Result<(), StoreError>;
+    /// Every job recorded and not expired, as recorded.
+    async fn jobs(&self) -> Result<Vec<String>, StoreError>;
     /// Adds finished tasks to the index (kept [`HISTORY_KEPT`]).
     async fn add_finished(&self, finished: &[FinishedTask]) -> Result<(), StoreError>;
     /// Finished tasks named `task` (only failed ones, only successes, or both for `None`)

@@ -535,6 +535,14 @@ macro_rules! forward_store_traits {
                 let $this = self;
                 $inner.history(from, to).await
             }
+            async fn record_job(&self, id: &str, json: &str, ttl: Duration) -> Result<(), StoreError> {
+                let $this = self;
+                $inner.record_job(id, json, ttl).await
+            }
+            async fn jobs(&self) -> Result<Vec<String>, StoreError> {
+                let $this = self;
+                $inner.jobs().await
+            }
             async fn add_finished(&self, finished: &[crate::store::FinishedTask]) -> Result<(), StoreError> {
                 let $this = self;
                 $inner.add_finished(finished).await

@@ -41,6 +41,13 @@ end
 return out
 "#;
 
+/// KEYS: the jobs hash. ARGV: ttl ms, id, JSON.
+const RECORD_JOB: &str = r#"
+redis.call('HSET', KEYS[1], ARGV[2], ARGV[3])
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+return 1
+"#;
+
 /// KEYS: claim, result, marker. ARGV: claim ttl ms. Returns 'reset' | 'already' | 'running'.
 const RESET: &str = r#"
 if redis.call('EXISTS', KEYS[3]) == 1 then return 'already' end
@@ -159,6 +166,29 @@ impl OpsStore for ValkeyStore {
 
     async fn history(&self, from: u64, to: u64) -> Result<Vec<MinuteStats>, StoreError> {
         self.read_history(from, to).await
+    }
+
+    async fn record_job(&self, id: &str, json: &str, ttl: Duration) -> Result<(), StoreError> {
+        // One hash of every job: it expires `ttl` after the last record of any.
+        let keys = vec![format!("{}:ops-jobs", self.prefix())];
+        let args = vec![ms(ttl), id.to_owned(), json.to_owned()];
+        scripts::call(&self.core().pool, &Script::from_lua(RECORD_JOB), || {
+            (keys.clone(), args.clone())
+        })
+        .await
+        .map_err(store_error)?;
+        Ok(())
+    }
+
+    async fn jobs(&self) -> Result<Vec<String>, StoreError> {
+        use fred::prelude::HashesInterface;
+        let all: std::collections::HashMap<String, String> = self
+            .core()
+            .pool
+            .hgetall(format!("{}:ops-jobs", self.prefix()))
+            .await
+            .map_err(store_error)?;
+        Ok(all.into_values().collect())
     }
 
     async fn add_finished(&self, finished: &[FinishedTask]) -> Result<(), StoreError> {

@@ -59,6 +59,18 @@ async fn counts_add_up_and_a_day_stays_within_its_bound() {
     assert_eq!(read, vec![want, c]);
     assert_eq!(read[1].quantile(0.5), Some(f64::INFINITY));
 
+    // Operators' job records: replaced by id, listed as recorded.
+    let week = std::time::Duration::from_secs(7 * 24 * 3600);
+    store.record_job("j1", r#"{"done":1}"#, week).await.unwrap();
+    store.record_job("j2", r#"{"done":5}"#, week).await.unwrap();
+    store.record_job("j1", r#"{"done":2}"#, week).await.unwrap();
+    let mut jobs = store.jobs().await.unwrap();
+    jobs.sort();
+    assert_eq!(
+        jobs,
+        vec![r#"{"done":2}"#.to_owned(), r#"{"done":5}"#.to_owned()]
+    );
+
     // A day of one task with every count in use.
     let day: Vec<MinuteStats> = (0..1440)
         .map(|m| full_minute(start + 10 + m, "t.day"))
