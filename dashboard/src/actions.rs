@@ -267,8 +267,7 @@ async fn run_now(state: &State, id: &str) -> Result<(), (StatusCode, String)> {
     // Not marked as the schedule's tick (no `ferriq_schedule` label): a tick is answered
     // rather than parked when late, and this run is an operator's, not the timing's.
     if let Some(q) = &spec.queue {
-        // taskiq's routing label, as `Call::with_queue` sets it.
-        labels.insert("queue_name", q.as_str());
+        labels.set_queue_name(q.as_str());
     }
     let msg = TaskMessage {
         task_id: TaskId::random(),

@@ -502,6 +502,27 @@ impl Labels {
         Labels(Arc::new(out))
     }
 
+    /// Labels from plain JSON values, as a result carries them (the inverse of
+    /// [`to_json_map`](Self::to_json_map)).
+    ///
+    /// ```
+    /// let map = serde_json::json!({"ferriq_chain": "0123456789abcdef0123456789abcdef", "ferriq_chain_step": 2});
+    /// let labels = ferriq::wire::Labels::from_json_map(map.as_object().unwrap());
+    /// assert_eq!(labels.chain_step().map(|(_, step)| step), Some(2));
+    /// ```
+    pub fn from_json_map(map: &Map<String, Value>) -> Self {
+        let none: &[(String, Value)] = &[];
+        Self::from_wire(
+            map.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+            none,
+        )
+    }
+
+    /// Sets `queue_name`: the lane a message goes to (taskiq's routing label).
+    pub fn set_queue_name(&mut self, queue: impl Into<String>) {
+        self.insert(names::QUEUE_NAME, queue.into());
+    }
+
     /// The labels as plain JSON values, as taskiq copies them into a result.
     pub fn to_json_map(&self) -> Map<String, Value> {
         self.0

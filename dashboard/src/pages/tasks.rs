@@ -124,17 +124,9 @@ async fn workflow(
     state: &State,
     labels: &serde_json::Map<String, serde_json::Value>,
 ) -> Option<String> {
-    let id = |name: &str| {
-        labels
-            .get(name)?
-            .as_str()
-            .and_then(|s| TaskId::parse(s).ok())
-    };
-    let number = |name: &str| labels.get(name).and_then(serde_json::Value::as_i64);
+    let labels = ferriq::wire::Labels::from_json_map(labels);
     let store = state.client.store();
-    if let Some(group) = id("ferriq_group") {
-        let place =
-            number("ferriq_group_index").map_or(String::new(), |i| format!("member {i} of "));
+    if let Some((group, index)) = labels.group_member() {
         let count = match store.group(&group).await {
             Ok(Some(g)) => format!(
                 ": {} of {} finished, {} failed{}",
@@ -146,15 +138,20 @@ async fn workflow(
             Ok(None) => ": its record has expired".into(),
             Err(e) => format!(": unavailable ({e})"),
         };
-        return Some(esc(&format!("{place}group {}{count}", group.as_str())));
+        return Some(esc(&format!(
+            "member {index} of group {}{count}",
+            group.as_str()
+        )));
     }
-    let chain = id("ferriq_chain")?;
-    let step = number("ferriq_chain_step").map_or(String::new(), |i| format!("step {i} of "));
+    let (chain, step) = labels.chain_step()?;
     let length = match store.chain(&chain).await {
         Ok(Some(c)) => format!(" ({} steps after the first)", c.steps.len()),
         _ => String::new(),
     };
-    Some(esc(&format!("{step}chain {}{length}", chain.as_str())))
+    Some(esc(&format!(
+        "step {step} of chain {}{length}",
+        chain.as_str()
+    )))
 }
 
 /// Tasks: one looked up by id.
