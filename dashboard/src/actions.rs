@@ -129,9 +129,26 @@ fn back_to_dead(state: &State, lane: &str) -> Response {
     Redirect::to(&format!("{}/dead?lane={}", state.base, enc(lane))).into_response()
 }
 
+/// What a bulk job does: redrive or purge.
+#[derive(Debug, Clone, Copy)]
+enum Bulk {
+    Redrive,
+    Purge,
+}
+
 /// Redrives the selected dead letters, or every one the filter matches, in the background.
 pub(crate) async fn redrive(Shared(state): Shared<Arc<State>>, body: Bytes) -> Response {
-    let form = Form::parse(&body);
+    bulk(state, &body, Bulk::Redrive)
+}
+
+/// Purges the selected dead letters, or every one the filter matches, in the background.
+pub(crate) async fn purge(Shared(state): Shared<Arc<State>>, body: Bytes) -> Response {
+    bulk(state, &body, Bulk::Purge)
+}
+
+/// Starts `kind` on the form's lane and filter as a recorded background job; back to the page.
+fn bulk(state: Arc<State>, body: &[u8], kind: Bulk) -> Response {
+    let form = Form::parse(body);
     if let Err(refused) = form.check(&state) {
         return refused.into_response();
     }
@@ -139,85 +156,53 @@ pub(crate) async fn redrive(Shared(state): Shared<Arc<State>>, body: Bytes) -> R
         Ok(f) => f,
         Err(bad) => return bad.into_response(),
     };
+    let name = match kind {
+        Bulk::Redrive => "redrive",
+        Bulk::Purge => "purge",
+    };
     let job = state
         .jobs
-        .start("redrive", &lane, state.client.clock().now_unix_ms());
-    let (st, l) = (state.clone(), lane.clone());
+        .start(name, &lane, state.client.clock().now_unix_ms());
     let recorder = {
         let (st, job) = (state.clone(), job.clone());
         tokio::spawn(async move { st.jobs.keep_recorded(&st.client, &job).await })
     };
+    let (st, l) = (state.clone(), lane.clone());
     tokio::spawn(async move {
         let ops = st.client.ops();
-        let done = ops
-            .redrive(&l, &filter, |p| {
-                st.jobs.update(&job, |j| {
-                    j.seen = p.seen;
-                    j.done = p.done;
-                })
+        let progress = |p: ferriq::ops::Progress| {
+            st.jobs.update(&job, |j| {
+                j.seen = p.seen;
+                j.done = p.done;
             })
-            .await;
+        };
+        // (done, the outcome as text)
+        let ended = match kind {
+            Bulk::Redrive => ops.redrive(&l, &filter, progress).await.map(|r| {
+                let text = format!(
+                    "{} redriven, {} kept, {} parked again meanwhile",
+                    r.redriven, r.kept, r.parked_again
+                );
+                (r.redriven, text)
+            }),
+            Bulk::Purge => ops
+                .purge(&l, &filter, progress)
+                .await
+                .map(|r| (r.purged, format!("{} purged, {} kept", r.purged, r.kept))),
+        };
         st.jobs.update(&job, |j| {
             j.finished = true;
-            j.outcome = Some(match done {
-                Ok(r) => {
-                    j.done = r.redriven;
-                    format!(
-                        "{} redriven, {} kept, {} parked again meanwhile",
-                        r.redriven, r.kept, r.parked_again
-                    )
+            j.outcome = Some(match ended {
+                Ok((done, text)) => {
+                    j.done = done;
+                    text
                 }
                 Err(e) => format!("stopped: {e}"),
             });
         });
         // The last record, with the outcome.
         let _ = recorder.await;
-        tracing::info!(lane = %l, job = %job, "dashboard redrive ended");
-    });
-    back_to_dead(&state, &lane)
-}
-
-/// Purges the selected dead letters, or every one the filter matches, in the background.
-pub(crate) async fn purge(Shared(state): Shared<Arc<State>>, body: Bytes) -> Response {
-    let form = Form::parse(&body);
-    if let Err(refused) = form.check(&state) {
-        return refused.into_response();
-    }
-    let (lane, filter) = match dead_filter(&form) {
-        Ok(f) => f,
-        Err(bad) => return bad.into_response(),
-    };
-    let job = state
-        .jobs
-        .start("purge", &lane, state.client.clock().now_unix_ms());
-    let (st, l) = (state.clone(), lane.clone());
-    let recorder = {
-        let (st, job) = (state.clone(), job.clone());
-        tokio::spawn(async move { st.jobs.keep_recorded(&st.client, &job).await })
-    };
-    tokio::spawn(async move {
-        let done = st
-            .client
-            .ops()
-            .purge(&l, &filter, |p| {
-                st.jobs.update(&job, |j| {
-                    j.seen = p.seen;
-                    j.done = p.done;
-                })
-            })
-            .await;
-        st.jobs.update(&job, |j| {
-            j.finished = true;
-            j.outcome = Some(match done {
-                Ok(r) => {
-                    j.done = r.purged;
-                    format!("{} purged, {} kept", r.purged, r.kept)
-                }
-                Err(e) => format!("stopped: {e}"),
-            });
-        });
-        let _ = recorder.await;
-        tracing::info!(lane = %l, job = %job, "dashboard purge ended");
+        tracing::info!(lane = %l, job = %job, kind = name, "dashboard bulk job ended");
     });
     back_to_dead(&state, &lane)
 }

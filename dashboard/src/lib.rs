@@ -185,6 +185,7 @@ impl DashboardBuilder {
                 // Random per process: a page from another origin cannot read it.
                 csrf: uuid::Uuid::new_v4().simple().to_string(),
                 jobs: jobs::Jobs::default(),
+                history_cache: HistoryCache::default(),
             }),
         }
     }
@@ -199,4 +200,16 @@ pub(crate) struct State {
     pub(crate) base: String,
     pub(crate) csrf: String,
     pub(crate) jobs: jobs::Jobs,
+    /// The last history read (from, to, when, minutes): see `charts::history`.
+    pub(crate) history_cache: HistoryCache,
 }
+
+/// What `charts::history` keeps between the reads of one page.
+pub(crate) type HistoryCache = std::sync::Mutex<
+    Option<(
+        u64,
+        u64,
+        std::time::Instant,
+        Arc<Vec<ferriq::store::MinuteStats>>,
+    )>,
+>;

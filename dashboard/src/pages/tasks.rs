@@ -30,7 +30,8 @@ pub(crate) struct TaskQuery {
 /// Finished tasks of one name, outcome and window, newest first (the store's index).
 async fn search(state: &State, q: &TaskQuery) -> String {
     let hours = crate::charts::hours(q.hours.trim().parse().ok());
-    let names: Vec<String> = crate::charts::per_task(state, 24)
+    // Names that ran in the overview's default window (its read is shared, see `charts::history`).
+    let names: Vec<String> = crate::charts::per_task(state, 6)
         .await
         .map(|t| t.into_iter().map(|t| t.task).collect())
         .unwrap_or_default();
