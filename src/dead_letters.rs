@@ -86,6 +86,11 @@ impl DeadMessage {
         }
     }
 
+    /// Its key in the store's dead-letter index ([`crate::store::dead_index_key`]).
+    pub fn index_key(&self) -> String {
+        crate::store::dead_index_key(self.task_id.as_ref(), &self.body)
+    }
+
     /// The reason as ferriq's, when it is one.
     pub fn reason_kind(&self) -> Option<DeadLetterReason> {
         DeadLetterReason::parse(self.reason.as_deref()?)
@@ -116,6 +121,8 @@ pub struct DeadFilter {
     pub detail_contains: Option<String>,
     /// One of these dead letters (empty: any).
     pub ids: Vec<String>,
+    /// One of these dead letters by index key ([`crate::store::dead_index_key`]; empty: any).
+    pub keys: Vec<String>,
 }
 
 impl DeadFilter {
@@ -166,6 +173,13 @@ impl DeadFilter {
         self
     }
 
+    /// Only the dead letters whose index keys are `keys` (a selection from the store's index,
+    /// [`crate::store::DeadEntry::key`]).
+    pub fn any_of_keys(mut self, keys: impl IntoIterator<Item = String>) -> Self {
+        self.keys = keys.into_iter().collect();
+        self
+    }
+
     /// Whether `m` is one of them (at `now_ms`).
     pub fn matches(&self, m: &DeadMessage, now_ms: u64) -> bool {
         self.reason
@@ -181,6 +195,7 @@ impl DeadFilter {
                 .is_none_or(|id| m.task_id.as_ref() == Some(id))
             && self.id.as_deref().is_none_or(|id| m.id == id)
             && (self.ids.is_empty() || self.ids.contains(&m.id))
+            && (self.keys.is_empty() || self.keys.contains(&m.index_key()))
             && self
                 .detail_contains
                 .as_deref()

@@ -7,8 +7,10 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 
 use super::store::{Claim, MemoryStore, Phase};
+use crate::dead_letters::DeadFilter;
 use crate::store::{
-    FinishedTask, MinuteStats, OpsStore, RedriveReset, StoreError, WorkerInfo, HISTORY_KEPT,
+    DeadEntry, DeadPage, FinishedTask, MinuteStats, OpsStore, RedriveReset, StoreError, WorkerInfo,
+    HISTORY_KEPT,
 };
 use crate::wire::TaskId;
 
@@ -23,6 +25,8 @@ pub(crate) struct MemOps {
     finished: Vec<FinishedTask>,
     /// Operators' jobs: id → (JSON, until).
     jobs: HashMap<String, (String, Instant)>,
+    /// The dead-letter index: lane → key → entry.
+    dead: HashMap<String, HashMap<String, DeadEntry>>,
 }
 
 #[async_trait]
@@ -156,5 +160,60 @@ impl OpsStore for MemoryStore {
         found.sort_by_key(|f| std::cmp::Reverse(f.at_ms));
         found.truncate(limit);
         Ok(found)
+    }
+
+    async fn index_dead(&self, entries: &[DeadEntry]) -> Result<(), StoreError> {
+        let mut state = self.lock();
+        for e in entries {
+            state
+                .ops
+                .dead
+                .entry(e.lane.clone())
+                .or_default()
+                .insert(e.key.clone(), e.clone());
+        }
+        Ok(())
+    }
+
+    async fn unindex_dead(&self, lane: &str, keys: &[String]) -> Result<(), StoreError> {
+        if let Some(index) = self.lock().ops.dead.get_mut(lane) {
+            for k in keys {
+                index.remove(k);
+            }
+        }
+        Ok(())
+    }
+
+    async fn clear_dead_index(&self, lane: &str) -> Result<(), StoreError> {
+        self.lock().ops.dead.remove(lane);
+        Ok(())
+    }
+
+    async fn dead_index(
+        &self,
+        lane: &str,
+        filter: &DeadFilter,
+        now_ms: u64,
+        offset: usize,
+        limit: usize,
+    ) -> Result<Option<DeadPage>, StoreError> {
+        let state = self.lock();
+        let Some(index) = state.ops.dead.get(lane) else {
+            return Ok(Some(DeadPage::default()));
+        };
+        let mut found: Vec<&DeadEntry> = index
+            .values()
+            .filter(|e| e.matches(filter, now_ms))
+            .collect();
+        // Newest first; the key breaks ties so pages do not overlap.
+        found.sort_by(|a, b| b.dead_at_ms.cmp(&a.dead_at_ms).then(b.key.cmp(&a.key)));
+        let total = found.len() as u64;
+        let entries = found
+            .into_iter()
+            .skip(offset)
+            .take(limit)
+            .cloned()
+            .collect();
+        Ok(Some(DeadPage::new(entries, total, index.len() as u64)))
     }
 }

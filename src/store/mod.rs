@@ -3,11 +3,13 @@
 //! Exactly-once lives in [`ResultStore::complete`]: it writes only for the current claim token
 //! (fencing) and only if no result is stored yet. Claims only save duplicate work (design §5).
 
+mod dead_index;
 mod flow;
 mod ops;
 mod schedule;
 mod workflow;
 
+pub use dead_index::{dead_index_key, DeadEntry, DeadPage, DEAD_ARGS_KEPT, DEAD_DETAIL_KEPT};
 pub use flow::{
     DebounceTurn, Debounced, FlowStore, LimitOverride, LimiterKind, LimiterSeen, LimiterUsage,
     RateDecision, SlotDecision, LIMITER_LISTED_FOR, OVERRIDES_REFRESH,

@@ -6,7 +6,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-use super::StoreError;
+use super::{DeadEntry, DeadPage, StoreError};
+use crate::dead_letters::DeadFilter;
 use crate::wire::TaskId;
 
 /// A run in flight, as its worker reports it.
@@ -259,4 +260,35 @@ pub trait OpsStore: Send + Sync + 'static {
         to_ms: u64,
         limit: usize,
     ) -> Result<Vec<FinishedTask>, StoreError>;
+
+    /// Adds dead letters to the index ([`DeadEntry`]), each replacing an entry of the same
+    /// key in its lane. A store without an index ignores them (the default).
+    async fn index_dead(&self, entries: &[DeadEntry]) -> Result<(), StoreError> {
+        let _ = entries;
+        Ok(())
+    }
+    /// Removes the entries `keys` of `lane` from the index (a key not there is skipped).
+    async fn unindex_dead(&self, lane: &str, keys: &[String]) -> Result<(), StoreError> {
+        let _ = (lane, keys);
+        Ok(())
+    }
+    /// Removes every entry of `lane` from the index (before it is rebuilt from the queue).
+    async fn clear_dead_index(&self, lane: &str) -> Result<(), StoreError> {
+        let _ = lane;
+        Ok(())
+    }
+    /// The entries of `lane` matching `filter` at `now_ms`, newest first: `limit` from
+    /// `offset`, with how many match in all. `None` when this store keeps no index (the
+    /// default): callers then read the broker's queue.
+    async fn dead_index(
+        &self,
+        lane: &str,
+        filter: &DeadFilter,
+        now_ms: u64,
+        offset: usize,
+        limit: usize,
+    ) -> Result<Option<DeadPage>, StoreError> {
+        let _ = (lane, filter, now_ms, offset, limit);
+        Ok(None)
+    }
 }

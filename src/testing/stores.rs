@@ -551,6 +551,22 @@ macro_rules! forward_store_traits {
                 let $this = self;
                 $inner.finished(task, failed, from_ms, to_ms, limit).await
             }
+            async fn index_dead(&self, entries: &[crate::store::DeadEntry]) -> Result<(), StoreError> {
+                let $this = self;
+                $inner.index_dead(entries).await
+            }
+            async fn unindex_dead(&self, lane: &str, keys: &[String]) -> Result<(), StoreError> {
+                let $this = self;
+                $inner.unindex_dead(lane, keys).await
+            }
+            async fn clear_dead_index(&self, lane: &str) -> Result<(), StoreError> {
+                let $this = self;
+                $inner.clear_dead_index(lane).await
+            }
+            async fn dead_index(&self, lane: &str, filter: &crate::dead_letters::DeadFilter, now_ms: u64, offset: usize, limit: usize) -> Result<Option<crate::store::DeadPage>, StoreError> {
+                let $this = self;
+                $inner.dead_index(lane, filter, now_ms, offset, limit).await
+            }
         }
     };
 }

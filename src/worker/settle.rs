@@ -9,7 +9,7 @@ use super::delivery::{PendingResult, Settle};
 use super::running::Outcome;
 use super::Inner;
 use crate::broker::{BrokerError, DeadLetter, DeadLetterReason, Delivery};
-use crate::store::{ClaimOutcome, CompleteOutcome, ResultStatus, StoreError, Token};
+use crate::store::{ClaimOutcome, CompleteOutcome, DeadEntry, ResultStatus, StoreError, Token};
 use crate::wire::{ErrorKind, TaskId, TaskMessage, TaskResult};
 
 /// Why writing an error result for an unrunnable message did not happen now.
@@ -319,6 +319,7 @@ impl Inner {
     /// Dead-letters the message, then tells the middleware.
     async fn park(&self, d: &Delivery, why: &DeadLetter) -> Result<(), crate::broker::BrokerError> {
         self.broker.dead_letter(d, why).await?;
+        self.index_dead(d, why).await;
         if !self.middleware.is_empty() {
             let id = d
                 .task_id
@@ -336,6 +337,24 @@ impl Inner {
             self.middleware.on_dead_letter(&dead).await;
         }
         Ok(())
+    }
+
+    /// Adds a parked message to the store's dead-letter index. Only what an operator's page
+    /// lists depends on it: a failure is logged, and a re-index finds the letter in its queue.
+    async fn index_dead(&self, d: &Delivery, why: &DeadLetter) {
+        let task_id = d.task_id.as_deref().and_then(|s| TaskId::parse(s).ok());
+        let mut entry = DeadEntry::new(d.queue.as_str(), task_id, &d.body)
+            .reason(why.reason.as_str())
+            .detail(&why.detail)
+            .attempts(why.attempts)
+            .dead_at_ms(self.config.clock.now_unix_ms());
+        if let (None, Some(name)) = (&entry.task_name, &why.task_name) {
+            entry = entry.task_name(name.as_str());
+        }
+        if let Err(e) = self.store.index_dead(&[entry]).await {
+            tracing::warn!(error = %e, lane = %d.queue,
+                "could not add the dead letter to the store's index; it is parked, and a re-index lists it");
+        }
     }
 
     pub(crate) async fn dead_letter(&self, d: &Delivery, why: &DeadLetter) -> Outcome {

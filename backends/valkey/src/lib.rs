@@ -53,6 +53,7 @@
 
 mod batch;
 mod config;
+mod dead_index;
 mod debounce;
 mod error;
 mod flow;

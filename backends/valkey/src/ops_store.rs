@@ -6,7 +6,10 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use ferriq::store::{FinishedTask, MinuteStats, OpsStore, RedriveReset, StoreError, WorkerInfo};
+use ferriq::dead_letters::DeadFilter;
+use ferriq::store::{
+    DeadEntry, DeadPage, FinishedTask, MinuteStats, OpsStore, RedriveReset, StoreError, WorkerInfo,
+};
 use ferriq::wire::TaskId;
 use fred::prelude::KeysInterface;
 use fred::types::scripts::Script;
@@ -205,6 +208,32 @@ impl OpsStore for ValkeyStore {
     ) -> Result<Vec<FinishedTask>, StoreError> {
         self.read_finished(task, failed, from_ms, to_ms, limit)
             .await
+    }
+
+    async fn index_dead(&self, entries: &[DeadEntry]) -> Result<(), StoreError> {
+        self.add_dead_entries(entries).await
+    }
+
+    async fn unindex_dead(&self, lane: &str, keys: &[String]) -> Result<(), StoreError> {
+        self.remove_dead_entries(lane, keys).await
+    }
+
+    async fn clear_dead_index(&self, lane: &str) -> Result<(), StoreError> {
+        self.clear_dead_entries(lane).await
+    }
+
+    async fn dead_index(
+        &self,
+        lane: &str,
+        filter: &DeadFilter,
+        now_ms: u64,
+        offset: usize,
+        limit: usize,
+    ) -> Result<Option<DeadPage>, StoreError> {
+        Ok(Some(
+            self.read_dead_index(lane, filter, now_ms, offset, limit)
+                .await?,
+        ))
     }
 }
 

@@ -9,19 +9,6 @@ use std::time::Instant;
 use ferriq::store::{FinishedTask, MinuteStats, OpsStore, HISTORY_BUCKETS};
 use ferriq::wire::TaskId;
 
-/// The server's `used_memory`, bytes.
-fn used_memory(port: u16) -> u64 {
-    let out = std::process::Command::new("redis-cli")
-        .args(["-p", &port.to_string(), "info", "memory"])
-        .output()
-        .expect("redis-cli");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .find_map(|l| l.strip_prefix("used_memory:"))
-        .and_then(|v| v.trim().parse().ok())
-        .expect("used_memory")
-}
-
 fn full_minute(minute: u64, task: &str) -> MinuteStats {
     let mut s = MinuteStats::new(minute, task);
     s.succeeded = 1_000;
@@ -75,11 +62,11 @@ async fn counts_add_up_and_a_day_stays_within_its_bound() {
     let day: Vec<MinuteStats> = (0..1440)
         .map(|m| full_minute(start + 10 + m, "t.day"))
         .collect();
-    let before = used_memory(server.port);
+    let before = common::used_memory(server.port);
     for chunk in day.chunks(60) {
         store.add_history(chunk).await.unwrap();
     }
-    let bytes = used_memory(server.port).saturating_sub(before);
+    let bytes = common::used_memory(server.port).saturating_sub(before);
     eprintln!("a day of one task with every count used: {bytes} bytes of server memory");
     // The bound README states: under 600 KB per task name and day, every count used.
     assert!(bytes < 600_000, "{bytes} bytes");
@@ -99,7 +86,7 @@ async fn a_million_finished_tasks_are_searched_by_name_outcome_and_time() {
     let start_ms = 1_800_000_000_000u64;
     // A million of one task over an hour (a twentieth failed), and a rare one beside it.
     let n = 1_000_000u64;
-    let before = used_memory(server.port);
+    let before = common::used_memory(server.port);
     let mut batch = Vec::with_capacity(10_000);
     for i in 0..n {
         let at = start_ms + i * 3_600_000 / n;
@@ -119,7 +106,7 @@ async fn a_million_finished_tasks_are_searched_by_name_outcome_and_time() {
         .collect();
     store.add_finished(&rare).await.unwrap();
     let end = start_ms + 3_600_000;
-    let bytes = used_memory(server.port).saturating_sub(before);
+    let bytes = common::used_memory(server.port).saturating_sub(before);
     eprintln!(
         "a million finished tasks indexed: {} MB of server memory",
         bytes / 1_000_000

@@ -442,3 +442,12 @@ pub async fn subscribers(raw: &fred::prelude::Client, channel: &str) -> i64 {
         .unwrap();
     counts.first().map_or(0, |(_, n)| *n)
 }
+
+/// A server's `used_memory`, bytes.
+pub fn used_memory(port: u16) -> u64 {
+    redis_cli(port, &["info", "memory"])
+        .lines()
+        .find_map(|l| l.strip_prefix("used_memory:"))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("used_memory")
+}

@@ -25,10 +25,14 @@
 use serde_json::Value;
 use thiserror::Error;
 
+mod dead_index;
+
 use crate::broker::{BrokerError, DeadLetterReason, QueueDepth};
 use crate::client::{Client, TaskStatus};
 use crate::dead_letters::{DeadFilter, DeadLetterQueue, DeadMessage};
-use crate::store::{ClaimInfo, ClaimState, RedriveReset, ResultStatus, StoreError, WorkerInfo};
+use crate::store::{
+    ClaimInfo, ClaimState, DeadEntry, RedriveReset, ResultStatus, StoreError, WorkerInfo,
+};
 use crate::wire::{names, ErrorKind, TaskId, TaskMessage, TaskResult};
 
 /// What went wrong in an operation.
@@ -309,8 +313,15 @@ impl Ops {
                             continue;
                         }
                     }
+                    // Out of the index before it goes back: the run may park it again at
+                    // once, and that entry must stay.
+                    let entry = DeadEntry::of(&m);
+                    store.unindex_dead(lane, &[entry.key.clone()]).await?;
                     let body = fresh_body(&m.body);
-                    dlq.redrive_dead(&m, body).await?;
+                    if let Err(e) = dlq.redrive_dead(&m, body).await {
+                        let _ = store.index_dead(&[entry]).await;
+                        return Err(e.into());
+                    }
                     redriven.insert(key);
                     report.redriven += 1;
                     progress(Progress {
@@ -395,6 +406,10 @@ impl Ops {
                             report.answered += 1;
                         }
                         dlq.drop_dead(&m).await?;
+                        self.client
+                            .store()
+                            .unindex_dead(lane, &[m.index_key()])
+                            .await?;
                         report.purged += 1;
                         progress(Progress {
                             seen,
