@@ -91,6 +91,29 @@ async fn eventually_parked(client: &Client, lane: &str, n: usize) {
     }
 }
 
+/// Waits until the store's dead-letter index of `lane` holds `n` entries, and returns them.
+async fn eventually_indexed(client: &Client, lane: &str, n: u64) -> Vec<ferriq::store::DeadEntry> {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let page = client
+            .ops()
+            .dead_index(lane, &DeadFilter::all(), 0, 1000)
+            .await
+            .unwrap()
+            .expect("the suite's stores keep an index");
+        if page.total == n {
+            assert_eq!(page.entries.len() as u64, n);
+            return page.entries;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} of {n} indexed",
+            page.total
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// A redrive sends each task back once: a task that fails again at once and is parked again
 /// while the redrive goes on is left parked, not chased round (a redrive on SQS did so until
 /// it was killed). `client`'s broker and store are shared with a worker of [`worker`].
@@ -108,8 +131,10 @@ pub async fn a_redrive_sends_each_task_back_once(client: &Client, lane: &str) {
         .expect("the redrive ends")
         .unwrap();
     assert_eq!(report.redriven, 30, "{report:?}");
-    // Each failed again and is parked again: 30 in all, each once.
+    // Each failed again and is parked again: 30 in all, each once — and indexed again (the
+    // redrive takes an entry out before its task goes back, never after it is parked anew).
     eventually_parked(client, lane, 30).await;
+    eventually_indexed(client, lane, 30).await;
 }
 
 /// The scenario on `client` (whose broker and store the worker shares), lane `lane`;
@@ -181,6 +206,28 @@ pub async fn dead_letters_are_listed_redriven_and_purged(
     assert!(flaky_one.detail.contains("failed"), "{}", flaky_one.detail);
     assert!(flaky_one.task_id.is_some());
 
+    // The store's index holds the same 50, with what the page shows.
+    let indexed = eventually_indexed(client, lane, 50).await;
+    let mut keys: Vec<String> = indexed.iter().map(|e| e.key.clone()).collect();
+    let mut listed: Vec<String> = parked.iter().map(|m| m.index_key()).collect();
+    keys.sort();
+    listed.sort();
+    assert_eq!(keys, listed, "the index names the parked letters");
+    let by_reason = ops
+        .dead_index(lane, &DeadFilter::all().reason("non_retryable"), 0, 5)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((by_reason.total, by_reason.entries.len()), (20, 5));
+    let fatal_entry = &by_reason.entries[0];
+    assert_eq!(fatal_entry.task_name.as_deref(), Some(fatal::NAME));
+    assert!(
+        fatal_entry.arguments.starts_with('['),
+        "{:?}",
+        fatal_entry.arguments
+    );
+    assert!(fatal_entry.dead_at_ms > 0);
+
     // Redrive by reason: exactly those run again, with a new result their waiters get.
     healed.0.store(true, Ordering::SeqCst);
     let mut seen_progress = 0;
@@ -220,6 +267,30 @@ pub async fn dead_letters_are_listed_redriven_and_purged(
     let queues = ops.queues().await.unwrap();
     let q = queues.iter().find(|q| q.name == lane).unwrap();
     assert_eq!(q.dead_lettered, Some(20));
+    // Redriven and purged letters left the index.
+    let indexed = eventually_indexed(client, lane, 20).await;
+    assert!(indexed
+        .iter()
+        .all(|e| e.reason.as_deref() == Some("non_retryable")));
+
+    // Rebuilt from the queue after the index was lost: the same 20, nothing taken away.
+    client.store().clear_dead_index(lane).await.unwrap();
+    eventually_indexed(client, lane, 0).await;
+    assert_eq!(ops.reindex_dead(lane, |_| {}).await.unwrap(), 20);
+    let rebuilt = eventually_indexed(client, lane, 20).await;
+    assert!(rebuilt
+        .iter()
+        .all(|e| e.reason.as_deref() == Some("non_retryable") && e.task_id.is_some()));
+    assert_eq!(ops.dead_letters(lane, 0, 100).await.unwrap().len(), 20);
+
+    // A selection by index key reaches the broker's letters: two purged.
+    let two: Vec<String> = rebuilt.iter().take(2).map(|e| e.key.clone()).collect();
+    let report = ops
+        .purge(lane, &DeadFilter::all().any_of_keys(two), |_| {})
+        .await
+        .unwrap();
+    assert_eq!((report.purged, report.kept), (2, 18));
+    eventually_indexed(client, lane, 18).await;
 }
 
 /// Who runs `ops.stale`, whether its runs succeed yet, and a gate that holds them.
