@@ -104,22 +104,25 @@ fn dead_filter(form: &Form) -> Result<(String, DeadFilter), Refusal> {
         text: form.get("text").to_owned(),
         older_than_min: form.get("older_than_min").to_owned(),
         offset: String::new(),
+        source: String::new(),
     };
     if q.lane.is_empty() {
         return Err(Refusal(StatusCode::BAD_REQUEST, "no lane given\n"));
     }
     match form.get("scope") {
         "selected" => {
-            let ids = form.all("id");
-            if ids.is_empty() {
+            // Rows listed from the store's index carry index keys; from the queue, ids.
+            let (ids, keys) = (form.all("id"), form.all("key"));
+            if ids.is_empty() && keys.is_empty() {
                 return Err(Refusal(StatusCode::BAD_REQUEST, "nothing selected\n"));
             }
-            Ok((q.lane.clone(), q.filter().any_of_ids(ids)))
+            Ok((q.lane.clone(), q.filter().any_of_ids(ids).any_of_keys(keys)))
         }
+        "lane" => Ok((q.lane.clone(), DeadFilter::all())),
         "filter" => Ok((q.lane.clone(), q.filter())),
         _ => Err(Refusal(
             StatusCode::BAD_REQUEST,
-            "scope is selected or filter\n",
+            "scope is selected, filter or lane\n",
         )),
     }
 }
@@ -129,11 +132,12 @@ fn back_to_dead(state: &State, lane: &str) -> Response {
     Redirect::to(&format!("{}/dead?lane={}", state.base, enc(lane))).into_response()
 }
 
-/// What a bulk job does: redrive or purge.
+/// What a bulk job does: redrive, purge, or rebuild the lane's index from its queue.
 #[derive(Debug, Clone, Copy)]
 enum Bulk {
     Redrive,
     Purge,
+    Reindex,
 }
 
 /// Redrives the selected dead letters, or every one the filter matches, in the background.
@@ -144,6 +148,12 @@ pub(crate) async fn redrive(Shared(state): Shared<Arc<State>>, body: Bytes) -> R
 /// Purges the selected dead letters, or every one the filter matches, in the background.
 pub(crate) async fn purge(Shared(state): Shared<Arc<State>>, body: Bytes) -> Response {
     bulk(state, &body, Bulk::Purge)
+}
+
+/// Rebuilds a lane's dead-letter index from its queue in the background (every dead letter
+/// is looked at and put back as it was).
+pub(crate) async fn reindex(Shared(state): Shared<Arc<State>>, body: Bytes) -> Response {
+    bulk(state, &body, Bulk::Reindex)
 }
 
 /// Starts `kind` on the form's lane and filter as a recorded background job; back to the page.
@@ -159,6 +169,7 @@ fn bulk(state: Arc<State>, body: &[u8], kind: Bulk) -> Response {
     let name = match kind {
         Bulk::Redrive => "redrive",
         Bulk::Purge => "purge",
+        Bulk::Reindex => "re-index",
     };
     let job = state
         .jobs
@@ -189,6 +200,10 @@ fn bulk(state: Arc<State>, body: &[u8], kind: Bulk) -> Response {
                 .purge(&l, &filter, progress)
                 .await
                 .map(|r| (r.purged, format!("{} purged, {} kept", r.purged, r.kept))),
+            Bulk::Reindex => ops
+                .reindex_dead(&l, progress)
+                .await
+                .map(|n| (n, format!("{n} indexed"))),
         };
         st.jobs.update(&job, |j| {
             j.finished = true;

@@ -133,6 +133,7 @@ impl Dashboard {
             .route("/charts/durations.svg", get(charts::durations))
             .route("/dead/redrive", post(actions::redrive))
             .route("/dead/purge", post(actions::purge))
+            .route("/dead/reindex", post(actions::reindex))
             .route("/schedules/action", post(actions::schedule))
             .route("/assets/{file}", get(assets::serve))
             .layer(axum::middleware::from_fn_with_state(

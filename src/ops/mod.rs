@@ -316,7 +316,9 @@ impl Ops {
                     // Out of the index before it goes back: the run may park it again at
                     // once, and that entry must stay.
                     let entry = DeadEntry::of(&m);
-                    store.unindex_dead(lane, &[entry.key.clone()]).await?;
+                    store
+                        .unindex_dead(lane, std::slice::from_ref(&entry.key))
+                        .await?;
                     let body = fresh_body(&m.body);
                     if let Err(e) = dlq.redrive_dead(&m, body).await {
                         let _ = store.index_dead(&[entry]).await;

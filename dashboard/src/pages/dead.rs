@@ -8,6 +8,7 @@ use axum::response::Html;
 use std::time::Duration;
 
 use ferriq::dead_letters::{DeadFilter, DeadMessage};
+use ferriq::store::DeadEntry;
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -31,6 +32,9 @@ pub(crate) struct DeadQuery {
     pub(crate) older_than_min: String,
     #[serde(default)]
     pub(crate) offset: String,
+    /// `queue`: list from the broker's queue rather than the store's index.
+    #[serde(default)]
+    pub(crate) source: String,
 }
 
 impl DeadQuery {
@@ -39,13 +43,15 @@ impl DeadQuery {
         self.older_than_min.trim().parse().ok().filter(|m| *m > 0)
     }
 
-    /// Where the page starts, at most [`MAX_OFFSET`] (each page reads the queue up to it).
-    fn offset(&self) -> usize {
-        self.offset
-            .trim()
-            .parse::<usize>()
-            .unwrap_or(0)
-            .min(MAX_OFFSET)
+    /// Where the page starts; at most [`MAX_OFFSET`] when listing from the queue (each page
+    /// reads the queue up to it).
+    fn offset(&self, from_queue: bool) -> usize {
+        let offset = self.offset.trim().parse::<usize>().unwrap_or(0);
+        if from_queue {
+            offset.min(MAX_OFFSET)
+        } else {
+            offset
+        }
     }
 
     /// The filter these fields describe.
@@ -88,16 +94,99 @@ fn arguments(m: &DeadMessage) -> String {
 /// The furthest page start: listing reads a lane's dead letters up to the page shown.
 const MAX_OFFSET: usize = 10_000;
 
+/// One row of the table, from the store's index or the broker's queue.
+struct Row {
+    /// The checkbox's field: `key` (index) or `id` (queue), and its value.
+    select: (&'static str, String),
+    task_name: Option<String>,
+    task_id: Option<ferriq::wire::TaskId>,
+    reason: Option<String>,
+    attempts: u32,
+    dead_at_ms: Option<u64>,
+    arguments: String,
+    detail: String,
+}
+
+impl Row {
+    fn of_entry(e: DeadEntry) -> Row {
+        Row {
+            select: ("key", e.key),
+            task_name: e.task_name,
+            task_id: e.task_id,
+            reason: e.reason,
+            attempts: e.attempts,
+            dead_at_ms: Some(e.dead_at_ms).filter(|t| *t > 0),
+            arguments: e.arguments,
+            detail: e.detail,
+        }
+    }
+
+    fn of_message(m: DeadMessage) -> Row {
+        Row {
+            arguments: arguments(&m),
+            select: ("id", m.id),
+            task_name: m.task_name,
+            task_id: m.task_id,
+            reason: m.reason,
+            attempts: m.attempts,
+            dead_at_ms: m.dead_at_ms,
+            detail: m.detail,
+        }
+    }
+}
+
+/// A page of rows, whether more follow, and how many match when known.
+type Listed = (Vec<Row>, bool, Option<u64>);
+
+/// The page from the store's index; `None` when the store keeps none.
+async fn from_index(
+    state: &State,
+    lane: &str,
+    filter: &DeadFilter,
+    offset: usize,
+) -> Result<Option<(Listed, u64)>, String> {
+    let page = state
+        .client
+        .ops()
+        .dead_index(lane, filter, offset, PAGE)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(page.map(|p| {
+        let more = (offset + p.entries.len()) < p.total as usize;
+        let rows = p.entries.into_iter().map(Row::of_entry).collect();
+        ((rows, more, Some(p.total)), p.indexed)
+    }))
+}
+
+/// The page read from the broker's queue (each dead letter looked at is put back).
+async fn from_queue(
+    state: &State,
+    lane: &str,
+    filter: &DeadFilter,
+    offset: usize,
+) -> Result<Listed, String> {
+    let mut found = state
+        .client
+        .ops()
+        .dead_letters_matching(lane, filter, offset, PAGE + 1)
+        .await
+        .map_err(|e| e.to_string())?;
+    let more = found.len() > PAGE;
+    found.truncate(PAGE);
+    Ok((found.into_iter().map(Row::of_message).collect(), more, None))
+}
+
 /// Dead letters: filtered, with redrive and purge.
 pub(crate) async fn dead_letters(
     Shared(state): Shared<Arc<State>>,
     Query(q): Query<DeadQuery>,
 ) -> Html<String> {
     let ops = state.client.ops();
-    let lanes: Vec<String> = match ops.queues().await {
-        Ok(l) => l.into_iter().map(|q| q.name).collect(),
+    let queues = match ops.queues().await {
+        Ok(l) => l,
         Err(e) => return page(&state, "Dead letters", "/dead", &error_box(&e.to_string())),
     };
+    let lanes: Vec<String> = queues.iter().map(|q| q.name.clone()).collect();
     let lane = if q.lane.is_empty() {
         lanes.first().cloned().unwrap_or_default()
     } else {
@@ -126,27 +215,52 @@ pub(crate) async fn dead_letters(
         q.older_than().map_or(String::new(), |m| m.to_string())
     );
     let filter = q.filter();
-    let offset = q.offset();
-    let listed = ops
-        .dead_letters_matching(&lane, &filter, offset, PAGE + 1)
-        .await;
-    let mut found = match listed {
-        Ok(found) => found,
+    let queue_count = queues
+        .iter()
+        .find(|v| v.name == lane)
+        .and_then(|v| v.dead_lettered);
+    let mut from_the_queue = q.source == "queue";
+    let mut indexed = None;
+    let listed = if from_the_queue {
+        from_queue(&state, &lane, &filter, q.offset(true)).await
+    } else {
+        match from_index(&state, &lane, &filter, q.offset(false)).await {
+            Ok(Some((listed, n))) => {
+                indexed = Some(n);
+                Ok(listed)
+            }
+            Ok(None) => {
+                from_the_queue = true;
+                from_queue(&state, &lane, &filter, q.offset(true)).await
+            }
+            Err(e) => Err(e),
+        }
+    };
+    let offset = q.offset(from_the_queue);
+    let (found, more, total) = match listed {
+        Ok(l) => l,
         Err(e) => {
-            body.push_str(&error_box(&e.to_string()));
+            body.push_str(&error_box(&e));
             return page(&state, "Dead letters", "/dead", &body);
         }
     };
-    let more = found.len() > PAGE;
-    found.truncate(PAGE);
+    body.push_str(&source_note(
+        &state,
+        &lane,
+        &q,
+        indexed,
+        queue_count,
+        from_the_queue,
+    ));
     let now = state.client.clock().now_unix_ms();
     let rows: Vec<Vec<String>> = found
         .iter()
         .map(|m| {
             let id_cell = if state.actions {
                 format!(
-                    "<input type=\"checkbox\" name=\"id\" value=\"{}\" form=\"act\" aria-label=\"select\">",
-                    esc(&m.id)
+                    "<input type=\"checkbox\" name=\"{}\" value=\"{}\" form=\"act\" aria-label=\"select\">",
+                    m.select.0,
+                    esc(&m.select.1)
                 )
             } else {
                 String::new()
@@ -166,7 +280,7 @@ pub(crate) async fn dead_letters(
                 esc(m.reason.as_deref().unwrap_or("-")),
                 m.attempts.to_string(),
                 m.dead_at_ms.map_or("-".into(), |t| age(now, t)),
-                format!("<code class=\"args\">{}</code>", esc(&arguments(m))),
+                format!("<code class=\"args\">{}</code>", esc(&cut(&m.arguments, 300))),
                 format!("<span class=\"detail\">{}</span>", esc(&cut(&m.detail, 300))),
             ]
         })
@@ -187,18 +301,29 @@ pub(crate) async fn dead_letters(
         "no dead letter matches",
     ));
     let here = format!(
-        "lane={}&reason={}&task={}&text={}&older_than_min={}",
+        "lane={}&reason={}&task={}&text={}&older_than_min={}{}",
         enc(&lane),
         enc(&q.reason),
         enc(&q.task),
         enc(&q.text),
-        q.older_than().unwrap_or(0)
+        q.older_than().unwrap_or(0),
+        if q.source == "queue" {
+            "&source=queue"
+        } else {
+            ""
+        }
     );
+    // The index lists newest first; the queue in its own order, oldest first.
+    let (back, forward) = if from_the_queue {
+        ("← older", "newer →")
+    } else {
+        ("← newer", "older →")
+    };
     body.push_str("<p class=\"pager\">");
     if offset > 0 {
         let _ = write!(
             body,
-            "<a href=\"?{}&amp;offset={}\">← older</a> ",
+            "<a href=\"?{}&amp;offset={}\">{back}</a> ",
             esc(&here),
             offset.saturating_sub(PAGE)
         );
@@ -209,10 +334,13 @@ pub(crate) async fn dead_letters(
         if found.is_empty() { 0 } else { offset + 1 },
         offset + found.len()
     );
+    if let Some(total) = total {
+        let _ = write!(body, " of {}", thousands(total));
+    }
     if more {
         let _ = write!(
             body,
-            " <a href=\"?{}&amp;offset={}\">newer →</a>",
+            " <a href=\"?{}&amp;offset={}\">{forward}</a>",
             esc(&here),
             offset + PAGE
         );
@@ -243,4 +371,82 @@ pub(crate) async fn dead_letters(
     }
     body.push_str("<section id=\"jobs\" data-live=\"jobs\"></section>");
     page(&state, "Dead letters", "/dead", &body)
+}
+
+/// `n` with thousands separated (`12,345`).
+fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// Where the list comes from, and when the store's index and the queue disagree, how to
+/// list from the queue or rebuild the index.
+fn source_note(
+    state: &State,
+    lane: &str,
+    q: &DeadQuery,
+    indexed: Option<u64>,
+    in_queue: Option<u64>,
+    from_the_queue: bool,
+) -> String {
+    let mut out = String::from("<p class=\"source\" id=\"source\">");
+    let lane_link = format!("{}/dead?lane={}", state.base, enc(lane));
+    match (from_the_queue, indexed) {
+        (true, _) => {
+            let _ = write!(
+                out,
+                "Listed from the broker's queue (oldest first; each page reads the queue up to it)."
+            );
+            if q.source == "queue" {
+                let _ = write!(
+                    out,
+                    " <a href=\"{}\">List from the store's index</a>",
+                    esc(&lane_link)
+                );
+            }
+        }
+        (false, Some(n)) => {
+            let _ = write!(
+                out,
+                "Listed from the store's index: {} indexed",
+                thousands(n)
+            );
+            if let Some(m) = in_queue {
+                let _ = write!(out, ", {} in the queue", thousands(m));
+            }
+            out.push('.');
+            // A queue several lanes share counts them all (SQS), so only fewer in the queue
+            // than indexed, or more on a lane of its own, is worth a word.
+            if in_queue.is_some_and(|m| m != n) {
+                let _ = write!(
+                    out,
+                    " They differ while letters are parked or taken, and when some were parked \
+                     before the index existed or by the broker itself. \
+                     <a href=\"{}&amp;source=queue\">List from the queue</a>",
+                    esc(&lane_link)
+                );
+                if state.actions {
+                    let _ = write!(
+                        out,
+                        " <form method=\"post\" class=\"inline\" action=\"{base}/dead/reindex\">{csrf}\
+                         <input type=\"hidden\" name=\"lane\" value=\"{lane}\">\
+                         <button name=\"scope\" value=\"lane\" id=\"reindex\">Re-index from the queue</button></form>",
+                        base = esc(&state.base),
+                        csrf = csrf_field(state),
+                        lane = esc(lane),
+                    );
+                }
+            }
+        }
+        (false, None) => {}
+    }
+    out.push_str("</p>");
+    out
 }
