@@ -135,10 +135,12 @@ async fn http(addr: &str, method: &str, path: &str, form: Option<&str>) -> (Stri
     )
 }
 
-/// p50 and p95 of `n` GETs of `path` (ms), after one unmeasured.
-async fn timed(addr: &str, path: &str, n: usize) -> (f64, f64) {
+/// p50 and p95 of `n` GETs of `path` (ms), after one unmeasured whose body must contain
+/// `shows` (so a fast answer is not an empty one).
+async fn timed(addr: &str, path: &str, shows: &str, n: usize) -> (f64, f64) {
     let (status, body) = http(addr, "GET", path, None).await;
     assert!(status.contains("200"), "{path}: {status} {body}");
+    assert!(body.contains(shows), "{path} does not show {shows:?}");
     let mut ms = Vec::with_capacity(n);
     for _ in 0..n {
         let t = Instant::now();
@@ -192,7 +194,9 @@ async fn main() {
     let store = loop {
         if let Ok(Ok(s)) = tokio::time::timeout(
             Duration::from_secs(1),
-            ValkeyStore::builder(redis.as_str()).prefix("fqscale").connect(),
+            ValkeyStore::builder(redis.as_str())
+                .prefix("fqscale")
+                .connect(),
         )
         .await
         {
@@ -301,40 +305,66 @@ async fn main() {
     let addr = format!("127.0.0.1:{}", free_port());
     let mut dashboard = start_dashboard(&tag, &redis, &addr).await;
     let l = ferriq_dashboard_enc(&lane);
+    let deep = dead * 3 / 5;
     let pages = [
-        ("overview", "/".to_owned()),
-        ("overview_json", "/api/overview".to_owned()),
-        ("chart_runs_6h", "/charts/runs.svg?hours=6".to_owned()),
+        ("overview", "/".to_owned(), lane.clone()),
+        ("overview_json", "/api/overview".to_owned(), lane.clone()),
+        (
+            "chart_runs_6h",
+            "/charts/runs.svg?hours=6".to_owned(),
+            "<svg".to_owned(),
+        ),
         (
             "chart_durations_6h",
             "/charts/durations.svg?hours=6".to_owned(),
+            "<svg".to_owned(),
         ),
-        ("dead_all", format!("/dead?lane={l}")),
-        ("dead_deep_offset", format!("/dead?lane={l}&offset=60000")),
+        ("dead_all", format!("/dead?lane={l}"), "1–50 of ".to_owned()),
+        (
+            "dead_deep_offset",
+            format!("/dead?lane={l}&offset={deep}"),
+            format!("{}–", deep + 1),
+        ),
         (
             "dead_reason",
             format!("/dead?lane={l}&reason=non_retryable"),
+            "non_retryable</td>".to_owned(),
         ),
-        ("dead_task", format!("/dead?lane={l}&task=scale.charge")),
-        ("dead_text", format!("/dead?lane={l}&text=upstream")),
+        (
+            "dead_task",
+            format!("/dead?lane={l}&task=scale.charge"),
+            "scale.charge</td>".to_owned(),
+        ),
+        (
+            "dead_text",
+            format!("/dead?lane={l}&text=upstream"),
+            "HTTP 503".to_owned(),
+        ),
         (
             "dead_text_rare",
-            format!("/dead?lane={l}&text=customer+4242%29"),
+            format!("/dead?lane={l}&text=customer+{}%29", dead - 7),
+            "1–1 of 1".to_owned(),
         ),
-        ("dead_older", format!("/dead?lane={l}&older_than_min=1")),
+        (
+            "dead_older",
+            format!("/dead?lane={l}&older_than_min=1"),
+            "<tbody id=\"dead\">".to_owned(),
+        ),
         (
             "tasks_search_24h",
             "/tasks?name=scale.mail&outcome=failed&hours=24".to_owned(),
+            "/tasks?id=".to_owned(),
         ),
         (
             "tasks_search_1h",
             "/tasks?name=scale.render&outcome=&hours=1".to_owned(),
+            "/tasks?id=".to_owned(),
         ),
     ];
     let mut worst_dead: f64 = 0.0;
     let mut worst_overview: f64 = 0.0;
-    for (name, path) in &pages {
-        let (p50, p95) = timed(&addr, path, samples).await;
+    for (name, path, shows) in &pages {
+        let (p50, p95) = timed(&addr, path, shows, samples).await;
         println!("{name}: p50_ms={p50:.1} p95_ms={p95:.1}");
         if name.starts_with("dead") || name.starts_with("tasks") {
             worst_dead = worst_dead.max(p95);

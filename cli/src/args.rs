@@ -229,6 +229,13 @@ pub(crate) enum DlqCommand {
     Redrive(Selection),
     /// Remove dead letters for good.
     Purge(Selection),
+    /// Rebuild the store's index of a lane's dead letters (what the dashboard lists) from
+    /// the queue: after an upgrade, a store that lost it, or letters the broker parked itself.
+    Reindex {
+        /// The lane (default: the first of --queues, else the broker's default).
+        #[arg(long)]
+        queue: Option<String>,
+    },
 }
 
 /// Which dead letters a list shows.

@@ -79,7 +79,7 @@ pub(crate) fn check_usage(command: &DlqCommand) -> Result<(), Failure> {
     match command {
         DlqCommand::Redrive(selection) => selection_filter("redrive", selection).map(drop),
         DlqCommand::Purge(selection) => selection_filter("purge", selection).map(drop),
-        DlqCommand::List { .. } | DlqCommand::Show { .. } => Ok(()),
+        DlqCommand::List { .. } | DlqCommand::Show { .. } | DlqCommand::Reindex { .. } => Ok(()),
     }
 }
 
@@ -98,7 +98,25 @@ pub(crate) async fn run(
         DlqCommand::Show { id, queue } => show(client, out, queue.as_ref(), id).await,
         DlqCommand::Redrive(selection) => redrive(client, out, cli, selection).await,
         DlqCommand::Purge(selection) => purge(client, out, cli, selection).await,
+        DlqCommand::Reindex { queue } => reindex(client, out, queue.as_ref()).await,
     }
+}
+
+async fn reindex(client: &Client, out: &Output, queue: Option<&String>) -> Result<(), Failure> {
+    let lane = lane(client, queue)?;
+    let mut progress = Progress::new("indexed", None);
+    let indexed = client
+        .ops()
+        .reindex_dead(&lane, |p| progress.update(p.done))
+        .await;
+    progress.finish();
+    let indexed = indexed?;
+    if out.json {
+        out.json(&json!({"queue": lane, "indexed": indexed}));
+    } else {
+        outln!("{indexed} dead letters of {lane} indexed");
+    }
+    Ok(())
 }
 
 async fn list(

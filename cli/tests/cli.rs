@@ -315,6 +315,10 @@ async fn dead_letters_are_listed_shown_redriven_and_purged_from_the_command_line
     assert_eq!(out.status.code(), Some(1), "{out:?}");
     assert!(text(&out).0.starts_with("error: "), "{out:?}");
 
+    // `dlq reindex`: the store's index rebuilt from the queue's three.
+    let reindexed = setup.json(&["dlq", "reindex"]).await;
+    assert_eq!(reindexed["indexed"], 3, "{reindexed}");
+
     // `dlq purge --task` with `--yes`: exactly those.
     let purged = setup
         .json(&["--yes", "dlq", "purge", "--task", fatal::NAME])

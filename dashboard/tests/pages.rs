@@ -193,15 +193,22 @@ async fn the_dead_letters_page_lists_from_the_index_and_rebuilds_it() {
                 .unwrap(),
         ),
     );
+    let mut ids = Vec::new();
     for n in 0..60 {
         let h = env.client.enqueue(fails::call(n)).await.unwrap();
         assert!(h.wait(Duration::from_secs(10)).await.is_err());
+        ids.push(h.task_id().clone());
     }
     worker.stop().await;
     let router = ferriq_dashboard::Dashboard::builder(env.client.clone())
         .allow_actions(true)
         .build()
         .router();
+
+    // A parked task's page shows where it is parked, and its arguments from the index.
+    let task = get_html(&router, &format!("/tasks?id={}", ids[5].as_str())).await;
+    assert!(task.contains("<dt>dead letter</dt><dd>parked in"), "{task}");
+    assert!(task.contains("<code class=\"args\">[5]</code>"), "{task}");
 
     // From the index: newest first, 50 a page, the total, nothing to mend.
     let page = get_html(&router, "/dead?lane=taskiq").await;

@@ -6,6 +6,8 @@ use std::sync::Arc;
 use axum::extract::{Query, State as Shared};
 use axum::response::Html;
 use ferriq::client::TaskStatus;
+use ferriq::dead_letters::DeadFilter;
+use ferriq::store::DeadEntry;
 use ferriq::wire::TaskId;
 use serde::Deserialize;
 
@@ -155,6 +157,19 @@ async fn workflow(
     )))
 }
 
+/// The lane and index entry of `id` when it is parked (its arguments are kept there).
+async fn parked(state: &State, id: &TaskId) -> Option<(String, DeadEntry)> {
+    let ops = state.client.ops();
+    let filter = DeadFilter::all().task_id(id.clone());
+    for lane in ops.queues().await.ok()? {
+        let page = ops.dead_index(&lane.name, &filter, 0, 1).await.ok()??;
+        if let Some(e) = page.entries.into_iter().next() {
+            return Some((lane.name, e));
+        }
+    }
+    None
+}
+
 /// Tasks: one looked up by id.
 pub(crate) async fn task(
     Shared(state): Shared<Arc<State>>,
@@ -213,6 +228,23 @@ pub(crate) async fn task(
                                 format!("<code>{}</code>", esc(&cut(&labels, 1000))),
                             ));
                         }
+                    }
+                    if let Some((lane, e)) = parked(&state, &id).await {
+                        rows.push((
+                            "dead letter",
+                            format!(
+                                "parked in <a href=\"{}/dead?lane={}&amp;task={}\">{}</a>, {}",
+                                esc(&state.base),
+                                esc(&enc(&lane)),
+                                esc(&enc(e.task_name.as_deref().unwrap_or(""))),
+                                esc(&lane),
+                                esc(e.reason.as_deref().unwrap_or("no reason given"))
+                            ),
+                        ));
+                        rows.push((
+                            "arguments",
+                            format!("<code class=\"args\">{}</code>", esc(&e.arguments)),
+                        ));
                     }
                     body.push_str("<dl class=\"task\">");
                     for (k, v) in rows {
