@@ -111,7 +111,7 @@ async fn answers_every_filter_as_the_memory_store_does() {
     // Parked again under another task name and reason: it leaves its old sets.
     let moved = entry(lane, 7).task_name("moved.task").reason("too_large");
     for s in [&valkey as &dyn OpsStore, &memory] {
-        s.index_dead(&[moved.clone()]).await.unwrap();
+        s.index_dead(std::slice::from_ref(&moved)).await.unwrap();
     }
     check(&valkey, &memory, lane, "after a replacement").await;
     let old_set = page(
