@@ -148,6 +148,50 @@ async fn claims_results_and_announcements_work_across_a_cluster() {
         store.claim(&fresh, "w", LEASE, None).await.unwrap(),
         ClaimOutcome::Revoked
     ));
+
+    // The dead-letter index: every key of a lane under one hash tag, so each script and the
+    // clear's DEL stay on one node; two lanes land where their tags put them.
+    use ferriq::dead_letters::DeadFilter;
+    use ferriq::store::{DeadEntry, OpsStore};
+    for lane in ["cl.a", "cl.b"] {
+        let entries: Vec<DeadEntry> = (0..30u64)
+            .map(|i| {
+                let body = format!(r#"{{"task_id":"{}","task_name":"t{}","args":[{i}],"kwargs":{{}},"labels":{{}}}}"#, TaskId::random(), i % 3);
+                DeadEntry::new(lane, None, body.as_bytes())
+                    .reason(if i % 2 == 0 { "retries_exhausted" } else { "expired" })
+                    .detail(&format!("boom {i}"))
+                    .dead_at_ms(1_000 + i)
+            })
+            .collect();
+        store.index_dead(&entries).await.unwrap();
+        let filter = DeadFilter::all()
+            .task_name("t1")
+            .reason("expired")
+            .detail_contains("BOOM");
+        let page = store
+            .dead_index(lane, &filter, 10_000, 0, 50)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!((page.total, page.indexed), (5, 30), "{lane}");
+        store
+            .unindex_dead(lane, &[entries[1].key.clone(), entries[2].key.clone()])
+            .await
+            .unwrap();
+        let all = store
+            .dead_index(lane, &DeadFilter::all(), 10_000, 0, 50)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(all.total, 28);
+        store.clear_dead_index(lane).await.unwrap();
+        let all = store
+            .dead_index(lane, &DeadFilter::all(), 10_000, 0, 50)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!((all.total, all.indexed), (0, 0));
+    }
     listener.quit().await.unwrap();
     store.close().await;
 }
