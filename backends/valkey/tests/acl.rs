@@ -96,6 +96,22 @@ async fn a_worker_and_a_client_run_with_only_the_documented_permissions() {
             .await
             .unwrap();
         assert_eq!(found.len(), 20);
+        // The dead-letter index too.
+        let entry =
+            ferriq::store::DeadEntry::new("acl-lane", Some(ferriq::wire::TaskId::random()), b"{}")
+                .reason("expired")
+                .dead_at_ms(now);
+        store.index_dead(&[entry]).await.unwrap();
+        let filter = ferriq::dead_letters::DeadFilter::all()
+            .reason("expired")
+            .detail_contains("BOOM");
+        let page = store
+            .dead_index("acl-lane", &filter, now, 0, 10)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(page.total, 1);
+        store.clear_dead_index("acl-lane").await.unwrap();
     }
     // Outside its prefix, nothing: a store under another prefix is refused, saying why.
     let refused = match ValkeyStore::builder(url.as_str())
