@@ -100,6 +100,7 @@ async fn a_worker_and_a_client_run_with_only_the_documented_permissions() {
         let entry =
             ferriq::store::DeadEntry::new("acl-lane", Some(ferriq::wire::TaskId::random()), b"{}")
                 .reason("expired")
+                .detail("acl boom")
                 .dead_at_ms(now);
         store.index_dead(&[entry]).await.unwrap();
         let filter = ferriq::dead_letters::DeadFilter::all()
