@@ -25,6 +25,22 @@ step "cargo check: the backends' optional features still build (TLS, the AWS cre
 cargo check --locked --quiet -p ferriq-valkey -p ferriq-amqp -p ferriq-sqs -p ferriq-cli \
   --features ferriq-valkey/tls,ferriq-amqp/tls,ferriq-sqs/aws-config,ferriq-cli/tls
 
+step "minimum Rust version: the library crates build with Cargo.toml's rust-version"
+msrv=$(sed -n 's/^rust-version = "\(.*\)"$/\1/p' Cargo.toml | head -n1)
+if rustup run "$msrv" rustc --version >/dev/null 2>&1 \
+  || rustup toolchain install "$msrv" --profile minimal >/dev/null 2>&1; then
+  cargo "+$msrv" check --locked --quiet --target-dir target/msrv -p ferriq --all-features \
+    -p ferriq-macros -p ferriq-cron -p ferriq-amqp -p ferriq-valkey -p ferriq-dashboard
+  echo "rust $msrv: ok"
+else
+  echo "WARNING: could not install Rust $msrv with rustup (no network to static.rust-lang.org?):" \
+    "the minimum-version check did not run" >&2
+fi
+
+step "packaging: what crates.io would get (cargo package, each published crate)"
+cargo package --locked --no-verify --quiet --allow-dirty -p ferriq-cron -p ferriq-macros -p ferriq \
+  -p ferriq-amqp -p ferriq-valkey -p ferriq-sqs -p ferriq-dashboard -p ferriq-cli
+
 step "cargo test (unit, integration, doc tests; real Redis and RabbitMQ)"
 timeout 40m cargo test --workspace --locked
 

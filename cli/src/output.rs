@@ -196,9 +196,7 @@ pub(crate) fn short(text: &str, n: usize) -> String {
 
 /// The unix ms of now.
 pub(crate) fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
+    ferriq::clock::Clock::system().now_unix_ms()
 }
 
 #[cfg(test)]

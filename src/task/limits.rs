@@ -84,9 +84,9 @@ impl fmt::Display for Rate {
             return write!(f, "{}/{}ms", self.limit, self.period.as_millis());
         }
         let secs = self.period.as_secs();
-        let (count, unit) = if secs % 3600 == 0 {
+        let (count, unit) = if secs.is_multiple_of(3600) {
             (secs / 3600, "h")
-        } else if secs % 60 == 0 {
+        } else if secs.is_multiple_of(60) {
             (secs / 60, "m")
         } else {
             (secs, "s")

@@ -127,7 +127,7 @@ pub async fn exactly_once<S: ferriq::store::Store>(
                 // holders still run (every 50 rounds, a run of 1,000 tasks saw one, and on a
                 // clean-clone CI no takeover at all), but not for ever: a run stopped at every
                 // broker heartbeat because its delivery was handed out again never ends.
-                if round % 10 == 0 && round < 200 {
+                if round.is_multiple_of(10) && round < 200 {
                     deliveries += broker.expire_in_flight();
                 }
                 round += 1;

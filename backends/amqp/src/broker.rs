@@ -25,10 +25,9 @@ pub(crate) const RECEIVES_HEADER: &str = "x-ferriq-receives";
 /// may hand it back earlier (tiers are coarse); the worker then releases it again.
 pub(crate) const NOT_BEFORE_HEADER: &str = "x-ferriq-not-before";
 
+/// Unix milliseconds now, from the core's clock, as AMQP's signed header value.
 pub(crate) fn unix_ms_now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
+    i64::try_from(ferriq::clock::Clock::system().now_unix_ms()).unwrap_or(i64::MAX)
 }
 
 /// A RabbitMQ broker for ferriq workers and clients. Cheap to clone; the connection closes when

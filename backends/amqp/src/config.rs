@@ -354,11 +354,11 @@ impl AmqpBrokerBuilder {
     /// The delay queue of a lane for one tier.
     pub(crate) fn delay_queue(queue: &str, tier: Duration) -> String {
         let ms = tier.as_millis();
-        let label = if ms % 3_600_000 == 0 {
+        let label = if ms.is_multiple_of(3_600_000) {
             format!("{}h", ms / 3_600_000)
-        } else if ms % 60_000 == 0 {
+        } else if ms.is_multiple_of(60_000) {
             format!("{}m", ms / 60_000)
-        } else if ms % 1000 == 0 {
+        } else if ms.is_multiple_of(1000) {
             format!("{}s", ms / 1000)
         } else {
             format!("{ms}ms")

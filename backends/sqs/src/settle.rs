@@ -411,10 +411,9 @@ fn task_id_of(held: &Held) -> ferriq::wire::TaskId {
         .unwrap_or_else(ferriq::wire::TaskId::random)
 }
 
+/// Unix milliseconds now, from the core's clock.
 pub(crate) fn unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
+    ferriq::clock::Clock::system().now_unix_ms()
 }
 
 #[cfg(test)]

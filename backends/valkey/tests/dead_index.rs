@@ -22,7 +22,7 @@ fn entry(lane: &str, i: u64) -> DeadEntry {
         "expired",
         "unknown_task",
     ][(i % 4) as usize];
-    let detail = if i % 10 == 0 {
+    let detail = if i.is_multiple_of(10) {
         format!("HTTP 503 from Upstream (try {i})")
     } else {
         format!("card declined #{i}")
