@@ -42,7 +42,11 @@ pub mod broker;
 pub mod client;
 pub mod clock;
 pub mod connect;
-pub mod dead_letters;
+/// Dead-letter queues as operators use them (the same items as
+/// [`broker::dead_letters`]): look at what was parked and why, send it back, or throw it away.
+pub mod dead_letters {
+    pub use crate::broker::dead_letters::{DeadFilter, DeadLetterQueue, DeadMessage};
+}
 pub mod limits;
 #[cfg(feature = "memory")]
 pub mod memory;

@@ -4,12 +4,15 @@
 //! A broker exposes its dead-letter queues through [`DeadLetterQueue`] (from
 //! [`Broker::dead_letters`](crate::broker::Broker::dead_letters)); [`crate::ops`] builds listing,
 //! redriving and purging on it, with the store's reset so a redriven task really runs again.
+//!
+//! Here too: why a message is parked ([`DeadLetterReason`]) and what its parked copy carries
+//! ([`DeadLetter`]), the worker's side of the same queues.
 
 use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::broker::{BrokerError, DeadLetterReason, DeliveryHandle};
+use super::{BrokerError, DeliveryHandle};
 use crate::wire::TaskId;
 
 /// A message parked in a dead-letter queue, held by the operator's session until it is
@@ -222,4 +225,92 @@ pub trait DeadLetterQueue: Send + Sync {
     /// How many dead letters `lane` has (when the broker can count them). A dead-letter queue
     /// several lanes share is counted whole (SQS: counting one lane's would mean reading them).
     async fn dead_count(&self, lane: &str) -> Result<u64, BrokerError>;
+}
+
+/// Why a message is parked in the dead-letter queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DeadLetterReason {
+    /// The body is not a task message.
+    InvalidMessage,
+    /// The body is larger than allowed.
+    TooLarge,
+    /// Written by a newer ferriq wire version than this worker runs.
+    UnsupportedWireVersion,
+    /// No worker serves its task name.
+    UnknownTask,
+    /// The task failed with an error no retry can fix.
+    NonRetryable,
+    /// Every attempt failed.
+    RetriesExhausted,
+    /// Its deadline (`deadline_at`) passed before it could start: it never ran. Redriving it
+    /// runs it without a deadline.
+    Expired,
+    /// The broker's own redrive limit (SQS `maxReceiveCount`, quorum `x-delivery-limit`, the
+    /// memory broker's `max_receives`) moved it: a backstop, not the worker's decision.
+    RedriveLimit,
+}
+
+impl DeadLetterReason {
+    /// Every reason.
+    pub const ALL: [DeadLetterReason; 8] = [
+        DeadLetterReason::InvalidMessage,
+        DeadLetterReason::TooLarge,
+        DeadLetterReason::UnsupportedWireVersion,
+        DeadLetterReason::UnknownTask,
+        DeadLetterReason::NonRetryable,
+        DeadLetterReason::RetriesExhausted,
+        DeadLetterReason::Expired,
+        DeadLetterReason::RedriveLimit,
+    ];
+
+    /// The reason named `name` ([`DeadLetterReason::as_str`]).
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|r| r.as_str() == name)
+    }
+
+    /// A stable name, written as a header/attribute.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeadLetterReason::InvalidMessage => "invalid_message",
+            DeadLetterReason::TooLarge => "too_large",
+            DeadLetterReason::UnsupportedWireVersion => "unsupported_wire_version",
+            DeadLetterReason::UnknownTask => "unknown_task",
+            DeadLetterReason::NonRetryable => "non_retryable",
+            DeadLetterReason::RetriesExhausted => "retries_exhausted",
+            DeadLetterReason::Expired => "expired",
+            DeadLetterReason::RedriveLimit => "redrive_limit",
+        }
+    }
+}
+
+/// What a dead-lettered copy carries besides its body.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct DeadLetter {
+    /// Why.
+    pub reason: DeadLetterReason,
+    /// A human-readable detail (the error message).
+    pub detail: String,
+    /// The task name, when known.
+    pub task_name: Option<String>,
+    /// Attempts made.
+    pub attempts: u32,
+}
+
+impl DeadLetter {
+    /// A dead-letter record.
+    pub fn new(
+        reason: DeadLetterReason,
+        detail: impl Into<String>,
+        task_name: Option<String>,
+        attempts: u32,
+    ) -> Self {
+        DeadLetter {
+            reason,
+            detail: detail.into(),
+            task_name,
+            attempts,
+        }
+    }
 }
