@@ -6,13 +6,7 @@
 //! (`expire_in_flight`, `take_over`, write counts) inject the faults real deployments see.
 
 mod broker;
-mod dead;
-mod flow;
-mod ops;
-mod schedules;
 mod store;
-mod waiting;
-mod workflow;
 
 pub use broker::{DeadLettered, MemoryBroker, MemoryBrokerStats};
 pub use store::MemoryStore;

@@ -6,7 +6,7 @@
 mod dead_index;
 mod flow;
 mod ops;
-mod schedule;
+mod schedules;
 mod workflow;
 
 pub use dead_index::{dead_index_key, DeadEntry, DeadPage, DEAD_ARGS_KEPT, DEAD_DETAIL_KEPT};
@@ -20,7 +20,7 @@ pub use ops::{
     FinishedTask, MinuteStats, OpsStore, RedriveReset, RunInfo, WorkerInfo, HISTORY_BUCKETS,
     HISTORY_KEPT,
 };
-pub use schedule::ScheduleStore;
+pub use schedules::ScheduleStore;
 
 pub use workflow::{
     ChainRecord, ChordPolicy, ClaimInfo, ClaimState, GroupMark, GroupRecord, GroupState,

@@ -12,8 +12,8 @@ use fred::prelude::HashesInterface;
 use fred::prelude::ListInterface;
 use fred::types::scripts::Script;
 
+use crate::claims::ms;
 use crate::error::store_error;
-use crate::ops::ms;
 use crate::scripts;
 use crate::ValkeyStore;
 

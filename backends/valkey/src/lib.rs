@@ -52,6 +52,7 @@
 //! Only AOF with `appendfsync always` keeps every written result.
 
 mod batch;
+mod claims;
 mod config;
 mod dead_index;
 mod debounce;
@@ -63,7 +64,6 @@ mod keys;
 mod limits;
 mod limits_live;
 mod ops;
-mod ops_store;
 mod schedules;
 mod scripts;
 mod store;

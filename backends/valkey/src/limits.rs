@@ -12,8 +12,8 @@ use ferriq::wire::TaskId;
 use fred::types::scripts::Script;
 use fred::types::Value;
 
+use crate::claims::Core;
 use crate::error::store_error;
-use crate::ops::Core;
 use crate::scripts;
 use crate::ValkeyStore;
 

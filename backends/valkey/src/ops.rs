@@ -1,298 +1,241 @@
-//! The store's operations: one Lua script call each, argument building and reply parsing.
+//! Workers' reports and redrive resets on Valkey.
+//!
+//! A worker's report is a key of its own with a TTL, indexed by a sorted set scored by when it
+//! expires (server time), so listing needs no SCAN; both under one hash tag.
 
 use std::time::Duration;
 
-use ferriq::store::{ClaimLease, ClaimOutcome, CompleteOutcome, FailureRecord, StoreError, Token};
-use ferriq::wire::{TaskId, TaskResult};
-use fred::prelude::Pool;
+use async_trait::async_trait;
+use ferriq::dead_letters::DeadFilter;
+use ferriq::store::{
+    DeadEntry, DeadPage, FinishedTask, MinuteStats, OpsStore, RedriveReset, StoreError, WorkerInfo,
+};
+use ferriq::wire::TaskId;
+use fred::prelude::KeysInterface;
+use fred::types::scripts::Script;
 use fred::types::Value;
 
+use crate::claims::ms;
 use crate::error::store_error;
-use crate::keys::Keys;
-use crate::scripts::{self, Scripts};
-use crate::ValkeyStoreBuilder;
+use crate::scripts;
+use crate::ValkeyStore;
 
-/// A claim call.
-pub(crate) struct ClaimCall {
-    pub(crate) id: TaskId,
-    pub(crate) worker: String,
-    pub(crate) lease: Duration,
-    pub(crate) deadline_at: Option<f64>,
+/// KEYS: report, index. ARGV: id, JSON, ttl ms.
+const REPORT: &str = r#"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+redis.call('ZADD', KEYS[2], now + tonumber(ARGV[3]), ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
+return 1
+"#;
+
+/// KEYS: index. ARGV: key prefix of reports. Returns the live reports.
+const LIST: &str = r#"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], now, '+inf')
+local out = {}
+for _, id in ipairs(ids) do
+  local v = redis.call('GET', ARGV[1] .. id)
+  if v then out[#out + 1] = v end
+end
+return out
+"#;
+
+/// KEYS: the jobs hash. ARGV: ttl ms, id, JSON.
+const RECORD_JOB: &str = r#"
+redis.call('HSET', KEYS[1], ARGV[2], ARGV[3])
+redis.call('PEXPIRE', KEYS[1], ARGV[1])
+return 1
+"#;
+
+/// KEYS: claim, result, marker. ARGV: claim ttl ms. Returns 'reset' | 'already' | 'running'.
+const RESET: &str = r#"
+if redis.call('EXISTS', KEYS[3]) == 1 then return 'already' end
+local now = now_us()
+local r = load(KEYS[1])
+if r.state == 'r' and r.lease > now then return 'running' end
+redis.call('DEL', KEYS[2])
+r.token = math.max(r.token + 1, now)
+r.state = 'x'
+r.failures = 0
+r.takeovers = 0
+save(KEYS[1], r, 'PX', ARGV[1])
+redis.call('SET', KEYS[3], '1', 'PX', ARGV[1])
+return 'reset'
+"#;
+
+impl ValkeyStore {
+    fn workers_key(&self, name: &str) -> String {
+        format!("{}:{{workers}}:{name}", self.prefix())
+    }
 }
 
-/// A complete call.
-pub(crate) struct CompleteCall {
-    pub(crate) id: TaskId,
-    pub(crate) token: Token,
-    /// The result JSON; `None` stores nothing (`store_result = false`).
-    pub(crate) result: Option<String>,
-    pub(crate) channel: String,
-}
-
-/// What every operation needs: the pool, the scripts, the key layout and the settings.
-pub(crate) struct Core {
-    pub(crate) pool: Pool,
-    pub(crate) scripts: Scripts,
-    pub(crate) keys: Keys,
-    pub(crate) settings: ValkeyStoreBuilder,
-}
-
-pub(crate) fn ms(d: Duration) -> String {
-    d.as_millis().max(1).to_string()
-}
-
-fn int(v: &[Value], i: usize) -> Option<i64> {
-    v.get(i).and_then(Value::as_i64)
-}
-
-fn count(v: &[Value], i: usize) -> u32 {
-    int(v, i).unwrap_or(0).clamp(0, i64::from(u32::MAX)) as u32
-}
-
-fn unexpected(op: &str, v: impl std::fmt::Debug) -> StoreError {
-    StoreError::Unavailable(format!("unexpected {op} reply from valkey: {v:?}"))
-}
-
-impl Core {
-    fn claim_ttl(&self) -> String {
-        ms(self.settings.claim_ttl)
-    }
-
-    fn result_ttl(&self) -> String {
-        self.settings.result_ttl.map_or_else(|| "0".to_owned(), ms)
-    }
-
-    /// A plain string value (a result or a claim record), if any.
-    pub(crate) async fn read(&self, key: String) -> Result<Option<String>, StoreError> {
-        use fred::prelude::KeysInterface;
-        // Boxed: fred's futures are kilobytes large (see `scripts::call`).
-        Box::pin(self.pool.get(key)).await.map_err(store_error)
-    }
-
-    /// Reads many keys in one `MGET` (the store batches reads only on a single server). Each
-    /// reply is converted on its own: one value that is not text (a result a Python writer
-    /// pickled) is that read's error, not its batch's; it is read again alone, so it fails
-    /// exactly as a lone read does.
-    pub(crate) async fn read_many(
-        &self,
-        keys: Vec<String>,
-    ) -> Result<Vec<Result<Option<String>, StoreError>>, StoreError> {
-        use fred::prelude::KeysInterface;
-        if let [key] = keys.as_slice() {
-            return Ok(vec![self.read(key.clone()).await]);
-        }
-        let values: Vec<fred::types::Value> = Box::pin(self.pool.mget(keys.clone()))
-            .await
-            .map_err(store_error)?;
-        let mut out = Vec::with_capacity(values.len());
-        for (key, value) in keys.into_iter().zip(values) {
-            out.push(match value {
-                fred::types::Value::Null => Ok(None),
-                value => match value.into_string() {
-                    Some(text) => Ok(Some(text)),
-                    None => self.read(key).await,
-                },
-            });
-        }
-        Ok(out)
-    }
-
-    /// Claims every call in one script run; one call's error does not fail the others.
-    pub(crate) async fn claim_many(
-        &self,
-        calls: Vec<ClaimCall>,
-    ) -> Result<Vec<Result<ClaimOutcome, StoreError>>, StoreError> {
-        let build = || {
-            let mut keys = Vec::with_capacity(calls.len() * 2);
-            let mut args = Vec::with_capacity(1 + calls.len() * 3);
-            args.push(self.claim_ttl());
-            for c in &calls {
-                keys.push(self.keys.claim(&c.id));
-                keys.push(self.keys.result(&c.id));
-                args.push(c.worker.clone());
-                args.push(ms(c.lease));
-                args.push(
-                    c.deadline_at
-                        .filter(|d| d.is_finite())
-                        .map(|d| format!("{d:.3}"))
-                        .unwrap_or_default(),
-                );
-            }
-            (keys, args)
-        };
-        let reply: Vec<Value> = scripts::call(&self.pool, &self.scripts.claim, build)
-            .await
-            .map_err(store_error)?
-            .into_array();
-        Ok(reply
-            .into_iter()
-            .map(|r| parse_claim(r.into_array()))
-            .collect())
-    }
-
-    /// Completes every call in one script run; one call's error does not fail the others.
-    pub(crate) async fn complete_many(
-        &self,
-        calls: Vec<CompleteCall>,
-    ) -> Result<Vec<Result<CompleteOutcome, StoreError>>, StoreError> {
-        let build = || {
-            let mut keys = Vec::with_capacity(calls.len() * 2);
-            let mut args = Vec::with_capacity(2 + calls.len() * 5);
-            args.push(self.result_ttl());
-            args.push(self.claim_ttl());
-            for c in &calls {
-                keys.push(self.keys.claim(&c.id));
-                keys.push(self.keys.result(&c.id));
-                args.push(c.token.0.to_string());
-                args.push(if c.result.is_some() { "1" } else { "0" }.to_owned());
-                args.push(c.result.clone().unwrap_or_default());
-                args.push(c.channel.clone());
-                args.push(c.id.to_string());
-            }
-            (keys, args)
-        };
-        let reply: Vec<Value> = scripts::call(&self.pool, &self.scripts.complete, build)
-            .await
-            .map_err(store_error)?
-            .into_array();
-        Ok(reply
-            .into_iter()
-            .map(|v| match v.as_string().as_deref() {
-                Some("stored") => Ok(CompleteOutcome::Stored),
-                Some("already") => Ok(CompleteOutcome::AlreadyStored),
-                Some("stale") => Ok(CompleteOutcome::Stale),
-                Some("revoked") => Ok(CompleteOutcome::Revoked),
-                Some(other) if other.starts_with("err") => Err(StoreError::Unavailable(format!(
-                    "valkey failed this completion: {other}"
-                ))),
-                _ => Err(unexpected("complete", v)),
-            })
-            .collect())
-    }
-
-    /// Extends the leases of claims that share a cluster slot (or any claims off-cluster).
-    pub(crate) async fn heartbeat(
-        &self,
-        claims: &[(TaskId, Token)],
-        lease: Duration,
-    ) -> Result<Vec<ClaimLease>, StoreError> {
-        let build = || {
-            let keys = claims.iter().map(|(id, _)| self.keys.claim(id)).collect();
-            let mut args = vec![ms(lease), self.claim_ttl()];
-            args.extend(claims.iter().map(|(_, t)| t.0.to_string()));
-            (keys, args)
-        };
-        let v = scripts::call(&self.pool, &self.scripts.heartbeat, build)
-            .await
-            .map_err(store_error)?;
-        let kept: Vec<i64> = v.convert().map_err(store_error)?;
-        if kept.len() != claims.len() {
-            return Err(unexpected("heartbeat", kept));
-        }
-        Ok(kept
-            .into_iter()
-            .map(|k| match k {
-                1 => ClaimLease::Kept,
-                2 => ClaimLease::Revoked,
-                _ => ClaimLease::Lost,
-            })
-            .collect())
-    }
-
-    /// Releases the claim; `interrupted` counts the run with the takeovers.
-    pub(crate) async fn release(
-        &self,
-        id: &TaskId,
-        token: Token,
-        interrupted: bool,
-    ) -> Result<bool, StoreError> {
-        let v = scripts::call(&self.pool, &self.scripts.release, || {
-            (
-                vec![self.keys.claim(id)],
-                vec![
-                    token.0.to_string(),
-                    self.claim_ttl(),
-                    if interrupted { "1" } else { "0" }.to_owned(),
-                ],
-            )
-        })
-        .await
-        .map_err(store_error)?;
-        Ok(v.as_i64() == Some(1))
-    }
-
-    pub(crate) async fn record_failure(
-        &self,
-        id: &TaskId,
-        token: Token,
-    ) -> Result<FailureRecord, StoreError> {
-        let v = scripts::call(&self.pool, &self.scripts.record_failure, || {
-            (
-                vec![self.keys.claim(id)],
-                vec![token.0.to_string(), self.claim_ttl()],
-            )
-        })
-        .await
-        .map_err(store_error)?;
-        Ok(match v.as_i64() {
-            Some(n) if n >= 0 => FailureRecord::Recorded {
-                failures: n.min(i64::from(u32::MAX)) as u32,
-            },
-            Some(_) => FailureRecord::Stale,
-            None => return Err(unexpected("record_failure", v)),
-        })
-    }
-
-    pub(crate) async fn revoke(
-        &self,
-        id: &TaskId,
-        result: &TaskResult,
-    ) -> Result<bool, StoreError> {
-        let json = serde_json::to_string(result).map_err(|e| StoreError::Corrupt {
-            task_id: id.to_string(),
+#[async_trait]
+impl OpsStore for ValkeyStore {
+    async fn report_worker(&self, info: &WorkerInfo, ttl: Duration) -> Result<(), StoreError> {
+        let json = serde_json::to_string(info).map_err(|e| StoreError::Corrupt {
+            task_id: info.id.clone(),
             reason: e.to_string(),
         })?;
-        let build = || {
-            let args = vec![
-                json.clone(),
-                self.result_ttl(),
-                self.claim_ttl(),
-                self.keys.done_channel(id),
-                id.to_string(),
-            ];
-            (vec![self.keys.claim(id), self.keys.result(id)], args)
-        };
-        let v = scripts::call(&self.pool, &self.scripts.revoke, build)
+        let keys = vec![
+            self.workers_key(&format!("w:{}", info.id)),
+            self.workers_key("index"),
+        ];
+        let args = vec![info.id.clone(), json, ms(ttl)];
+        scripts::call(&self.core().pool, &Script::from_lua(REPORT), || {
+            (keys.clone(), args.clone())
+        })
+        .await
+        .map_err(store_error)?;
+        Ok(())
+    }
+
+    async fn forget_worker(&self, id: &str) -> Result<(), StoreError> {
+        let _: i64 = self
+            .core()
+            .pool
+            .del(self.workers_key(&format!("w:{id}")))
             .await
             .map_err(store_error)?;
-        Ok(v.as_i64() == Some(1))
+        Ok(())
+    }
+
+    async fn workers(&self) -> Result<Vec<WorkerInfo>, StoreError> {
+        let keys = vec![self.workers_key("index")];
+        let args = vec![self.workers_key("w:")];
+        let v = scripts::call(&self.core().pool, &Script::from_lua(LIST), || {
+            (keys.clone(), args.clone())
+        })
+        .await
+        .map_err(store_error)?;
+        let mut all = Vec::new();
+        for raw in v.into_array() {
+            let Some(json) = raw.as_string() else {
+                continue;
+            };
+            match serde_json::from_str::<WorkerInfo>(&json) {
+                Ok(w) => all.push(w),
+                Err(e) => tracing::warn!(error = %e, "unreadable worker report skipped"),
+            }
+        }
+        all.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(all)
+    }
+
+    async fn reset_for_redrive(
+        &self,
+        id: &TaskId,
+        dead_letter_id: &str,
+    ) -> Result<RedriveReset, StoreError> {
+        let core = self.core();
+        let claim = core.keys.claim(id);
+        // Tagged like the claim: one slot for the script.
+        let marker = format!(
+            "{}:redrive:{{{}:{}}}:{dead_letter_id}",
+            self.prefix(),
+            self.prefix(),
+            id
+        );
+        let keys = vec![claim, core.keys.result(id), marker];
+        let args = vec![ms(core.settings.claim_ttl)];
+        let v: Value = scripts::call(&core.pool, &core.scripts.reset, || {
+            (keys.clone(), args.clone())
+        })
+        .await
+        .map_err(store_error)?;
+        let outcome = match v.as_string().as_deref() {
+            Some("reset") => RedriveReset::Reset,
+            Some("already") => RedriveReset::AlreadyReset,
+            Some("running") => RedriveReset::Running,
+            other => {
+                return Err(StoreError::Unavailable(format!(
+                    "unexpected reset reply from valkey: {other:?}"
+                )))
+            }
+        };
+        if outcome == RedriveReset::Reset {
+            // Another slot in a cluster: best effort (progress is advice).
+            let _: Result<i64, _> = core.pool.del(core.keys.progress(id)).await;
+        }
+        Ok(outcome)
+    }
+
+    async fn add_history(&self, stats: &[MinuteStats]) -> Result<(), StoreError> {
+        self.add_history_minutes(stats).await
+    }
+
+    async fn history(&self, from: u64, to: u64) -> Result<Vec<MinuteStats>, StoreError> {
+        self.read_history(from, to).await
+    }
+
+    async fn record_job(&self, id: &str, json: &str, ttl: Duration) -> Result<(), StoreError> {
+        // One hash of every job: it expires `ttl` after the last record of any.
+        let keys = vec![format!("{}:ops-jobs", self.prefix())];
+        let args = vec![ms(ttl), id.to_owned(), json.to_owned()];
+        scripts::call(&self.core().pool, &Script::from_lua(RECORD_JOB), || {
+            (keys.clone(), args.clone())
+        })
+        .await
+        .map_err(store_error)?;
+        Ok(())
+    }
+
+    async fn jobs(&self) -> Result<Vec<String>, StoreError> {
+        use fred::prelude::HashesInterface;
+        let all: std::collections::HashMap<String, String> = self
+            .core()
+            .pool
+            .hgetall(format!("{}:ops-jobs", self.prefix()))
+            .await
+            .map_err(store_error)?;
+        Ok(all.into_values().collect())
+    }
+
+    async fn add_finished(&self, finished: &[FinishedTask]) -> Result<(), StoreError> {
+        self.add_finished_tasks(finished).await
+    }
+
+    async fn finished(
+        &self,
+        task: &str,
+        failed: Option<bool>,
+        from_ms: u64,
+        to_ms: u64,
+        limit: usize,
+    ) -> Result<Vec<FinishedTask>, StoreError> {
+        self.read_finished(task, failed, from_ms, to_ms, limit)
+            .await
+    }
+
+    async fn index_dead(&self, entries: &[DeadEntry]) -> Result<(), StoreError> {
+        self.add_dead_entries(entries).await
+    }
+
+    async fn unindex_dead(&self, lane: &str, keys: &[String]) -> Result<(), StoreError> {
+        self.remove_dead_entries(lane, keys).await
+    }
+
+    async fn clear_dead_index(&self, lane: &str) -> Result<(), StoreError> {
+        self.clear_dead_entries(lane).await
+    }
+
+    async fn dead_index(
+        &self,
+        lane: &str,
+        filter: &DeadFilter,
+        now_ms: u64,
+        offset: usize,
+        limit: usize,
+    ) -> Result<Option<DeadPage>, StoreError> {
+        Ok(Some(
+            self.read_dead_index(lane, filter, now_ms, offset, limit)
+                .await?,
+        ))
     }
 }
 
-fn parse_claim(reply: Vec<Value>) -> Result<ClaimOutcome, StoreError> {
-    let token = |i| int(&reply, i).map(|t| Token(t.max(0) as u64));
-    Ok(match reply.first().and_then(Value::as_string).as_deref() {
-        Some("run") => ClaimOutcome::Run {
-            token: token(1).ok_or_else(|| unexpected("claim", &reply))?,
-            failures: count(&reply, 2),
-            starts: count(&reply, 3),
-            takeovers: count(&reply, 4),
-            took_over: count(&reply, 5) == 1,
-        },
-        Some("expired") => ClaimOutcome::Expired {
-            token: token(1).ok_or_else(|| unexpected("claim", &reply))?,
-        },
-        Some("defer") => ClaimOutcome::Defer {
-            retry_after: Duration::from_micros(int(&reply, 1).unwrap_or(0).max(0) as u64),
-        },
-        Some("done") => ClaimOutcome::Done,
-        Some("revoked") => ClaimOutcome::Revoked,
-        Some("err") => {
-            return Err(StoreError::Unavailable(format!(
-                "valkey failed this claim: {}",
-                reply.get(1).and_then(Value::as_string).unwrap_or_default()
-            )))
-        }
-        _ => return Err(unexpected("claim", &reply)),
-    })
-}
+/// The reset script (it uses the claim record's helpers).
+pub(crate) const RESET_SCRIPT: &str = RESET;

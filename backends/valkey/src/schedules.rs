@@ -12,8 +12,8 @@ use fred::prelude::{HashesInterface, KeysInterface};
 use fred::types::scripts::Script;
 use fred::types::Value;
 
+use crate::claims::ms;
 use crate::error::store_error;
-use crate::ops::ms;
 use crate::scripts;
 use crate::ValkeyStore;
 

@@ -329,7 +329,7 @@ impl Scripts {
             store_once: script(STORE_ONCE),
             create_group: script(CREATE_GROUP),
             count_member: script(COUNT_MEMBER),
-            reset: script(crate::ops_store::RESET_SCRIPT),
+            reset: script(crate::ops::RESET_SCRIPT),
         }
     }
 

@@ -13,8 +13,8 @@ use ferriq::wire::{TaskId, TaskResult};
 use fred::prelude::{HashesInterface, KeysInterface};
 use fred::types::{Expiration, SetOptions, Value};
 
+use crate::claims::ms;
 use crate::error::store_error;
-use crate::ops::ms;
 use crate::scripts;
 use crate::store::parse_record;
 use crate::ValkeyStore;

@@ -9,7 +9,11 @@ use super::Clock;
 use crate::store::Token;
 use crate::wire::{TaskId, TaskResult};
 
+mod flow;
+mod ops;
+mod schedules;
 mod traits;
+mod workflow;
 
 /// In-memory claims and results with the Valkey store's semantics: leased claims with fencing
 /// tokens, results written once (counted, for exactly-once tests), waiters woken on completion.
@@ -59,18 +63,18 @@ pub(super) struct State {
     /// Finished tasks (and settled workflows) in the order they are forgotten (only with a
     /// retention).
     finished: VecDeque<(Instant, TaskId)>,
-    pub(super) groups: crate::FastMap<TaskId, super::workflow::MemGroup>,
+    pub(super) groups: crate::FastMap<TaskId, workflow::MemGroup>,
     pub(super) chains: crate::FastMap<TaskId, crate::store::ChainRecord>,
     pub(super) progress: crate::FastMap<TaskId, crate::store::TaskProgress>,
-    pub(super) schedules: super::schedules::MemSchedules,
-    pub(super) ops: super::ops::MemOps,
+    pub(super) schedules: schedules::MemSchedules,
+    pub(super) ops: ops::MemOps,
     /// Rate limiters by name.
     pub(super) rates: std::collections::HashMap<String, crate::store::RateState>,
     /// Concurrency limiters by name.
     pub(super) slots: std::collections::HashMap<String, crate::store::SlotState>,
     /// Deduplication keys: the task holding each, until when.
     pub(super) dedup: std::collections::HashMap<String, (TaskId, Instant)>,
-    pub(super) limits: super::flow::MemLimits,
+    pub(super) limits: flow::MemLimits,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

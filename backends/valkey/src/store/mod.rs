@@ -9,10 +9,10 @@ use fred::types::ConnectHandle;
 use tokio::task::JoinHandle;
 
 use crate::batch::Batcher;
+use crate::claims::{ClaimCall, CompleteCall, Core};
 use crate::error::store_error;
 use crate::keys::Keys;
 use crate::limits::{AdmitCall, KeyCache, ReleaseCall, SlotCall};
-use crate::ops::{ClaimCall, CompleteCall, Core};
 use crate::scripts::{self, Scripts};
 use crate::waiters::{confirm_subscribed, spawn_dispatcher, Waiters};
 use crate::{ValkeyError, ValkeyStoreBuilder};

@@ -13,7 +13,7 @@ use ferriq::wire::{TaskId, TaskResult};
 use fred::prelude::ClientLike;
 use tokio::time::Instant;
 
-use crate::ops::{ClaimCall, CompleteCall};
+use crate::claims::{ClaimCall, CompleteCall};
 
 use super::ValkeyStore;
 

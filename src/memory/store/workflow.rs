@@ -4,7 +4,7 @@
 use async_trait::async_trait;
 use tokio::time::Instant;
 
-use super::store::{MemoryStore, Phase};
+use super::{MemoryStore, Phase};
 use crate::store::{
     ChainRecord, ClaimInfo, ClaimState, GroupMark, GroupRecord, GroupState, ProgressStore,
     ResultStatus, StoreError, TaskProgress, Token, WorkflowStore,
@@ -129,7 +129,7 @@ impl WorkflowStore for MemoryStore {
         let claim = state
             .claims
             .entry(id.clone())
-            .or_insert_with(|| super::store::Claim::new(now));
+            .or_insert_with(|| super::Claim::new(now));
         if claim.phase != Phase::Revoked {
             claim.phase = Phase::Done;
             claim.token += 1;

@@ -1,3 +1,6 @@
+//! The memory broker: lanes of waiting messages with visibility leases, delays and a
+//! dead-letter queue per lane, in one process.
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -5,6 +8,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::sync::Notify;
 use tokio::time::Instant;
+
+mod dead_letters;
+mod waiting;
 
 use crate::broker::{
     Broker, BrokerError, DeadLetter, Delivery, DeliveryHandle, Health, LeaseStatus,
@@ -62,7 +68,7 @@ pub(super) struct State {
 #[derive(Default)]
 struct Queue {
     /// Waiting messages by (visible at, id).
-    pending: super::waiting::Waiting<Stored>,
+    pending: waiting::Waiting<Stored>,
     in_flight: crate::FastMap<u64, InFlight>,
 }
 

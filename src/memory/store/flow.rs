@@ -7,7 +7,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::time::Instant;
 
-use super::store::MemoryStore;
+use super::MemoryStore;
 use crate::store::{
     DebounceTurn, Debounced, FlowStore, LimitOverride, LimiterKind, LimiterSeen, LimiterUsage,
     StoreError, LIMITER_LISTED_FOR,

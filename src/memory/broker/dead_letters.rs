@@ -2,7 +2,7 @@
 
 use async_trait::async_trait;
 
-use super::broker::MemoryBroker;
+use super::MemoryBroker;
 use crate::broker::{Broker, BrokerError, DeliveryHandle, OutgoingMessage};
 use crate::dead_letters::{DeadLetterQueue, DeadMessage};
 use crate::wire::TaskId;

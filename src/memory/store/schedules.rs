@@ -7,7 +7,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::time::Instant;
 
-use super::store::MemoryStore;
+use super::MemoryStore;
 use crate::schedule::ScheduleSpec;
 use crate::store::{ScheduleStore, StoreError};
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::time::Instant;
 
-use super::store::{Claim, MemoryStore, Phase};
+use super::{Claim, MemoryStore, Phase};
 use crate::dead_letters::DeadFilter;
 use crate::store::{
     DeadEntry, DeadPage, FinishedTask, MinuteStats, OpsStore, RedriveReset, StoreError, WorkerInfo,
