@@ -11,6 +11,20 @@
 //!   claims and results in a [`ClaimStore`](store::ClaimStore)/[`ResultStore`](store::ResultStore)
 //!   (Valkey, in-memory).
 //!
+//! Start with the [`prelude`] (`use ferriq::prelude::*;`). The backends are crates of their own:
+//! `ferriq-amqp` (RabbitMQ), `ferriq-sqs` (SQS) and `ferriq-valkey` (claims and results on
+//! Valkey/Redis), connected from URLs with [`connect`]; `ferriq-dashboard` is the web page and
+//! `ferriq-cli` the `ferriq` command. Where to look next:
+//!
+//! - [`task`](mod@task): options a task declares (retries, timeouts, limits, schedules), its
+//!   [`TaskContext`], shared [`State`].
+//! - [`client`]: enqueue, batches, delays, waiting on results; [`workflow`] for groups,
+//!   chains and chords; [`schedule`] for cron and intervals.
+//! - [`worker`]: concurrency, leases, draining, probes and metrics; [`middleware`].
+//! - [`ops`]: queues, workers, dead letters and redrive, as the on-call engineer uses them.
+//! - [`testing`]: an in-memory environment for your own tests.
+//! - [`broker`] and [`store`]: the contracts a backend implements.
+//!
 //! How the promises are kept — the wire format, claims and fencing, what a worker does with
 //! each delivery, how each broker works — is in `docs/design.md` in the repository; "design §N"
 //! in these docs refers to its sections.
@@ -33,6 +47,25 @@
 //! worker.stop().await;
 //! # }
 //! ```
+
+/// What most apps need, in one import.
+///
+/// ```
+/// use ferriq::prelude::*;
+///
+/// #[task(name = "docs.prelude.greet")]
+/// async fn greet(name: String) -> Result<String, TaskError> {
+///     Ok(format!("hello, {name}"))
+/// }
+/// # fn main() { let _ = greet::NAME; }
+/// ```
+pub mod prelude {
+    pub use crate::client::{Client, TaskHandle, WaitError};
+    pub use crate::registry::Registry;
+    pub use crate::task::{State, Task, TaskContext, TaskError, TaskOptions};
+    pub use crate::worker::{Shutdown, Worker};
+    pub use ferriq_macros::task;
+}
 
 /// The runtime's maps keyed by task ids, delivery keys and task names: foldhash, seeded per
 /// map, instead of SipHash (SipHash of ids was ~8 % of the memory engine's instructions).

@@ -12,7 +12,10 @@ pub use error::TaskError;
 pub(crate) use limits::{concurrency_limiter, rate_limiter};
 pub use limits::{Dedup, KeySource, Rate};
 pub use options::TaskOptions;
-pub use registration::{Invocation, RunFuture, StateRequirement, StaticSchedule, TaskRegistration};
+pub use registration::TaskRegistration;
+// What `#[task]` expands to, not for hand-written code (reached through `ferriq::__private`).
+#[doc(hidden)]
+pub use registration::{Invocation, RunFuture, StateRequirement, StaticSchedule};
 
 #[doc(hidden)]
 pub mod __private {
