@@ -8,7 +8,7 @@
 mod broker;
 mod store;
 
-pub use broker::{DeadLettered, MemoryBroker, MemoryBrokerStats};
+pub use broker::{MemoryBroker, MemoryBrokerStats, ParkedMessage};
 pub use store::MemoryStore;
 
 use crate::clock::Clock;

@@ -10,7 +10,7 @@ use crate::store::StoreError;
 /// Why a schedule could not be added or listed.
 #[derive(Debug, Error)]
 #[non_exhaustive]
-pub enum SchedulesError {
+pub enum ScheduleAdminError {
     /// The schedule is invalid.
     #[error(transparent)]
     Invalid(#[from] ScheduleError),
@@ -69,7 +69,7 @@ impl Client {
 impl Schedules {
     /// Adds (or replaces, by id) a schedule, after checking it. Every scheduler sends its
     /// ticks from its next round; it survives restarts of every scheduler.
-    pub async fn add(&self, spec: ScheduleSpec) -> Result<(), SchedulesError> {
+    pub async fn add(&self, spec: ScheduleSpec) -> Result<(), ScheduleAdminError> {
         spec.compile()?;
         self.client.store().put_schedule(&spec).await?;
         Ok(())
@@ -95,7 +95,7 @@ impl Schedules {
     /// Every schedule — declared on tasks (this binary's, and those a scheduler recorded in
     /// the store), and added at run time — with its next tick, how its latest tick stands,
     /// and whether it is paused.
-    pub async fn list(&self) -> Result<Vec<ScheduleInfo>, SchedulesError> {
+    pub async fn list(&self) -> Result<Vec<ScheduleInfo>, ScheduleAdminError> {
         let store = self.client.store();
         let mut specs: Vec<(ScheduleSpec, bool)> =
             static_schedules()?.into_iter().map(|s| (s, true)).collect();

@@ -17,7 +17,7 @@ mod admin;
 mod scheduler;
 mod spec;
 
-pub use admin::{ScheduleInfo, Schedules, SchedulesError};
+pub use admin::{ScheduleAdminError, ScheduleInfo, Schedules};
 pub use ferriq_cron::{Cron, CronError};
 pub use scheduler::{static_schedules, Scheduler, SchedulerBuilder};
 pub use spec::{Compiled, MissedTicks, ScheduleError, ScheduleSpec, Timing};

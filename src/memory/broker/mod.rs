@@ -61,7 +61,7 @@ pub(super) struct State {
     queues: crate::FastMap<String, Queue>,
     next_id: u64,
     next_receipt: u64,
-    pub(super) dead: Vec<DeadLettered>,
+    pub(super) dead: Vec<ParkedMessage>,
     stats: MemoryBrokerStats,
 }
 
@@ -97,7 +97,7 @@ struct Handle {
 /// A message parked in the dead-letter queue.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
-pub struct DeadLettered {
+pub struct ParkedMessage {
     /// The body as it was received.
     pub body: Vec<u8>,
     /// Why it was parked.
@@ -192,7 +192,7 @@ impl MemoryBroker {
     }
 
     /// Messages parked in the dead-letter queue.
-    pub fn dead_letters(&self) -> Vec<DeadLettered> {
+    pub fn dead_letters(&self) -> Vec<ParkedMessage> {
         self.lock().dead.clone()
     }
 
@@ -338,7 +338,7 @@ impl MemoryBroker {
                         0,
                     );
                     *next_id += 1;
-                    dead.push(DeadLettered {
+                    dead.push(ParkedMessage {
                         body: stored.body,
                         why,
                         queue: queue.to_string(),
@@ -493,7 +493,7 @@ impl Broker for MemoryBroker {
         let f = self.take_current(&mut state, h)?;
         state.next_id += 1;
         let id = state.next_id;
-        state.dead.push(DeadLettered {
+        state.dead.push(ParkedMessage {
             body: f.stored.body,
             why: why.clone(),
             queue: h.queue.to_string(),
