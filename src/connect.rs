@@ -29,7 +29,7 @@ use thiserror::Error;
 use crate::broker::Broker;
 use crate::SecretUrl;
 
-pub use crate::store::Store;
+use crate::store::Store;
 
 /// `FERRIQ_*` settings by name. `Debug` shows URLs redacted and hides values whose names say
 /// they are secret.

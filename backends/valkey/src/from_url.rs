@@ -10,7 +10,8 @@
 
 use std::sync::Arc;
 
-use ferriq::connect::{ConnectError, ConnectFuture, ConnectOptions, Store, StoreConnector};
+use ferriq::connect::{ConnectError, ConnectFuture, ConnectOptions, StoreConnector};
+use ferriq::store::Store;
 
 use crate::ValkeyStore;
 
