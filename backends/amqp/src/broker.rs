@@ -13,22 +13,12 @@ use tokio::time::Instant;
 
 use crate::acks::AckBook;
 use crate::consume::{Incoming, Lanes};
-use crate::publish::{long, persistent, Publication};
+use crate::headers::{
+    header_int, header_str, long, unix_ms_now, NOT_BEFORE_HEADER, RECEIVES_HEADER,
+};
+use crate::publish::{persistent, Publication};
 use crate::session::{Session, Shared};
 use crate::{AmqpBrokerBuilder, AmqpError};
-
-/// Our receive count, carried on copies made by `release(after)` (a copy is a new message to
-/// RabbitMQ, so its own delivery count starts again).
-pub(crate) const RECEIVES_HEADER: &str = "x-ferriq-receives";
-
-/// On a released copy: unix milliseconds before which it is not to be handled. A delay tier
-/// may hand it back earlier (tiers are coarse); the worker then releases it again.
-pub(crate) const NOT_BEFORE_HEADER: &str = "x-ferriq-not-before";
-
-/// Unix milliseconds now, from the core's clock, as AMQP's signed header value.
-pub(crate) fn unix_ms_now() -> i64 {
-    i64::try_from(ferriq::clock::Clock::system().now_unix_ms()).unwrap_or(i64::MAX)
-}
 
 /// A RabbitMQ broker for ferriq workers and clients. Cheap to clone; the connection closes when
 /// the last clone is dropped (or on [`AmqpBroker::close`]).
@@ -73,28 +63,6 @@ struct Held {
 impl Held {
     fn headers(&self) -> Option<&FieldTable> {
         self.properties.headers().as_ref()
-    }
-}
-
-pub(crate) fn header_int(headers: &FieldTable, name: &str) -> Option<i64> {
-    match headers.inner().get(name)? {
-        AMQPValue::LongLongInt(n) => Some(*n),
-        AMQPValue::LongInt(n) => Some(i64::from(*n)),
-        AMQPValue::LongUInt(n) => Some(i64::from(*n)),
-        AMQPValue::ShortInt(n) => Some(i64::from(*n)),
-        AMQPValue::ShortShortInt(n) => Some(i64::from(*n)),
-        AMQPValue::ShortShortUInt(n) => Some(i64::from(*n)),
-        AMQPValue::ShortUInt(n) => Some(i64::from(*n)),
-        AMQPValue::LongString(s) => std::str::from_utf8(s.as_bytes()).ok()?.parse().ok(),
-        _ => None,
-    }
-}
-
-pub(crate) fn header_str(headers: &FieldTable, name: &str) -> Option<String> {
-    match headers.inner().get(name)? {
-        AMQPValue::LongString(s) => String::from_utf8(s.as_bytes().to_vec()).ok(),
-        AMQPValue::ShortString(s) => Some(s.as_str().to_owned()),
-        _ => None,
     }
 }
 
@@ -430,11 +398,11 @@ impl Broker for AmqpBroker {
             AMQPValue::LongLongInt(i64::from(why.attempts)),
         );
         headers.insert(
-            crate::dead_letters::DEAD_LETTER_ID_HEADER.into(),
+            crate::headers::DEAD_LETTER_ID_HEADER.into(),
             long(&uuid::Uuid::new_v4().simple().to_string()),
         );
         headers.insert(
-            crate::dead_letters::DEAD_AT_HEADER.into(),
+            crate::headers::DEAD_AT_HEADER.into(),
             AMQPValue::LongLongInt(unix_ms_now()),
         );
         let copy = Publication {

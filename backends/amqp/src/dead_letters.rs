@@ -12,14 +12,9 @@ use lapin::types::{AMQPValue, FieldTable};
 use lapin::{Acker, Channel};
 use tokio::time::Instant;
 
-use crate::broker::{header_int, header_str};
-use crate::publish::{long, persistent, Publication};
+use crate::headers::{header_int, header_str, long, DEAD_AT_HEADER, DEAD_LETTER_ID_HEADER};
+use crate::publish::{persistent, Publication};
 use crate::{AmqpBroker, AmqpBrokerBuilder};
-
-/// On a dead letter: its id, stable while it stays parked.
-pub(crate) const DEAD_LETTER_ID_HEADER: &str = "x-ferriq-dead-letter-id";
-/// On a dead letter: when it was parked (unix ms).
-pub(crate) const DEAD_AT_HEADER: &str = "x-ferriq-dead-at";
 
 /// Headers a dead letter carries that its redriven copy must not.
 const PARKING_HEADERS: [&str; 15] = [
@@ -29,8 +24,8 @@ const PARKING_HEADERS: [&str; 15] = [
     "x-ferriq-attempts",
     DEAD_LETTER_ID_HEADER,
     DEAD_AT_HEADER,
-    crate::broker::RECEIVES_HEADER,
-    crate::broker::NOT_BEFORE_HEADER,
+    crate::headers::RECEIVES_HEADER,
+    crate::headers::NOT_BEFORE_HEADER,
     "x-death",
     "x-delivery-count",
     "x-first-death-exchange",

@@ -62,6 +62,7 @@ mod consume;
 mod dead_letters;
 mod error;
 mod from_url;
+mod headers;
 mod lanes;
 mod publish;
 mod session;

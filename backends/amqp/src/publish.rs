@@ -8,11 +8,11 @@ use std::time::Duration;
 use ferriq::broker::{BrokerError, OutgoingMessage, HOLD_WINDOW};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use lapin::options::BasicPublishOptions;
-use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{BasicProperties, Confirmation};
 use tokio::time::Instant;
 
-use crate::broker::{unix_ms_now, NOT_BEFORE_HEADER};
+use crate::headers::{long, unix_ms_now, NOT_BEFORE_HEADER};
 use crate::session::Session;
 use crate::{AmqpBroker, AmqpBrokerBuilder};
 
@@ -29,10 +29,6 @@ enum PublishFailure {
     Rejected(String),
     /// The connection or channel failed: publish again on the next session.
     Connection(String),
-}
-
-pub(crate) fn long(s: &str) -> AMQPValue {
-    AMQPValue::LongString(LongString::from(s.as_bytes().to_vec()))
 }
 
 pub(crate) fn persistent(headers: FieldTable) -> BasicProperties {
