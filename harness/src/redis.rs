@@ -124,9 +124,7 @@ pub struct Oracle {
 type Control = (OwnedWriteHalf, mpsc::UnboundedReceiver<()>);
 
 fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
+    ferriq::clock::Clock::system().now_unix_ms()
 }
 
 /// Reads one RESP value as a list of bulk strings (arrays flattened; other replies as text).

@@ -22,9 +22,7 @@ pub fn open_events(path: &str) {
 }
 
 fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
+    ferriq::clock::Clock::system().now_unix_ms()
 }
 
 /// Appends `kind id attempt pid ms` in one write (the kernel keeps it if the process dies).

@@ -140,11 +140,9 @@ pub struct World {
     pub node_proxies: Vec<Proxy>,
 }
 
-/// Unix ms now.
+/// Unix ms now (the core's clock).
 pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
+    ferriq::clock::Clock::system().now_unix_ms()
 }
 
 fn host_port(url: &str) -> String {

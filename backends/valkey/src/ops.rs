@@ -51,22 +51,6 @@ redis.call('PEXPIRE', KEYS[1], ARGV[1])
 return 1
 "#;
 
-/// KEYS: claim, result, marker. ARGV: claim ttl ms. Returns 'reset' | 'already' | 'running'.
-const RESET: &str = r#"
-if redis.call('EXISTS', KEYS[3]) == 1 then return 'already' end
-local now = now_us()
-local r = load(KEYS[1])
-if r.state == 'r' and r.lease > now then return 'running' end
-redis.call('DEL', KEYS[2])
-r.token = math.max(r.token + 1, now)
-r.state = 'x'
-r.failures = 0
-r.takeovers = 0
-save(KEYS[1], r, 'PX', ARGV[1])
-redis.call('SET', KEYS[3], '1', 'PX', ARGV[1])
-return 'reset'
-"#;
-
 impl ValkeyStore {
     fn workers_key(&self, name: &str) -> String {
         format!("{}:{{workers}}:{name}", self.prefix())
@@ -236,6 +220,3 @@ impl OpsStore for ValkeyStore {
         ))
     }
 }
-
-/// The reset script (it uses the claim record's helpers).
-pub(crate) const RESET_SCRIPT: &str = RESET;

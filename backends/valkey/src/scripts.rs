@@ -301,6 +301,22 @@ pub(crate) async fn check_server(client: &Client) -> Result<(), String> {
 /// A trivial script, for the benchmark's raw EVALSHA baseline.
 pub(crate) const TRIVIAL: &str = "return 1";
 
+/// KEYS: claim, result, marker. ARGV: claim ttl ms. Returns 'reset' | 'already' | 'running'.
+const RESET: &str = r#"
+if redis.call('EXISTS', KEYS[3]) == 1 then return 'already' end
+local now = now_us()
+local r = load(KEYS[1])
+if r.state == 'r' and r.lease > now then return 'running' end
+redis.call('DEL', KEYS[2])
+r.token = math.max(r.token + 1, now)
+r.state = 'x'
+r.failures = 0
+r.takeovers = 0
+save(KEYS[1], r, 'PX', ARGV[1])
+redis.call('SET', KEYS[3], '1', 'PX', ARGV[1])
+return 'reset'
+"#;
+
 /// The loaded scripts.
 #[derive(Debug)]
 pub(crate) struct Scripts {
@@ -329,7 +345,7 @@ impl Scripts {
             store_once: script(STORE_ONCE),
             create_group: script(CREATE_GROUP),
             count_member: script(COUNT_MEMBER),
-            reset: script(crate::ops::RESET_SCRIPT),
+            reset: script(RESET),
         }
     }
 
