@@ -2,6 +2,8 @@
 //! that fails on demand, a store that counts result writes, and an oracle that counts starts
 //! per task.
 
+#[cfg(feature = "conformance")]
+pub mod conformance;
 mod stores;
 
 pub use stores::{CountingStore, FaultyStore, StoreOp};
