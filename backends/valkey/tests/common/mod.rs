@@ -63,10 +63,18 @@ pub struct PrivateRedis {
 
 impl PrivateRedis {
     pub async fn start() -> Self {
-        let port = free_port();
-        let mut server = PrivateRedis { port, child: None };
-        server.restart().await;
-        server
+        // A port found free can be taken before the server binds it: then the server exits,
+        // and the next port is tried.
+        for _ in 0..5 {
+            let mut server = PrivateRedis {
+                port: free_port(),
+                child: None,
+            };
+            if server.try_start().await {
+                return server;
+            }
+        }
+        panic!("no private redis-server could start (5 ports tried; is redis-server installed?)")
     }
 
     pub fn url(&self) -> String {
@@ -83,6 +91,15 @@ impl PrivateRedis {
 
     /// Starts it (again) on the same port, without persistence, and waits until it answers.
     pub async fn restart(&mut self) {
+        assert!(
+            self.try_start().await,
+            "private redis did not start again on port {}",
+            self.port
+        );
+    }
+
+    /// Starts it on its port; whether it is up and answering `PING` as the server we started.
+    async fn try_start(&mut self) -> bool {
         self.kill();
         let child = Command::new("redis-server")
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
@@ -96,14 +113,18 @@ impl PrivateRedis {
         loop {
             // Ours must still be running: otherwise the port answers for someone else.
             let exited = self.child.as_mut().and_then(|c| c.try_wait().unwrap());
-            assert!(exited.is_none(), "private redis exited: {exited:?}");
-            if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
-                return;
+            if exited.is_some() {
+                self.child = None;
+                return false;
             }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "private redis did not start"
-            );
+            if redis_cli(self.port, &["ping"]).trim() == "PONG" {
+                // Still ours after answering (a server that lost the port has exited by now).
+                let exited = self.child.as_mut().and_then(|c| c.try_wait().unwrap());
+                return exited.is_none();
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
