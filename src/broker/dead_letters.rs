@@ -185,27 +185,41 @@ impl DeadFilter {
 
     /// Whether `m` is one of them (at `now_ms`).
     pub fn matches(&self, m: &DeadMessage, now_ms: u64) -> bool {
-        self.reason
-            .as_deref()
-            .is_none_or(|r| m.reason.as_deref() == Some(r))
+        self.id.as_deref().is_none_or(|id| m.id == id)
+            && (self.ids.is_empty() || self.ids.contains(&m.id))
+            && (self.keys.is_empty() || self.keys.contains(&m.index_key()))
+            && self.matches_fields(
+                m.reason.as_deref(),
+                m.task_name.as_deref(),
+                m.task_id.as_ref(),
+                &m.detail,
+                m.age(now_ms),
+            )
+    }
+
+    /// The conditions a dead letter and an index entry are read alike by: reason, task name,
+    /// task id, error text and age (`None`: unknown, never old enough).
+    pub(crate) fn matches_fields(
+        &self,
+        reason: Option<&str>,
+        task_name: Option<&str>,
+        task_id: Option<&TaskId>,
+        detail: &str,
+        age: Option<Duration>,
+    ) -> bool {
+        self.reason.as_deref().is_none_or(|r| reason == Some(r))
             && self
                 .task_name
                 .as_deref()
-                .is_none_or(|n| m.task_name.as_deref() == Some(n))
-            && self
-                .task_id
-                .as_ref()
-                .is_none_or(|id| m.task_id.as_ref() == Some(id))
-            && self.id.as_deref().is_none_or(|id| m.id == id)
-            && (self.ids.is_empty() || self.ids.contains(&m.id))
-            && (self.keys.is_empty() || self.keys.contains(&m.index_key()))
+                .is_none_or(|n| task_name == Some(n))
+            && self.task_id.as_ref().is_none_or(|id| task_id == Some(id))
             && self
                 .detail_contains
                 .as_deref()
-                .is_none_or(|t| m.detail.to_lowercase().contains(&t.to_lowercase()))
+                .is_none_or(|t| detail.to_lowercase().contains(&t.to_lowercase()))
             && self
                 .older_than
-                .is_none_or(|min| m.age(now_ms).is_some_and(|age| age >= min))
+                .is_none_or(|min| age.is_some_and(|age| age >= min))
     }
 }
 

@@ -9,6 +9,8 @@
 //! the truth: the index is what a page *lists*; every action still takes the dead letters from
 //! the queue.
 
+use std::time::Duration;
+
 use crate::dead_letters::{DeadFilter, DeadMessage};
 use crate::wire::TaskId;
 
@@ -163,26 +165,16 @@ impl DeadEntry {
     pub fn matches(&self, filter: &DeadFilter, now_ms: u64) -> bool {
         filter.id.is_none()
             && filter.ids.is_empty()
-            && filter
-                .reason
-                .as_deref()
-                .is_none_or(|r| self.reason.as_deref() == Some(r))
-            && filter
-                .task_name
-                .as_deref()
-                .is_none_or(|n| self.task_name.as_deref() == Some(n))
-            && filter
-                .task_id
-                .as_ref()
-                .is_none_or(|id| self.task_id.as_ref() == Some(id))
             && (filter.keys.is_empty() || filter.keys.contains(&self.key))
-            && filter
-                .detail_contains
-                .as_deref()
-                .is_none_or(|t| self.detail.to_lowercase().contains(t))
-            && filter
-                .older_than
-                .is_none_or(|min| now_ms.saturating_sub(self.dead_at_ms) >= min.as_millis() as u64)
+            && filter.matches_fields(
+                self.reason.as_deref(),
+                self.task_name.as_deref(),
+                self.task_id.as_ref(),
+                &self.detail,
+                Some(Duration::from_millis(
+                    now_ms.saturating_sub(self.dead_at_ms),
+                )),
+            )
     }
 }
 

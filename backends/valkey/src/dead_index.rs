@@ -192,6 +192,24 @@ impl KeyList {
     }
 }
 
+impl KeyList {
+    /// The KEYS indexes of `entry`'s task set and reason set (0 for none, or no entry).
+    fn sets_of(&mut self, lk: &LaneKeys, entry: Option<&DeadEntry>) -> [String; 2] {
+        [
+            self.index(
+                entry
+                    .and_then(|e| e.task_name.as_deref())
+                    .map(|n| lk.task(n)),
+            ),
+            self.index(
+                entry
+                    .and_then(|e| e.reason.as_deref())
+                    .map(|r| lk.reason(r)),
+            ),
+        ]
+    }
+}
+
 impl ValkeyStore {
     fn dead_keys(&self, lane: &str) -> LaneKeys {
         LaneKeys {
@@ -240,22 +258,8 @@ impl ValkeyStore {
                     argv.push(e.dead_at_ms.to_string());
                     argv.push(encode(e));
                     argv.push(e.detail.to_lowercase());
-                    argv.push(
-                        list.index(
-                            prior
-                                .and_then(|p| p.task_name.as_deref())
-                                .map(|n| lk.task(n)),
-                        ),
-                    );
-                    argv.push(
-                        list.index(
-                            prior
-                                .and_then(|p| p.reason.as_deref())
-                                .map(|r| lk.reason(r)),
-                        ),
-                    );
-                    argv.push(list.index(e.task_name.as_deref().map(|n| lk.task(n))));
-                    argv.push(list.index(e.reason.as_deref().map(|r| lk.reason(r))));
+                    argv.extend(list.sets_of(&lk, prior));
+                    argv.extend(list.sets_of(&lk, Some(*e)));
                 }
                 let keys = list.keys;
                 scripts::call(&self.core().pool, &script, || (keys.clone(), argv.clone()))
@@ -280,20 +284,7 @@ impl ValkeyStore {
             for k in chunk {
                 let prior = old.get(k);
                 argv.push(k.clone());
-                argv.push(
-                    list.index(
-                        prior
-                            .and_then(|p| p.task_name.as_deref())
-                            .map(|n| lk.task(n)),
-                    ),
-                );
-                argv.push(
-                    list.index(
-                        prior
-                            .and_then(|p| p.reason.as_deref())
-                            .map(|r| lk.reason(r)),
-                    ),
-                );
+                argv.extend(list.sets_of(&lk, prior));
             }
             let keys = list.keys;
             scripts::call(&self.core().pool, &script, || (keys.clone(), argv.clone()))
