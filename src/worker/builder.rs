@@ -317,6 +317,11 @@ impl WorkerBuilder {
         } else {
             None
         };
+        let pending = super::pending::PendingResults::new(
+            self.config.lease,
+            self.config.store_retry_after,
+            self.config.max_pending_results,
+        );
         Ok(Worker {
             inner: Arc::new(Inner {
                 broker,
@@ -325,7 +330,7 @@ impl WorkerBuilder {
                 state: Arc::new(self.state),
                 config: self.config,
                 running: RunningTable::default(),
-                pending: Mutex::default(),
+                pending,
                 rng: Mutex::new(rng),
                 counters,
                 finished: Mutex::default(),

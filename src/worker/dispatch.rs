@@ -18,7 +18,7 @@ use tokio_util::task::TaskTracker;
 
 use super::ordered::{Next, Waiting};
 use super::running::Outcome;
-use super::Inner;
+use super::{settle, Inner};
 use crate::broker::Delivery;
 
 /// The most deliveries one task runs. Deliveries in one task are never run in parallel, and a
@@ -58,12 +58,12 @@ pub(super) fn dispatch(
         if let [_] = group.as_slice() {
             // A lone delivery needs no set around it.
             let first = group.into_iter().next().expect("one delivery");
-            tracker.spawn(settle_in_turn(inner, first));
+            tracker.spawn(process_in_turn(inner, first));
             continue;
         }
         let runs: FuturesUnordered<_> = group
             .into_iter()
-            .map(|first| settle_in_turn(Arc::clone(&inner), first))
+            .map(|first| process_in_turn(Arc::clone(&inner), first))
             .collect();
         tracker.spawn(runs.for_each(|()| async {}));
     }
@@ -73,15 +73,15 @@ pub(super) fn dispatch(
 /// the next only once the previous one's message left its queue for good. When it went back
 /// instead (or the worker drains), what waits is handed back unrun, for the broker to return
 /// after it.
-async fn settle_in_turn(inner: Arc<Inner>, first: Waiting) {
+async fn process_in_turn(inner: Arc<Inner>, first: Waiting) {
     let Some(key) = first.delivery.ordering_key.clone() else {
-        settle_one(inner, first.delivery).await;
+        process_caught(inner, first.delivery).await;
         drop(first.permit);
         return;
     };
     let mut current = first;
     loop {
-        let outcome = settle_one(Arc::clone(&inner), current.delivery).await;
+        let outcome = process_caught(Arc::clone(&inner), current.delivery).await;
         drop(current.permit);
         match inner
             .ordered
@@ -90,23 +90,21 @@ async fn settle_in_turn(inner: Arc<Inner>, first: Waiting) {
             None => return,
             Some(Next::Run(next)) => current = next,
             Some(Next::HandBack(waiting)) => {
-                inner.hand_back(waiting).await;
+                hand_back(&inner, waiting).await;
                 return;
             }
         }
     }
 }
 
-impl Inner {
-    /// Gives deliveries that waited behind their group's run back to their queue, visible at
-    /// once (the head still in flight keeps them from being received before it), unclaimed.
-    pub(crate) async fn hand_back(&self, waiting: Vec<Waiting>) {
-        let releases = waiting.into_iter().map(|w| async move {
-            self.release_now(&w.delivery, Outcome::Released).await;
-            drop(w.permit);
-        });
-        futures_util::future::join_all(releases).await;
-    }
+/// Gives deliveries that waited behind their group's run back to their queue, visible at
+/// once (the head still in flight keeps them from being received before it), unclaimed.
+pub(super) async fn hand_back(w: &Inner, waiting: Vec<Waiting>) {
+    let releases = waiting.into_iter().map(|waiting| async move {
+        settle::release_now(w, &waiting.delivery, Outcome::Released).await;
+        drop(waiting.permit);
+    });
+    futures_util::future::join_all(releases).await;
 }
 
 /// Settles one delivery. A panic in the worker's own code (the task's body is caught in
@@ -115,11 +113,11 @@ impl Inner {
 /// forever, with nothing running) and released now: RabbitMQ would otherwise hold an
 /// unsettled message until its channel closes. Its claim, no longer heartbeated, runs out
 /// with its lease, and the next run counts as a takeover.
-async fn settle_one(inner: Arc<Inner>, d: Delivery) -> Option<Outcome> {
+async fn process_caught(inner: Arc<Inner>, d: Delivery) -> Option<Outcome> {
     let handle = d.handle.clone();
     // Boxed: the delivery's future is large, and this one is moved into its group's set and
     // its runtime task; a box keeps those moves to a pointer's size.
-    let settled = AssertUnwindSafe(Box::pin(Arc::clone(&inner).process(d)))
+    let settled = AssertUnwindSafe(Box::pin(super::delivery::process(Arc::clone(&inner), d)))
         .catch_unwind()
         .await;
     match settled {

@@ -5,7 +5,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 
 use super::running::StopReason;
-use super::Inner;
+use super::{dispatch, limits, Inner};
 use crate::broker::LeaseStatus;
 use crate::store::ClaimLease;
 
@@ -55,7 +55,7 @@ pub(crate) fn spawn(inner: Arc<Inner>) -> Heartbeats {
             loop {
                 tokio::select! {
                     _ = stop.cancelled() => return,
-                    _ = tick.tick() => inner.refresh_limits().await,
+                    _ = tick.tick() => limits::refresh(&inner).await,
                 }
             }
         })
@@ -115,7 +115,7 @@ async fn broker_beat(inner: Arc<Inner>) {
                 if *status == LeaseStatus::Lost && !from.is_empty() {
                     from.remove(0);
                 }
-                inner.hand_back(from).await;
+                dispatch::hand_back(&inner, from).await;
             }
             for (handle, status) in handles[..runs].iter().zip(statuses) {
                 match status {
@@ -137,9 +137,9 @@ async fn broker_beat(inner: Arc<Inner>) {
 }
 
 async fn claim_beat(inner: Arc<Inner>) {
-    inner.sweep_pending();
+    inner.pending.sweep();
     // Concurrency slots live as long as their runs do: renewed with the claims.
-    let slots = inner.held_slots();
+    let slots = limits::held_slots(&inner);
     if !slots.is_empty() {
         if let Err(e) = inner.store.renew_slots(&slots, inner.config.lease).await {
             tracing::warn!(error = %e, "could not renew concurrency slots");

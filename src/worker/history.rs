@@ -19,21 +19,19 @@ use crate::wire::TaskMessage;
 /// some (the counts stay whole).
 const MAX_FINISHED: usize = 200_000;
 
-impl Inner {
-    /// Notes a task whose result this worker wrote, for the finished-task index.
-    pub(crate) fn note_finished(&self, msg: &TaskMessage, failed: bool) {
-        if !self.config.history {
-            return;
-        }
-        let mut held = self.finished.lock().unwrap_or_else(|p| p.into_inner());
-        if held.len() < MAX_FINISHED {
-            held.push(FinishedTask::new(
-                msg.task_id.clone(),
-                msg.task_name.as_str(),
-                failed,
-                self.config.clock.now_unix_ms(),
-            ));
-        }
+/// Notes a task whose result this worker wrote, for the finished-task index.
+pub(super) fn note_finished(w: &Inner, msg: &TaskMessage, failed: bool) {
+    if !w.config.history {
+        return;
+    }
+    let mut held = w.finished.lock().unwrap_or_else(|p| p.into_inner());
+    if held.len() < MAX_FINISHED {
+        held.push(FinishedTask::new(
+            msg.task_id.clone(),
+            msg.task_name.as_str(),
+            failed,
+            w.config.clock.now_unix_ms(),
+        ));
     }
 }
 

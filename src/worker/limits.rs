@@ -9,11 +9,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::running::Outcome;
-use super::Inner;
+use super::{settle, Inner};
 use crate::broker::{Delivery, HOLD_WINDOW};
-use crate::store::{
-    Debounced, LimitOverride, LimiterKind, LimiterSeen, RateDecision, SlotDecision,
-};
+use crate::store::{LimitOverride, LimiterKind, LimiterSeen, RateDecision, SlotDecision};
 use crate::task::{Rate, TaskOptions};
 use crate::wire::{TaskId, TaskMessage};
 
@@ -58,7 +56,7 @@ fn overridden<T>(
 
 /// How often a held task asks again before it is handed back anyway (a turn pushed back by
 /// late starts while it was held).
-const MAX_HOLDS: u32 = 3;
+pub(super) const MAX_HOLDS: u32 = 3;
 
 /// A turn closer than this is waited for here; a later one is waited for in the broker. A task
 /// held here takes one of the worker's slots, and a key's backlog held that way would keep the
@@ -76,240 +74,177 @@ fn guarded(rate: Rate) -> Rate {
     Rate::new(rate.limit(), rate.period() + guard)
 }
 
-impl Inner {
-    /// Reads the limits set at run time and notes the limiters used lately (every
-    /// [`crate::store::OVERRIDES_REFRESH`]). A failed read keeps the limits read before.
-    pub(crate) async fn refresh_limits(&self) {
-        match self.store.limit_overrides().await {
-            Ok(read) => {
-                let read: HashMap<_, _> = read.into_iter().collect();
-                let mut current = self
-                    .limits
-                    .overrides
-                    .write()
-                    .unwrap_or_else(|p| p.into_inner());
-                if **current != read {
-                    tracing::info!(overrides = read.len(), "limits set at run time changed");
-                    *current = Arc::new(read);
-                }
-            }
-            Err(e) => tracing::debug!(error = %e, "could not read the limits set at run time"),
-        }
-        let seen: Vec<LimiterSeen> = {
-            let mut seen = self.limits.seen.lock().unwrap_or_else(|p| p.into_inner());
-            seen.drain().collect()
-        };
-        if !seen.is_empty() {
-            if let Err(e) = self.store.note_limiters(&seen).await {
-                tracing::debug!(error = %e, "could not note the limiters used");
+/// Reads the limits set at run time and notes the limiters used lately (every
+/// [`crate::store::OVERRIDES_REFRESH`]). A failed read keeps the limits read before.
+pub(super) async fn refresh(w: &Inner) {
+    match w.store.limit_overrides().await {
+        Ok(read) => {
+            let read: HashMap<_, _> = read.into_iter().collect();
+            let mut current = w
+                .limits
+                .overrides
+                .write()
+                .unwrap_or_else(|p| p.into_inner());
+            if **current != read {
+                tracing::info!(overrides = read.len(), "limits set at run time changed");
+                *current = Arc::new(read);
             }
         }
+        Err(e) => tracing::debug!(error = %e, "could not read the limits set at run time"),
     }
-
-    /// The rate limiter a message's run counts against: as the message's labels or its task
-    /// declare it, unless an operator set another limit for it (or for a task that declares
-    /// none).
-    pub(crate) fn rate_limiter(
-        &self,
-        options: &TaskOptions,
-        msg: &TaskMessage,
-    ) -> Option<(String, Rate)> {
-        let overrides = self.limits.overrides();
-        let declared = crate::task::rate_limiter(options.get_rate(), options.get_rate_key(), msg);
-        let (limiter, rate) = match declared {
-            Some((limiter, rate)) if overrides.is_empty() => (limiter, rate),
-            Some((limiter, rate)) => {
-                let set = overridden(&overrides, &limiter, &msg.task_name, |o| o.rate);
-                (limiter, set.unwrap_or(rate))
-            }
-            None => {
-                let rate = overrides.get(&msg.task_name)?.rate?;
-                (msg.task_name.clone(), rate)
-            }
-        };
-        self.limits
-            .note(LimiterKind::Rate, &limiter, rate.to_string());
-        Some((limiter, rate))
-    }
-
-    /// The concurrency limiter a message's run takes a slot of, and its number of slots: as
-    /// declared, unless an operator set another limit.
-    pub(crate) fn concurrency_limiter(
-        &self,
-        options: &TaskOptions,
-        msg: &TaskMessage,
-    ) -> Option<(String, u32)> {
-        let overrides = self.limits.overrides();
-        let declared = crate::task::concurrency_limiter(
-            options.get_concurrency(),
-            options.get_concurrency_key(),
-            msg,
-        );
-        let (limiter, limit) = match declared {
-            Some((limiter, limit)) if overrides.is_empty() => (limiter, limit),
-            Some((limiter, limit)) => {
-                let set = overridden(&overrides, &limiter, &msg.task_name, |o| o.concurrency);
-                (limiter, set.unwrap_or(limit))
-            }
-            None => {
-                let limit = overrides.get(&msg.task_name)?.concurrency?;
-                (msg.task_name.clone(), limit)
-            }
-        };
-        self.limits
-            .note(LimiterKind::Concurrency, &limiter, limit.to_string());
-        Some((limiter, limit))
-    }
-
-    /// `None` when the task may start now (its start counted against `limiter`); otherwise
-    /// what became of the delivery: handed back until its turn.
-    pub(crate) async fn wait_for_turn(
-        &self,
-        d: &Delivery,
-        msg: &TaskMessage,
-        limiter: &str,
-        rate: Rate,
-    ) -> Option<Outcome> {
-        let rate = guarded(rate);
-        for _ in 0..MAX_HOLDS {
-            match self.store.admit_rate(limiter, &msg.task_id, rate).await {
-                Ok(RateDecision::Run) => return None,
-                Ok(RateDecision::Wait(wait)) if wait < HOLD_FOR_TURN => {
-                    tokio::time::sleep(wait).await;
-                }
-                Ok(RateDecision::Wait(wait)) => {
-                    tracing::debug!(turn_in = ?wait, "over its rate limit: handed back until its turn");
-                    // Under a second: exactly (a broker that cannot wait that little comes back
-                    // later, never sooner); else whole seconds, so it comes back early rather
-                    // than late, then is held.
-                    let back_in = if wait < HOLD_WINDOW {
-                        wait
-                    } else {
-                        Duration::from_secs(wait.as_secs())
-                    };
-                    return Some(self.release_after(d, back_in, Outcome::RateLimited).await);
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "rate limiter unreachable: releasing the message");
-                    return Some(
-                        self.release(d, self.config.store_retry_after, Outcome::Released)
-                            .await,
-                    );
-                }
-            }
+    let seen: Vec<LimiterSeen> = {
+        let mut seen = w.limits.seen.lock().unwrap_or_else(|p| p.into_inner());
+        seen.drain().collect()
+    };
+    if !seen.is_empty() {
+        if let Err(e) = w.store.note_limiters(&seen).await {
+            tracing::debug!(error = %e, "could not note the limiters used");
         }
-        Some(
-            self.release(d, self.config.min_defer, Outcome::RateLimited)
-                .await,
-        )
     }
+}
 
-    /// Takes a slot of `limiter` for the message's run, or hands the message back until its
-    /// turn among the waiting (`Err`: what became of it). The slot is renewed with the claims'
-    /// heartbeats until [`Inner::give_slot_back`].
-    pub(crate) async fn take_slot(
-        &self,
-        d: &Delivery,
-        msg: &TaskMessage,
-        limiter: &str,
-        limit: u32,
-    ) -> Result<(), Outcome> {
-        match self
-            .store
-            .acquire_slot(limiter, &msg.task_id, limit, self.config.lease)
-            .await
-        {
-            Ok(SlotDecision::Held) => {
-                self.slots
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert(msg.task_id.clone(), (limiter.to_owned(), Instant::now()));
-                Ok(())
+/// The rate limiter a message's run counts against: as the message's labels or its task
+/// declare it, unless an operator set another limit for it (or for a task that declares
+/// none).
+pub(super) fn rate_limiter(
+    w: &Inner,
+    options: &TaskOptions,
+    msg: &TaskMessage,
+) -> Option<(String, Rate)> {
+    let overrides = w.limits.overrides();
+    let declared = crate::task::rate_limiter(options.get_rate(), options.get_rate_key(), msg);
+    let (limiter, rate) = match declared {
+        Some((limiter, rate)) if overrides.is_empty() => (limiter, rate),
+        Some((limiter, rate)) => {
+            let set = overridden(&overrides, &limiter, &msg.task_name, |o| o.rate);
+            (limiter, set.unwrap_or(rate))
+        }
+        None => {
+            let rate = overrides.get(&msg.task_name)?.rate?;
+            (msg.task_name.clone(), rate)
+        }
+    };
+    w.limits.note(LimiterKind::Rate, &limiter, rate.to_string());
+    Some((limiter, rate))
+}
+
+/// The concurrency limiter a message's run takes a slot of, and its number of slots: as
+/// declared, unless an operator set another limit.
+pub(super) fn concurrency_limiter(
+    w: &Inner,
+    options: &TaskOptions,
+    msg: &TaskMessage,
+) -> Option<(String, u32)> {
+    let overrides = w.limits.overrides();
+    let declared = crate::task::concurrency_limiter(
+        options.get_concurrency(),
+        options.get_concurrency_key(),
+        msg,
+    );
+    let (limiter, limit) = match declared {
+        Some((limiter, limit)) if overrides.is_empty() => (limiter, limit),
+        Some((limiter, limit)) => {
+            let set = overridden(&overrides, &limiter, &msg.task_name, |o| o.concurrency);
+            (limiter, set.unwrap_or(limit))
+        }
+        None => {
+            let limit = overrides.get(&msg.task_name)?.concurrency?;
+            (msg.task_name.clone(), limit)
+        }
+    };
+    w.limits
+        .note(LimiterKind::Concurrency, &limiter, limit.to_string());
+    Some((limiter, limit))
+}
+
+/// `None` when the task may start now (its start counted against `limiter`); otherwise
+/// what became of the delivery: handed back until its turn.
+pub(super) async fn wait_for_turn(
+    w: &Inner,
+    d: &Delivery,
+    msg: &TaskMessage,
+    limiter: &str,
+    rate: Rate,
+) -> Option<Outcome> {
+    let rate = guarded(rate);
+    for _ in 0..MAX_HOLDS {
+        match w.store.admit_rate(limiter, &msg.task_id, rate).await {
+            Ok(RateDecision::Run) => return None,
+            Ok(RateDecision::Wait(wait)) if wait < HOLD_FOR_TURN => {
+                tokio::time::sleep(wait).await;
             }
-            Ok(SlotDecision::Wait(wait)) => {
-                tracing::debug!(turn_in = ?wait, "every slot of its concurrency limit is taken: handed back");
-                Err(self.release(d, wait, Outcome::ConcurrencyLimited).await)
+            Ok(RateDecision::Wait(wait)) => {
+                tracing::debug!(turn_in = ?wait, "over its rate limit: handed back until its turn");
+                // Under a second: exactly (a broker that cannot wait that little comes back
+                // later, never sooner); else whole seconds, so it comes back early rather
+                // than late, then is held.
+                let back_in = if wait < HOLD_WINDOW {
+                    wait
+                } else {
+                    Duration::from_secs(wait.as_secs())
+                };
+                return Some(settle::release_after(w, d, back_in, Outcome::RateLimited).await);
             }
             Err(e) => {
-                tracing::warn!(error = %e, "concurrency limiter unreachable: releasing the message");
-                Err(self
-                    .release(d, self.config.store_retry_after, Outcome::Released)
-                    .await)
+                tracing::warn!(error = %e, "rate limiter unreachable: releasing the message");
+                return Some(
+                    settle::release(w, d, w.config.store_retry_after, Outcome::Released).await,
+                );
             }
         }
     }
+    Some(settle::release(w, d, w.config.min_defer, Outcome::RateLimited).await)
+}
 
-    /// Frees the run's slot (it is settled). A slot that cannot be freed now runs out with its
-    /// lease, no longer renewed.
-    pub(crate) async fn give_slot_back(&self, limiter: &str, id: &TaskId) {
-        let taken = self
-            .slots
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(id);
-        let held = taken.map_or(Duration::ZERO, |(_, at)| at.elapsed());
-        if let Err(e) = self.store.release_slot(limiter, id, held).await {
-            tracing::warn!(error = %e, "could not free a concurrency slot; it frees itself within a lease");
+/// Takes a slot of `limiter` for the message's run, or hands the message back until its
+/// turn among the waiting (`Err`: what became of it). The slot is renewed with the claims'
+/// heartbeats until [`give_slot_back`].
+pub(super) async fn take_slot(
+    w: &Inner,
+    d: &Delivery,
+    msg: &TaskMessage,
+    limiter: &str,
+    limit: u32,
+) -> Result<(), Outcome> {
+    match w
+        .store
+        .acquire_slot(limiter, &msg.task_id, limit, w.config.lease)
+        .await
+    {
+        Ok(SlotDecision::Held) => {
+            w.slots
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(msg.task_id.clone(), (limiter.to_owned(), Instant::now()));
+            Ok(())
+        }
+        Ok(SlotDecision::Wait(wait)) => {
+            tracing::debug!(turn_in = ?wait, "every slot of its concurrency limit is taken: handed back");
+            Err(settle::release(w, d, wait, Outcome::ConcurrencyLimited).await)
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "concurrency limiter unreachable: releasing the message");
+            Err(settle::release(w, d, w.config.store_retry_after, Outcome::Released).await)
         }
     }
+}
 
-    /// The slots held by this worker's runs, to renew with their claims.
-    pub(crate) fn held_slots(&self) -> Vec<(String, TaskId)> {
-        self.slots
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .map(|(id, (limiter, _))| (limiter.clone(), id.clone()))
-            .collect()
+/// Frees the run's slot (it is settled). A slot that cannot be freed now runs out with its
+/// lease, no longer renewed.
+pub(super) async fn give_slot_back(w: &Inner, limiter: &str, id: &TaskId) {
+    let taken = w.slots.lock().unwrap_or_else(|p| p.into_inner()).remove(id);
+    let held = taken.map_or(Duration::ZERO, |(_, at)| at.elapsed());
+    if let Err(e) = w.store.release_slot(limiter, id, held).await {
+        tracing::warn!(error = %e, "could not free a concurrency slot; it frees itself within a lease");
     }
+}
 
-    /// A debounced message (`ferriq_dedup_mode` `debounce`) runs once its key has been quiet
-    /// for its window: the latest enqueue's copy runs (with its own arguments, the latest),
-    /// handed back while the key is enqueued again (like a task not due yet); an earlier copy
-    /// is acked unrun.
-    pub(crate) async fn debounced(
-        &self,
-        d: &Delivery,
-        msg: TaskMessage,
-    ) -> Result<TaskMessage, Outcome> {
-        use crate::wire::names;
-        let debounce = msg
-            .labels
-            .get(names::DEDUP_MODE)
-            .is_some_and(|m| m.header_value() == crate::task::Dedup::Debounce.as_str());
-        let key = match msg.labels.get(names::DEDUP_KEY) {
-            Some(key) if debounce => key.header_value().into_owned(),
-            _ => return Ok(msg),
-        };
-        let seq = msg
-            .labels
-            .get(names::DEBOUNCE_SEQ)
-            .and_then(|s| s.as_i64())
-            .map_or(1, |s| s.max(1) as u64);
-        for _ in 0..MAX_HOLDS {
-            match self.store.take_debounced(&key, &msg.task_id, seq).await {
-                Ok(Debounced::Wait(wait)) if wait < HOLD_WINDOW => {
-                    tokio::time::sleep(wait).await;
-                }
-                Ok(Debounced::Wait(wait)) => {
-                    tracing::debug!(quiet_in = ?wait, "debounced: enqueued again, released until its key is quiet");
-                    let whole_seconds = Duration::from_secs(wait.as_secs());
-                    return Err(self.release_after(d, whole_seconds, Outcome::NotDue).await);
-                }
-                Ok(Debounced::Run) => return Ok(msg),
-                Ok(Debounced::Superseded) => {
-                    tracing::debug!("debounced: a later enqueue's copy replaced this one");
-                    return Err(self.ack(d, Outcome::Superseded).await);
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "debounce state unreachable: releasing the message");
-                    return Err(self
-                        .release(d, self.config.store_retry_after, Outcome::Released)
-                        .await);
-                }
-            }
-        }
-        // Enqueued again and again while held: back to the broker, as a task not due.
-        Err(self.release_after(d, HOLD_WINDOW, Outcome::NotDue).await)
-    }
+/// The slots held by this worker's runs, to renew with their claims.
+pub(super) fn held_slots(w: &Inner) -> Vec<(String, TaskId)> {
+    w.slots
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .map(|(id, (limiter, _))| (limiter.clone(), id.clone()))
+        .collect()
 }

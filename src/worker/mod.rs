@@ -1,21 +1,52 @@
 //! The worker runtime: receives deliveries, claims, runs, heartbeats and settles each one as
 //! design §6 says, with bounded concurrency and a graceful drain.
+//!
+//! A delivery's way through the worker, one file per stage, in order:
+//!
+//! | stage | file | what it does |
+//! |---|---|---|
+//! | receive | `receive.rs` | takes free concurrency slots, asks the broker for that many deliveries |
+//! | dispatch | `dispatch.rs` | hands a batch to runtime tasks; one ordering key's deliveries in turn (`ordered.rs`) |
+//! | (one delivery) | `delivery.rs` | the stages below in order, each passing the message on or ending the delivery |
+//! | decode | `decode.rs` | body → task message, or why it cannot run (too large, unreadable, newer) |
+//! | due | `due.rs` | not due yet or debounced: handed back until its time, held for the last moment |
+//! | route | `route.rs` | a task this worker does not serve: back to its queue, parked in the end |
+//! | kept result | `pending.rs` | a result kept while the store was down, written on redelivery |
+//! | limits | `limits.rs` | rate turn and concurrency slot, before the claim (no attempt spent) |
+//! | claim | `claim.rs` | the task taken under a lease and a fencing token; every answer handled |
+//! | run | `run.rs` | the body under timeout and cancellation; retry or fail for good |
+//! | write | `write.rs` | the outcome stored once, fenced by the token; then `workflow.rs` advances |
+//! | settle | `settle.rs` | the broker told: ack, release after a delay, or park (dead letter) |
+//! | drain | `drain.rs` | stop receiving, let runs finish in the grace period, hand back the rest |
+//!
+//! Beside the stages: the heartbeats that keep leases, claims and slots alive
+//! (`heartbeat.rs`), the table of running deliveries (`running.rs`), metrics, history and
+//! probes. Each stage is a set of functions taking the worker's shared parts ([`Inner`]) and
+//! the delivery; "settle" means only telling the broker what became of a message.
 
 mod builder;
+mod claim;
 mod config;
+mod decode;
 mod delivery;
 mod dispatch;
+mod drain;
+mod due;
 mod heartbeat;
 mod history;
 mod limits;
 mod metrics;
 mod ordered;
+mod pending;
 mod probes;
+mod receive;
+mod route;
 mod run;
 mod running;
 mod settle;
 mod shutdown;
 mod workflow;
+mod write;
 
 pub use builder::{BuildError, WorkerBuilder};
 pub use config::{ConfigError, WorkerConfig};
@@ -25,19 +56,16 @@ pub use running::Outcome;
 pub use shutdown::Shutdown;
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use rand::rngs::SmallRng;
-use tokio::sync::Semaphore;
 use tokio_util::task::TaskTracker;
 
 use crate::broker::{Broker, ConsumerSettings, Health, QueueDepth};
 use crate::registry::Registry;
 use crate::store::Store;
 use crate::task::AppState;
-use delivery::PendingResult;
 use metrics::Counters;
-use running::{RunningTable, StopReason};
+use running::RunningTable;
 
 pub(crate) struct Inner {
     broker: Arc<dyn Broker>,
@@ -48,7 +76,7 @@ pub(crate) struct Inner {
     running: RunningTable,
     /// Results computed while the store was unreachable, keyed by task id, stored on the
     /// message's redelivery.
-    pending: Mutex<crate::FastMap<crate::wire::TaskId, PendingResult>>,
+    pending: pending::PendingResults,
     rng: Mutex<SmallRng>,
     counters: Counters,
     /// Tasks whose results this worker wrote since history was last added (bounded).
@@ -111,9 +139,6 @@ impl Inner {
 pub struct Worker {
     inner: Arc<Inner>,
 }
-
-/// How long a worker told to stop now (a second signal) still gives each hand-back step.
-const FORCED_LIMIT: Duration = Duration::from_secs(5);
 
 impl Worker {
     /// A builder.
@@ -221,12 +246,11 @@ impl Worker {
             .report_worker(&inner.report(), inner.config.lease)
             .await;
         // The limits operators set apply from the first delivery.
-        inner.refresh_limits().await;
+        limits::refresh(inner).await;
         inner.broker.prepare_consumer(&ConsumerSettings::new(
             inner.config.concurrency,
             inner.config.lease,
         ));
-        let slots = Arc::new(Semaphore::new(inner.config.concurrency));
         let tracker = TaskTracker::new();
         let heartbeats = heartbeat::spawn(Arc::clone(inner));
         let scheduler = inner.scheduler.clone().map(|s| {
@@ -241,108 +265,14 @@ impl Worker {
             "worker started, serving {} task(s)",
             inner.registry.len()
         );
-        let mut backoff = Duration::from_millis(100);
-        'receive: loop {
-            let first = tokio::select! {
-                biased;
-                _ = shutdown.draining() => None,
-                permit = Arc::clone(&slots).acquire_owned() => permit.ok(),
-            };
-            let Some(first) = first else {
-                break;
-            };
-            let mut permits = vec![first];
-            while let Ok(p) = Arc::clone(&slots).try_acquire_owned() {
-                permits.push(p);
-            }
-            let received = tokio::select! {
-                biased;
-                _ = shutdown.draining() => break 'receive,
-                r = inner.broker.receive(permits.len(), inner.config.receive_wait) => r,
-            };
-            match received {
-                Ok(deliveries) => {
-                    backoff = Duration::from_millis(100);
-                    if deliveries.len() > permits.len() {
-                        // Handled anyway rather than held unheartbeated.
-                        tracing::warn!("broker returned more deliveries than requested");
-                    }
-                    let with_slots = deliveries.into_iter().map(|d| (d, permits.pop())).collect();
-                    dispatch::dispatch(inner, &tracker, with_slots);
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, retry_in = ?backoff, "receive failed");
-                    tokio::select! {
-                        _ = shutdown.draining() => break 'receive,
-                        _ = tokio::time::sleep(backoff) => {}
-                    }
-                    backoff = (backoff * 2).min(Duration::from_secs(10));
-                }
-            }
-        }
-        tracker.close();
-        inner.broker.drain_started();
-        // What waits behind a group's run goes back now, for another worker, in order; a
-        // broker that hangs does not hold the drain (the messages come back by themselves).
-        let _ = tokio::time::timeout(FORCED_LIMIT, inner.hand_back(inner.ordered.drain())).await;
-        tracing::info!(in_flight = inner.running.len(), grace = ?inner.config.grace, "draining");
-        let forced = tokio::select! {
-            _ = tracker.wait() => false,
-            _ = tokio::time::sleep(inner.config.grace) => false,
-            _ = shutdown.forced() => true,
-        };
-        if !tracker.is_empty() {
-            let left = inner.running.len();
-            if forced {
-                tracing::warn!(
-                    left,
-                    "told to stop now: cancelling runs and releasing their messages"
-                );
-            } else {
-                tracing::warn!(
-                    left,
-                    "grace period over: cancelling runs and releasing their messages"
-                );
-            }
-            inner.running.stop_all(StopReason::Shutdown);
-            // Handing back is quick (a claim release, a message release), and worth waiting
-            // for even when told to stop now: a message released before its channel closes is
-            // back at once and its run counts as handed back. A broker or store call that hangs
-            // must not keep the process from stopping: its message comes back by itself.
-            // Told to stop now during the settle: at most 5 s more.
-            let settle_limit = if forced {
-                FORCED_LIMIT
-            } else {
-                Duration::from_secs(30)
-            };
-            let settled = tokio::time::timeout(settle_limit, tracker.wait());
-            tokio::pin!(settled);
-            let finished = tokio::select! {
-                done = &mut settled => done.is_ok(),
-                _ = shutdown.forced(), if !forced => {
-                    tokio::time::timeout(FORCED_LIMIT, settled).await.is_ok_and(|done| done.is_ok())
-                }
-            };
-            if !finished {
-                tracing::error!(left = inner.running.len(), "deliveries still settling; stopping anyway (their messages come back by themselves)");
-            }
-        }
+        receive::until_drain(inner, &shutdown, &tracker).await;
+        drain::runs(inner, &shutdown, &tracker).await;
         heartbeats.stop().await;
         let _ = inner.store.forget_worker(&inner.config.worker_id).await;
         if let Some(s) = scheduler {
             let _ = s.await;
         }
-        // Every delivery is settled: a broker that pushes deliveries (RabbitMQ) hands the ones
-        // it buffered back to the queue for other workers (SQS waits for its open polls).
-        // Told to stop now: at most 5 s for it.
-        let stopping = inner.broker.stop_receiving();
-        tokio::pin!(stopping);
-        tokio::select! {
-            _ = &mut stopping => {}
-            _ = shutdown.forced() => {
-                let _ = tokio::time::timeout(FORCED_LIMIT, stopping).await;
-            }
-        }
+        drain::stop_receiving(inner, &shutdown).await;
         tracing::info!("worker stopped");
     }
 }

@@ -1,0 +1,107 @@
+//! Results kept while the store was unreachable: a run finished, its outcome could not be
+//! written, and its message went back. The result is written on the message's redelivery,
+//! with the claim token it was computed under (design §6, "Valkey unreachable at complete"),
+//! instead of running the task again.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::running::Outcome;
+use super::settle::{self, Settle};
+use super::{workflow, Inner};
+use crate::broker::Delivery;
+use crate::store::{CompleteOutcome, Token};
+use crate::wire::{TaskId, TaskMessage, TaskResult};
+
+/// A result computed while the store was unreachable.
+#[derive(Debug)]
+pub(super) struct PendingResult {
+    pub(super) token: Token,
+    pub(super) result: Option<TaskResult>,
+    pub(super) settle: Settle,
+    pub(super) outcome: Outcome,
+    pub(super) kept_at: Instant,
+}
+
+/// The results a worker keeps, by task id, each for a bounded time.
+pub(super) struct PendingResults {
+    kept: Mutex<crate::FastMap<TaskId, PendingResult>>,
+    /// How long a kept result is worth keeping. It stays writable (the write is fenced by
+    /// token, not by lease) until another worker takes the task over, which needs the store
+    /// back: long enough to ride out an outage, bounded so a result whose redelivery went to
+    /// another worker does not stay forever.
+    ttl: Duration,
+    max: usize,
+}
+
+impl PendingResults {
+    /// Kept for ten leases and three store retries, at most `max` of them.
+    pub(super) fn new(lease: Duration, store_retry_after: Duration, max: usize) -> Self {
+        Self {
+            kept: Mutex::default(),
+            ttl: lease * 10 + store_retry_after * 3,
+            max,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, crate::FastMap<TaskId, PendingResult>> {
+        self.kept.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Keeps `result` for the task's redelivery (unless too many are kept already: the task
+    /// then runs again, its outcome written once all the same).
+    pub(super) fn keep(&self, id: &TaskId, result: PendingResult) {
+        let mut kept = self.lock();
+        kept.retain(|_, p| p.kept_at.elapsed() < self.ttl);
+        if kept.len() < self.max {
+            kept.insert(id.clone(), result);
+        } else {
+            tracing::warn!("too many results pending: this task will run again");
+        }
+    }
+
+    /// The result kept for the task, if it is still worth writing.
+    pub(super) fn take(&self, id: &TaskId) -> Option<PendingResult> {
+        self.lock()
+            .remove(id)
+            .filter(|p| p.kept_at.elapsed() < self.ttl)
+    }
+
+    /// Drops kept results that are too old to matter (run from the heartbeat loop).
+    pub(super) fn sweep(&self) {
+        self.lock().retain(|_, p| p.kept_at.elapsed() < self.ttl);
+    }
+}
+
+/// Stores a result kept from a run while the store was down. `None` when the write was
+/// fenced off and the delivery should go through the claim as usual.
+pub(super) async fn write_kept(
+    w: &Inner,
+    d: &Delivery,
+    msg: &TaskMessage,
+    p: PendingResult,
+) -> Option<Outcome> {
+    let reply_to = msg.labels.reply_to();
+    match w
+        .store
+        .complete(&msg.task_id, p.token, p.result.as_ref(), reply_to)
+        .await
+    {
+        Ok(CompleteOutcome::Stored | CompleteOutcome::AlreadyStored) => {
+            if !workflow::advance(w, msg, p.result.as_ref()).await {
+                return Some(
+                    settle::release(w, d, workflow::retry_after(w), Outcome::Released).await,
+                );
+            }
+            Some(settle::settle(w, d, &p.settle, p.outcome).await)
+        }
+        Ok(_) => None,
+        Err(e) => {
+            tracing::warn!(error = %e, "result store still unreachable");
+            w.pending.keep(&msg.task_id, p);
+            Some(settle::release(w, d, w.config.store_retry_after, Outcome::Released).await)
+        }
+    }
+}

@@ -1,0 +1,57 @@
+//! Receive: the worker's loop. It takes a free concurrency slot (and every other one free at
+//! that moment), asks the broker for that many deliveries, and hands them to
+//! [`super::dispatch`] with their slots — until a drain is asked for. A broker that fails is
+//! asked again after a backoff (100 ms doubling to 10 s).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Semaphore;
+use tokio_util::task::TaskTracker;
+
+use super::{dispatch, Inner, Shutdown};
+
+/// Receives until `shutdown` asks for a drain; each delivery's processing is spawned on
+/// `tracker`.
+pub(super) async fn until_drain(inner: &Arc<Inner>, shutdown: &Shutdown, tracker: &TaskTracker) {
+    let slots = Arc::new(Semaphore::new(inner.config.concurrency));
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let first = tokio::select! {
+            biased;
+            _ = shutdown.draining() => None,
+            permit = Arc::clone(&slots).acquire_owned() => permit.ok(),
+        };
+        let Some(first) = first else {
+            return;
+        };
+        let mut permits = vec![first];
+        while let Ok(p) = Arc::clone(&slots).try_acquire_owned() {
+            permits.push(p);
+        }
+        let received = tokio::select! {
+            biased;
+            _ = shutdown.draining() => return,
+            r = inner.broker.receive(permits.len(), inner.config.receive_wait) => r,
+        };
+        match received {
+            Ok(deliveries) => {
+                backoff = Duration::from_millis(100);
+                if deliveries.len() > permits.len() {
+                    // Handled anyway rather than held unheartbeated.
+                    tracing::warn!("broker returned more deliveries than requested");
+                }
+                let with_slots = deliveries.into_iter().map(|d| (d, permits.pop())).collect();
+                dispatch::dispatch(inner, tracker, with_slots);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, retry_in = ?backoff, "receive failed");
+                tokio::select! {
+                    _ = shutdown.draining() => return,
+                    _ = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(10));
+            }
+        }
+    }
+}
