@@ -92,6 +92,9 @@ pub mod store;
 pub mod task;
 #[cfg(feature = "memory")]
 pub mod testing;
+// The conformance kit's scenarios declare tasks with `#[task]`, whose code names `::ferriq::…`.
+#[cfg(feature = "conformance")]
+extern crate self as ferriq;
 pub mod wire;
 pub mod worker;
 pub mod workflow;
@@ -113,6 +116,9 @@ pub use worker::{Shutdown, Worker, WorkerBuilder, WorkerConfig};
 /// runs on a schedule, `schedule = "cron with seconds"` or `every = SECS`, `timezone = "…"`,
 /// `missed = "latest" | "skip" | "catch_up"`, `catch_up_max = N`, `no_overlap = bool`,
 /// `schedule_args = "[JSON array]"` (the arguments each tick is sent with).
+/// `inventory = false` keeps the task out of [`Registry::from_inventory`] (a library's or a
+/// test kit's task that must not join every worker of the binary): add it with
+/// `Registry::from_registrations([my_task::registration()])`.
 ///
 /// Parameters of type [`TaskContext`] and [`State<T>`] are injected; every other parameter is
 /// an argument bound from the message's `args`/`kwargs`. The function stays callable directly,

@@ -1,8 +1,6 @@
 //! The conformance kit on the memory backend (with feature `conformance`, which the test
 //! script's workspace run turns on through the backends' tests).
 
-#![cfg(feature = "conformance")]
-
 use std::sync::Arc;
 
 use ferriq::broker::Broker;

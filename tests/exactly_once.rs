@@ -1,8 +1,7 @@
 //! design §1.3 under duress, on the memory store (the same scenario runs on Valkey in
 //! ferriq-valkey's tests).
 
-#[path = "support/chaos.rs"]
-mod chaos;
+use ferriq::testing::conformance::exactly_once as chaos;
 
 use std::sync::Arc;
 

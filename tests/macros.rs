@@ -91,6 +91,29 @@ async fn context_state_and_result_aliases_work_on_a_worker() {
     w.stop().await;
 }
 
+#[ferriq::task(name = "macros.private", inventory = false)]
+async fn kept_out_of_the_inventory(x: u8) -> u8 {
+    x + 1
+}
+
+/// `inventory = false`: the task is in no registry built from the inventory, and runs once it
+/// is added by hand.
+#[tokio::test]
+async fn a_task_kept_out_of_the_inventory_runs_when_added_by_hand() {
+    let everything = Registry::from_inventory().unwrap();
+    assert!(everything.get(kept_out_of_the_inventory::NAME).is_none());
+    assert!(everything.get(aliased::NAME).is_some());
+    let env = TestEnv::new();
+    let registry =
+        Registry::from_registrations([kept_out_of_the_inventory::registration()]).unwrap();
+    let w = env.spawn_worker(env.worker().registry(registry));
+    let h = kept_out_of_the_inventory::kiq(&env.client, 41)
+        .await
+        .unwrap();
+    assert_eq!(h.wait(Duration::from_secs(10)).await.unwrap(), 42);
+    w.stop().await;
+}
+
 #[ferriq::task(name = "macros.unstored", store_result = false)]
 async fn unstored() -> u8 {
     1

@@ -1,8 +1,7 @@
 //! Operations on the memory backends: dead letters listed, redriven, purged; workers listed;
 //! a task inspected; a stale worker from before a redrive fenced off.
 
-#[path = "support/ops.rs"]
-mod ops_suite;
+use ferriq::testing::conformance::operations as ops_suite;
 
 use std::sync::Arc;
 use std::time::Duration;

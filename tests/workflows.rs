@@ -1,10 +1,7 @@
 //! Workflows on the memory store: groups, chords, chains, progress and Started status, and
 //! chords racing duplicated deliveries and expired leases.
 
-#[path = "support/chaos.rs"]
-mod chaos;
-#[path = "support/workflows.rs"]
-mod workflows;
+use ferriq::testing::conformance::{exactly_once as chaos, workflows};
 
 use std::sync::Arc;
 

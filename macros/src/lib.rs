@@ -150,6 +150,31 @@ fn expand(attr: TaskAttr, func: ItemFn) -> syn::Result<TokenStream2> {
          functions (`{fn_name}::kiq(&client, …)`)."
     );
 
+    let registration = quote! {
+        ::ferriq::__private::TaskRegistration::new(
+            #fn_name::NAME,
+            #fn_name::OPTIONS,
+            __ferriq_run,
+            &[#(#states),*],
+            ::core::file!(),
+            ::core::line!(),
+        )#schedule
+    };
+    let registered = if attr.inventory.unwrap_or(true) {
+        quote! { ::ferriq::inventory::submit! { #registration } }
+    } else {
+        quote! {
+            impl #fn_name {
+                /// This task's registration, for `Registry::from_registrations` (declared
+                /// with `inventory = false`, it is not in `Registry::from_inventory()`).
+                pub fn registration() -> &'static ::ferriq::__private::TaskRegistration {
+                    static REGISTRATION: ::ferriq::__private::TaskRegistration = #registration;
+                    &REGISTRATION
+                }
+            }
+        }
+    };
+
     Ok(quote! {
         #func
 
@@ -206,16 +231,7 @@ fn expand(attr: TaskAttr, func: ItemFn) -> syn::Result<TokenStream2> {
                 })
             }
 
-            ::ferriq::inventory::submit! {
-                ::ferriq::__private::TaskRegistration::new(
-                    #fn_name::NAME,
-                    #fn_name::OPTIONS,
-                    __ferriq_run,
-                    &[#(#states),*],
-                    ::core::file!(),
-                    ::core::line!(),
-                )#schedule
-            }
+            #registered
         };
     })
 }

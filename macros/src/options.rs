@@ -9,7 +9,7 @@ use syn::{Error, Expr, ExprLit, Lit, LitStr, MetaNameValue, Token};
 const KNOWN: &str = "name, max_attempts, timeout, queue, backoff_initial, backoff_max, \
                      retry_on_error, store_result, deadline, park_fatal, rate, rate_key, concurrency, \
                      concurrency_key, unique_for, dedup, dedup_key, schedule, every, timezone, missed, \
-                     catch_up_max, no_overlap, schedule_args";
+                     catch_up_max, no_overlap, schedule_args, inventory";
 
 /// The parsed options.
 #[derive(Default)]
@@ -40,6 +40,8 @@ pub(crate) struct TaskAttr {
     catch_up_max: Option<u32>,
     no_overlap: Option<bool>,
     schedule_args: Option<LitStr>,
+    /// `false`: not submitted to the inventory; the task's `registration()` is added by hand.
+    pub(crate) inventory: Option<bool>,
 }
 
 impl Parse for TaskAttr {
@@ -162,6 +164,7 @@ impl Parse for TaskAttr {
                 "timezone" => attr.timezone = Some(str_lit(&key, &lit)?),
                 "schedule_args" => attr.schedule_args = Some(str_lit(&key, &lit)?),
                 "no_overlap" => attr.no_overlap = Some(bool_lit(&key, &lit)?),
+                "inventory" => attr.inventory = Some(bool_lit(&key, &lit)?),
                 "every" => {
                     let n = match &lit {
                         Lit::Int(i) => i.base10_parse::<u64>()?,

@@ -1,28 +1,28 @@
 //! The worker runtime: receives deliveries, claims, runs, heartbeats and settles each one as
 //! design §6 says, with bounded concurrency and a graceful drain.
-//!
-//! A delivery's way through the worker, one file per stage, in order:
-//!
-//! | stage | file | what it does |
-//! |---|---|---|
-//! | receive | `receive.rs` | takes free concurrency slots, asks the broker for that many deliveries |
-//! | dispatch | `dispatch.rs` | hands a batch to runtime tasks; one ordering key's deliveries in turn (`ordered.rs`) |
-//! | (one delivery) | `delivery.rs` | the stages below in order, each passing the message on or ending the delivery |
-//! | decode | `decode.rs` | body → task message, or why it cannot run (too large, unreadable, newer) |
-//! | due | `due.rs` | not due yet or debounced: handed back until its time, held for the last moment |
-//! | route | `route.rs` | a task this worker does not serve: back to its queue, parked in the end |
-//! | kept result | `pending.rs` | a result kept while the store was down, written on redelivery |
-//! | limits | `limits.rs` | rate turn and concurrency slot, before the claim (no attempt spent) |
-//! | claim | `claim.rs` | the task taken under a lease and a fencing token; every answer handled |
-//! | run | `run.rs` | the body under timeout and cancellation; retry or fail for good |
-//! | write | `write.rs` | the outcome stored once, fenced by the token; then `workflow.rs` advances |
-//! | settle | `settle.rs` | the broker told: ack, release after a delay, or park (dead letter) |
-//! | drain | `drain.rs` | stop receiving, let runs finish in the grace period, hand back the rest |
-//!
-//! Beside the stages: the heartbeats that keep leases, claims and slots alive
-//! (`heartbeat.rs`), the table of running deliveries (`running.rs`), metrics, history and
-//! probes. Each stage is a set of functions taking the worker's shared parts ([`Inner`]) and
-//! the delivery; "settle" means only telling the broker what became of a message.
+
+// A delivery's way through the worker, one file per stage, in order:
+//
+// | stage | file | what it does |
+// |---|---|---|
+// | receive | `receive.rs` | takes free concurrency slots, asks the broker for that many deliveries |
+// | dispatch | `dispatch.rs` | hands a batch to runtime tasks; one ordering key's deliveries in turn (`ordered.rs`) |
+// | (one delivery) | `delivery.rs` | the stages below in order, each passing the message on or ending the delivery |
+// | decode | `decode.rs` | body → task message, or why it cannot run (too large, unreadable, newer) |
+// | due | `due.rs` | not due yet or debounced: handed back until its time, held for the last moment |
+// | route | `route.rs` | a task this worker does not serve: back to its queue, parked in the end |
+// | kept result | `pending.rs` | a result kept while the store was down, written on redelivery |
+// | limits | `limits.rs` | rate turn and concurrency slot, before the claim (no attempt spent) |
+// | claim | `claim.rs` | the task taken under a lease and a fencing token; every answer handled |
+// | run | `run.rs` | the body under timeout and cancellation; retry or fail for good |
+// | write | `write.rs` | the outcome stored once, fenced by the token; then `workflow.rs` advances |
+// | settle | `settle.rs` | the broker told: ack, release after a delay, or park (dead letter) |
+// | drain | `drain.rs` | stop receiving, let runs finish in the grace period, hand back the rest |
+//
+// Beside the stages: the heartbeats that keep leases, claims and slots alive
+// (`heartbeat.rs`), the table of running deliveries (`running.rs`), metrics, history and
+// probes. Each stage is a set of functions taking the worker's shared parts (`Inner`) and
+// the delivery; "settle" means only telling the broker what became of a message.
 
 mod builder;
 mod claim;

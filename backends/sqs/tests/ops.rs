@@ -2,8 +2,7 @@
 //! redriven by reason and purged by task name.
 
 mod common;
-#[path = "../../../tests/support/ops.rs"]
-mod ops_suite;
+use ferriq::testing::conformance::operations as ops_suite;
 
 use std::sync::Arc;
 

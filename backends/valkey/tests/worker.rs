@@ -3,8 +3,7 @@
 
 mod common;
 
-#[path = "../../../tests/support/chaos.rs"]
-mod chaos;
+use ferriq::testing::conformance::exactly_once as chaos;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,11 +1,9 @@
-//! Workflows on Valkey: the same suite as the core's memory-store run (tests/support), on the
+//! Workflows on Valkey: the conformance kit's workflow scenarios, as the core's memory-store run, on the
 //! real server.
 
-#[path = "../../../tests/support/chaos.rs"]
-mod chaos;
+use ferriq::testing::conformance::exactly_once as chaos;
 mod common;
-#[path = "../../../tests/support/workflows.rs"]
-mod workflows;
+use ferriq::testing::conformance::workflows;
 
 use std::sync::Arc;
 

@@ -22,9 +22,23 @@
 //! lane with its reason, a dropped receive loses nothing; a claim is exclusive, a result is
 //! written once and only by the current token, a lease that runs out can be taken over, a
 //! revoked task never starts.
+//!
+//! Beyond the two suites, scenarios that run a real worker on a backend:
+//! [`operations`] (dead letters listed, redriven and purged through `client.ops()`, and a
+//! stale worker fenced off after a redrive — for a broker), [`exactly_once`] (1,000 tasks
+//! delivered twice to four workers while leases and deliveries expire at random — for a
+//! store) and [`workflows`] (groups, chords, chains, progress, and chords racing duplicated
+//! deliveries — for a store). Their tasks, named `conformance.*`, are declared with
+//! `inventory = false`: a registry built with `Registry::from_inventory()` never lists them.
 
+// The scenarios set up workers as a backend's own tests would, field by field on a default
+// configuration (outside this crate the configuration's fields can only be set that way).
+#![allow(clippy::field_reassign_with_default)]
 mod broker;
+pub mod exactly_once;
+pub mod operations;
 mod store;
+pub mod workflows;
 
 pub use broker::broker_suite;
 pub use store::store_suite;

@@ -1,24 +1,22 @@
-//! The exactly-once scenario of the design (docs/design.md), shared by the core tests (memory store) and the
-//! ferriq-valkey tests (Valkey store): 1,000 tasks, each message delivered twice, four workers,
+//! The exactly-once scenario, for a store: 1,000 tasks, each message delivered twice, four workers,
 //! and a chaos loop that expires claim leases and broker visibility at random. Every task must
 //! end with exactly one result, written once.
-#![allow(dead_code)]
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferriq::broker::{Broker, OutgoingMessage};
-use ferriq::memory::MemoryBroker;
-use ferriq::testing::{CountingStore, Oracle, RunningWorker};
-use ferriq::wire::TaskId;
-use ferriq::worker::Outcome;
-use ferriq::{Client, Registry, State, TaskContext, Worker, WorkerConfig};
+use crate::broker::{Broker, OutgoingMessage};
+use crate::memory::MemoryBroker;
+use crate::testing::{CountingStore, Oracle, RunningWorker};
+use crate::wire::TaskId;
+use crate::worker::Outcome;
+use crate::{Client, Registry, State, TaskContext, Worker, WorkerConfig};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 
-#[ferriq::task(name = "chaos.double")]
+#[crate::task(inventory = false, name = "conformance.chaos.double")]
 async fn double(oracle: State<Oracle>, ctx: TaskContext, n: u64, pause_ms: u64) -> u64 {
     oracle.started(ctx.task_id());
     tokio::time::sleep(Duration::from_millis(pause_ms)).await;
@@ -33,12 +31,19 @@ pub type ExpireLease =
 /// What the scenario saw.
 #[derive(Debug)]
 pub struct Report {
+    /// Tasks answered (each waited for and checked).
     pub results: u64,
+    /// Result writes the store accepted: one per task.
     pub writes: u64,
+    /// Tasks whose result was written more than once: 0.
     pub duplicate_writes: usize,
+    /// Runs that started while another run of the same task had started (takeovers).
     pub duplicate_starts: u64,
+    /// Writes or runs fenced off because their claim had been taken over.
     pub fenced_off: u64,
+    /// Claim leases the chaos ended.
     pub expired_leases: usize,
+    /// Deliveries the chaos handed out again while in flight.
     pub expired_deliveries: usize,
 }
 
@@ -54,7 +59,7 @@ fn config() -> WorkerConfig {
 }
 
 /// Runs the scenario on `store` and asserts lost = 0 and duplicate result writes = 0.
-pub async fn exactly_once<S: ferriq::store::Store>(
+pub async fn exactly_once<S: crate::store::Store>(
     store: Arc<S>,
     expire_lease: ExpireLease,
     tasks: u64,
@@ -88,10 +93,7 @@ pub async fn exactly_once<S: ferriq::store::Store>(
                     .broker(Arc::new(broker.clone()))
                     .store(store.clone())
                     .registry(
-                        Registry::from_inventory()
-                            .unwrap()
-                            .only(&[double::NAME])
-                            .unwrap(),
+                        Registry::from_registrations([double::registration()]).expect("one task"),
                     )
                     .state(oracle.clone())
                     .config(config())

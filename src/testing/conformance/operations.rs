@@ -1,18 +1,17 @@
-//! The operations suite, shared by every broker's tests: 50 tasks dead-lettered for mixed
+//! The operations scenarios, for a broker that keeps dead letters: 50 tasks dead-lettered for mixed
 //! reasons; listed with the right reasons; redriven by reason (each runs again and its waiter
 //! gets the new result); purged by task name; the rest untouched.
-#![allow(dead_code)]
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferriq::broker::Broker;
-use ferriq::dead_letters::DeadFilter;
-use ferriq::store::Store;
-use ferriq::testing::RunningWorker;
-use ferriq::wire::TaskMessage;
-use ferriq::{Client, Registry, State, TaskContext, TaskError, WaitError, Worker, WorkerConfig};
+use crate::broker::Broker;
+use crate::dead_letters::DeadFilter;
+use crate::store::Store;
+use crate::testing::RunningWorker;
+use crate::wire::TaskMessage;
+use crate::{Client, Registry, State, TaskContext, TaskError, WaitError, Worker, WorkerConfig};
 
 const WAIT: Duration = Duration::from_secs(90);
 
@@ -20,7 +19,7 @@ const WAIT: Duration = Duration::from_secs(90);
 #[derive(Default)]
 pub struct Healed(pub AtomicBool);
 
-#[ferriq::task(name = "ops.flaky", max_attempts = 1)]
+#[crate::task(inventory = false, name = "conformance.ops.flaky", max_attempts = 1)]
 async fn flaky(healed: State<Arc<Healed>>, ctx: TaskContext, n: u32) -> Result<u32, TaskError> {
     if !healed.0.load(Ordering::SeqCst) {
         return Err(TaskError::retryable(format!(
@@ -31,7 +30,7 @@ async fn flaky(healed: State<Arc<Healed>>, ctx: TaskContext, n: u32) -> Result<u
     Ok(n)
 }
 
-#[ferriq::task(name = "ops.fatal")]
+#[crate::task(inventory = false, name = "conformance.ops.fatal")]
 async fn fatal(healed: State<Arc<Healed>>, n: u32) -> Result<u32, TaskError> {
     if !healed.0.load(Ordering::SeqCst) {
         return Err(TaskError::fatal(format!("{n} is malformed")));
@@ -50,8 +49,6 @@ pub fn worker_and_client(
     (worker, Client::new(broker, store), healed)
 }
 
-pub const TASKS: [&str; 2] = [flaky::NAME, fatal::NAME];
-
 /// A worker for the suite: unknown names parked after one receive, releases quick.
 pub fn worker(
     broker: Arc<dyn Broker>,
@@ -66,7 +63,10 @@ pub fn worker(
         Worker::builder()
             .broker(broker)
             .store(store)
-            .registry(Registry::from_inventory().unwrap().only(&TASKS).unwrap())
+            .registry(
+                Registry::from_registrations([flaky::registration(), fatal::registration()])
+                    .expect("distinct names"),
+            )
             .state(healed)
             .config(config)
             .build()
@@ -92,7 +92,7 @@ async fn eventually_parked(client: &Client, lane: &str, n: usize) {
 }
 
 /// Waits until the store's dead-letter index of `lane` holds `n` entries, and returns them.
-async fn eventually_indexed(client: &Client, lane: &str, n: u64) -> Vec<ferriq::store::DeadEntry> {
+async fn eventually_indexed(client: &Client, lane: &str, n: u64) -> Vec<crate::store::DeadEntry> {
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
         let page = client
@@ -244,7 +244,7 @@ pub async fn dead_letters_are_listed_redriven_and_purged(
     }
     for h in &fatal_handles {
         assert!(
-            matches!(h.status().await.unwrap(), ferriq::TaskStatus::Failed(_)),
+            matches!(h.status().await.unwrap(), crate::TaskStatus::Failed(_)),
             "not redriven: still failed"
         );
     }
@@ -301,7 +301,7 @@ pub struct Me {
     entered: tokio::sync::Notify,
 }
 
-#[ferriq::task(name = "ops.stale", max_attempts = 1)]
+#[crate::task(inventory = false, name = "conformance.ops.stale", max_attempts = 1)]
 async fn stale(me: State<Arc<Me>>) -> Result<String, TaskError> {
     me.entered.notify_one();
     if let Some(gate) = &me.gate {
@@ -324,10 +324,10 @@ pub async fn a_stale_worker_cannot_write_over_a_redriven_result<F, Fut>(
     lane: &str,
     expire: F,
 ) where
-    F: Fn(ferriq::wire::TaskId) -> Fut,
+    F: Fn(crate::wire::TaskId) -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
-    use ferriq::broker::OutgoingMessage;
+    use crate::broker::OutgoingMessage;
     let me = |name, gate: bool, ok| {
         Arc::new(Me {
             name,
@@ -344,12 +344,7 @@ pub async fn a_stale_worker_cannot_write_over_a_redriven_result<F, Fut>(
         Worker::builder()
             .broker(broker.clone())
             .store(store.clone())
-            .registry(
-                Registry::from_inventory()
-                    .unwrap()
-                    .only(&[stale::NAME])
-                    .unwrap(),
-            )
+            .registry(Registry::from_registrations([stale::registration()]).expect("one task"))
             .state(Arc::clone(me))
             .config(config)
     };
@@ -399,12 +394,7 @@ pub async fn a_stale_worker_cannot_write_over_a_redriven_result<F, Fut>(
     // A resumes and tries to write: fenced off.
     a.gate.as_ref().unwrap().add_permits(1);
     let deadline = tokio::time::Instant::now() + WAIT;
-    while worker_a
-        .worker
-        .stats()
-        .count(ferriq::worker::Outcome::Stale)
-        == 0
-    {
+    while worker_a.worker.stats().count(crate::worker::Outcome::Stale) == 0 {
         assert!(
             tokio::time::Instant::now() < deadline,
             "A never tried to write"

@@ -1,31 +1,29 @@
-//! The workflow suite, shared by the core tests (memory store) and the ferriq-valkey tests
-//! (Valkey store): groups, chords, chains, progress and Started status; and chords racing
+//! The workflow scenarios, for a store: groups, chords, chains, progress and Started status; and chords racing
 //! duplicated deliveries and expired leases.
-#![allow(dead_code)]
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
-use ferriq::broker::{
+use crate::broker::{
     Broker, BrokerError, ConsumerSettings, DeadLetter, Delivery, DeliveryHandle, Health,
     LeaseStatus, OutgoingMessage, QueueDepth,
 };
-use ferriq::memory::MemoryBroker;
-use ferriq::store::Store;
-use ferriq::testing::{CountingStore, Oracle, RunningWorker};
-use ferriq::wire::{ErrorKind, TaskId};
-use ferriq::workflow::{callback_id, chord, member_id, Chain, ChordPolicy, Group, Step};
-use ferriq::{Client, Registry, State, TaskContext, TaskError, TaskStatus, WaitError, Worker};
-use ferriq::{WorkerBuilder, WorkerConfig};
+use crate::memory::MemoryBroker;
+use crate::store::Store;
+use crate::testing::{CountingStore, Oracle, RunningWorker};
+use crate::wire::{ErrorKind, TaskId};
+use crate::workflow::{callback_id, chord, member_id, Chain, ChordPolicy, Group, Step};
+use crate::{Client, Registry, State, TaskContext, TaskError, TaskStatus, WaitError, Worker};
+use crate::{WorkerBuilder, WorkerConfig};
+use async_trait::async_trait;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
 
 const WAIT: Duration = Duration::from_secs(60);
 
-#[ferriq::task(name = "wf.square")]
+#[crate::task(inventory = false, name = "conformance.wf.square")]
 async fn square(oracle: State<Oracle>, ctx: TaskContext, x: i64, pause_ms: u64) -> i64 {
     oracle.started(ctx.task_id());
     tokio::time::sleep(Duration::from_millis(pause_ms)).await;
@@ -33,7 +31,7 @@ async fn square(oracle: State<Oracle>, ctx: TaskContext, x: i64, pause_ms: u64) 
     x * x
 }
 
-#[ferriq::task(name = "wf.fail_odd")]
+#[crate::task(inventory = false, name = "conformance.wf.fail_odd")]
 async fn fail_odd(x: i64) -> Result<i64, TaskError> {
     if x % 2 == 1 {
         return Err(TaskError::fatal(format!("{x} is odd")));
@@ -42,7 +40,7 @@ async fn fail_odd(x: i64) -> Result<i64, TaskError> {
 }
 
 /// A chord callback: the sum of the members' values, and how many members there were.
-#[ferriq::task(name = "wf.total")]
+#[crate::task(inventory = false, name = "conformance.wf.total")]
 async fn total(oracle: State<Oracle>, ctx: TaskContext, tag: String) -> Result<String, TaskError> {
     oracle.started(ctx.task_id());
     let values: Vec<i64> = ctx.group_values().await?;
@@ -55,19 +53,19 @@ async fn total(oracle: State<Oracle>, ctx: TaskContext, tag: String) -> Result<S
 }
 
 /// A chord callback that sees failures too.
-#[ferriq::task(name = "wf.tally")]
+#[crate::task(inventory = false, name = "conformance.wf.tally")]
 async fn tally(ctx: TaskContext) -> Result<(u32, u32), TaskError> {
-    let outcomes: Vec<Result<i64, ferriq::wire::TaskFailure>> = ctx.group_results().await?;
+    let outcomes: Vec<Result<i64, crate::wire::TaskFailure>> = ctx.group_results().await?;
     let ok = outcomes.iter().filter(|r| r.is_ok()).count() as u32;
     Ok((ok, outcomes.len() as u32 - ok))
 }
 
-#[ferriq::task(name = "wf.add")]
+#[crate::task(inventory = false, name = "conformance.wf.add")]
 async fn add(a: i64, b: i64) -> i64 {
     a + b
 }
 
-#[ferriq::task(name = "wf.fail_if_above")]
+#[crate::task(inventory = false, name = "conformance.wf.fail_if_above")]
 async fn fail_if_above(value: i64, limit: i64) -> Result<i64, TaskError> {
     if value > limit {
         return Err(TaskError::fatal(format!("{value} is above {limit}")));
@@ -76,7 +74,7 @@ async fn fail_if_above(value: i64, limit: i64) -> Result<i64, TaskError> {
 }
 
 /// Reports progress, then waits for the test to let it finish.
-#[ferriq::task(name = "wf.slow_progress")]
+#[crate::task(inventory = false, name = "conformance.wf.slow_progress")]
 async fn slow_progress(gate: State<Arc<tokio::sync::Semaphore>>, ctx: TaskContext) -> u32 {
     ctx.set_progress(json!({"done": 3, "of": 10}))
         .await
@@ -86,7 +84,7 @@ async fn slow_progress(gate: State<Arc<tokio::sync::Semaphore>>, ctx: TaskContex
 }
 
 /// A chord callback that starts a group of its own (one level of nesting).
-#[ferriq::task(name = "wf.fan_out_again")]
+#[crate::task(inventory = false, name = "conformance.wf.fan_out_again")]
 async fn fan_out_again(client: State<Client>, ctx: TaskContext) -> Result<String, TaskError> {
     let values: Vec<i64> = ctx.group_values().await?;
     let inner = client
@@ -96,29 +94,33 @@ async fn fan_out_again(client: State<Client>, ctx: TaskContext) -> Result<String
     Ok(inner.id().to_string())
 }
 
-const ALL: [&str; 8] = [
-    square::NAME,
-    fail_odd::NAME,
-    total::NAME,
-    tally::NAME,
-    add::NAME,
-    fail_if_above::NAME,
-    slow_progress::NAME,
-    fan_out_again::NAME,
-];
+/// The scenarios' tasks (kept out of the inventory: see the module's docs).
+fn registry() -> Registry {
+    Registry::from_registrations([
+        square::registration(),
+        fail_odd::registration(),
+        total::registration(),
+        tally::registration(),
+        add::registration(),
+        fail_if_above::registration(),
+        slow_progress::registration(),
+        fan_out_again::registration(),
+    ])
+    .expect("the scenarios' task names are distinct")
+}
 
 /// A memory broker, `store`, a client and one worker serving every workflow task.
-pub struct Env<S: Store> {
-    pub broker: MemoryBroker,
-    pub store: Arc<S>,
-    pub client: Client,
-    pub oracle: Oracle,
-    pub gate: Arc<tokio::sync::Semaphore>,
-    pub worker: Option<RunningWorker>,
+struct Env<S: Store> {
+    broker: MemoryBroker,
+    store: Arc<S>,
+    client: Client,
+    oracle: Oracle,
+    gate: Arc<tokio::sync::Semaphore>,
+    worker: Option<RunningWorker>,
 }
 
 impl<S: Store> Env<S> {
-    pub fn new(store: Arc<S>) -> Self {
+    fn new(store: Arc<S>) -> Self {
         let broker = MemoryBroker::new();
         let client = Client::new(Arc::new(broker.clone()), store.clone());
         let mut env = Env {
@@ -133,23 +135,24 @@ impl<S: Store> Env<S> {
         env
     }
 
-    pub fn builder(&self) -> WorkerBuilder {
+    fn builder(&self) -> WorkerBuilder {
         Worker::builder()
             .broker(Arc::new(self.broker.clone()))
             .store(self.store.clone())
-            .registry(Registry::from_inventory().unwrap().only(&ALL).unwrap())
+            .registry(registry())
             .state(self.oracle.clone())
             .state(Arc::clone(&self.gate))
             .state(self.client.clone())
     }
 
-    pub async fn stop(mut self) {
+    async fn stop(mut self) {
         if let Some(w) = self.worker.take() {
             w.stop().await;
         }
     }
 }
 
+/// A group of 20 tasks finishing in reverse order: its results come back in the group's order.
 pub async fn group_results_come_back_in_order<S: Store>(store: Arc<S>) {
     let env = Env::new(store);
     let group = env
@@ -190,6 +193,8 @@ pub async fn group_results_come_back_in_order<S: Store>(store: Arc<S>) {
     env.stop().await;
 }
 
+/// A chord's callback runs once, after every member, and sees every member's outcome,
+/// failures included when its policy says so.
 pub async fn a_chord_runs_its_callback_once_with_every_outcome<S: Store>(store: Arc<S>) {
     let env = Env::new(store);
     let handle = env
@@ -243,13 +248,12 @@ pub async fn a_chord_runs_its_callback_once_with_every_outcome<S: Store>(store: 
         .await
         .unwrap();
     let inner_id = TaskId::parse(nested.wait(WAIT).await.unwrap()).unwrap();
-    let inner = env
-        .client
-        .handle::<ferriq::workflow::GroupSummary>(inner_id);
+    let inner = env.client.handle::<crate::workflow::GroupSummary>(inner_id);
     assert_eq!(inner.wait(WAIT).await.unwrap().succeeded, 3);
     env.stop().await;
 }
 
+/// A chain passes each step's result to the next and stops at the first failure.
 pub async fn a_chain_feeds_each_result_on_and_stops_at_a_failure<S: Store>(store: Arc<S>) {
     let env = Env::new(store);
     // add(1, 2) = 3 → add(3, 10) = 13 → fail_if_above(13, 100) = 13
@@ -279,6 +283,7 @@ pub async fn a_chain_feeds_each_result_on_and_stops_at_a_failure<S: Store>(store
     env.stop().await;
 }
 
+/// A running task's progress and its `Started` status are visible to its client.
 pub async fn progress_and_started_are_visible<S: Store>(store: Arc<S>) {
     let env = Env::new(store);
     let handle = slow_progress::kiq(&env.client).await.unwrap();
@@ -317,7 +322,7 @@ pub async fn progress_and_started_are_visible<S: Store>(store: Arc<S>) {
 
 /// Publishes every message twice: each member, callback and step is delivered as two copies.
 #[derive(Clone)]
-pub struct Duplicating(pub MemoryBroker);
+struct Duplicating(MemoryBroker);
 
 #[async_trait]
 impl Broker for Duplicating {
@@ -360,7 +365,7 @@ impl Broker for Duplicating {
 /// every callback runs once and every result is written once.
 pub async fn racing_chords<S: Store>(
     store: Arc<S>,
-    expire_lease: super::chaos::ExpireLease,
+    expire_lease: super::exactly_once::ExpireLease,
     chords: u32,
     members: u32,
 ) {
@@ -381,7 +386,7 @@ pub async fn racing_chords<S: Store>(
                 Worker::builder()
                     .broker(Arc::new(broker.clone()))
                     .store(store.clone())
-                    .registry(Registry::from_inventory().unwrap().only(&ALL).unwrap())
+                    .registry(registry())
                     .state(oracle.clone())
                     .state(Arc::clone(&gate))
                     .state(client.clone())
