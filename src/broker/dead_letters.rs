@@ -89,9 +89,9 @@ impl DeadMessage {
         }
     }
 
-    /// Its key in the store's dead-letter index ([`crate::store::dead_index_key`]).
+    /// Its key in the store's dead-letter index ([`dead_index_key`]).
     pub fn index_key(&self) -> String {
-        crate::store::dead_index_key(self.task_id.as_ref(), &self.body)
+        dead_index_key(self.task_id.as_ref(), &self.body)
     }
 
     /// The reason as ferriq's, when it is one.
@@ -326,5 +326,17 @@ impl DeadLetter {
             task_name,
             attempts,
         }
+    }
+}
+
+/// The index key of a dead letter: its task id, or `body:<uuid v5 of the body>` for a body
+/// that names none — the same for the worker that parks it and the operator who takes it.
+pub fn dead_index_key(task_id: Option<&TaskId>, body: &[u8]) -> String {
+    match task_id {
+        Some(id) => id.as_str().to_owned(),
+        None => format!(
+            "body:{}",
+            uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, body)
+        ),
     }
 }

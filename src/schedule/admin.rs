@@ -3,7 +3,7 @@
 use thiserror::Error;
 
 use super::scheduler::{static_schedules, SENDING_LIMIT};
-use super::spec::{ScheduleError, ScheduleSpec};
+use super::{ScheduleError, ScheduleSpec};
 use crate::client::{Client, TaskStatus};
 use crate::store::StoreError;
 

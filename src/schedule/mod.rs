@@ -15,12 +15,12 @@
 
 mod admin;
 mod scheduler;
-mod spec;
 
 pub use admin::{ScheduleAdminError, ScheduleInfo, Schedules};
 pub use ferriq_cron::{Cron, CronError};
 pub use scheduler::{static_schedules, Scheduler, SchedulerBuilder};
-pub use spec::{Compiled, MissedTicks, ScheduleError, ScheduleSpec, Timing};
+// What a schedule is lives with the store that keeps it (`store/schedule_spec.rs`).
+pub use crate::store::schedule_spec::{Compiled, MissedTicks, ScheduleError, ScheduleSpec, Timing};
 
 #[cfg(test)]
 mod tests;

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::spec::{Compiled, MissedTicks, ScheduleError, ScheduleSpec, Timing};
+use super::{Compiled, MissedTicks, ScheduleError, ScheduleSpec, Timing};
 use crate::broker::{Broker, OutgoingMessage};
 use crate::clock::Clock;
 use crate::store::{ClaimState, ResultStatus, Store, StoreError};

@@ -11,6 +11,7 @@
 
 use std::time::Duration;
 
+use crate::broker::dead_letters::dead_index_key;
 use crate::dead_letters::{DeadFilter, DeadMessage};
 use crate::wire::TaskId;
 
@@ -66,18 +67,6 @@ impl std::fmt::Debug for DeadEntry {
             .field("attempts", &self.attempts)
             .field("dead_at_ms", &self.dead_at_ms)
             .finish_non_exhaustive()
-    }
-}
-
-/// The index key of a dead letter: its task id, or `body:<uuid v5 of the body>` for a body
-/// that names none — the same for the worker that parks it and the operator who takes it.
-pub fn dead_index_key(task_id: Option<&TaskId>, body: &[u8]) -> String {
-    match task_id {
-        Some(id) => id.as_str().to_owned(),
-        None => format!(
-            "body:{}",
-            uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, body)
-        ),
     }
 }
 

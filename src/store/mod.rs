@@ -6,13 +6,15 @@
 mod dead_index;
 mod flow;
 mod ops;
+pub(crate) mod schedule_spec;
 mod schedules;
 mod workflow;
 
-pub use dead_index::{dead_index_key, DeadEntry, DeadPage, DEAD_ARGS_KEPT, DEAD_DETAIL_KEPT};
+pub use crate::broker::dead_letters::dead_index_key;
+pub use dead_index::{DeadEntry, DeadPage, DEAD_ARGS_KEPT, DEAD_DETAIL_KEPT};
 pub use flow::{
     DebounceTurn, Debounced, FlowStore, LimitOverride, LimiterKind, LimiterSeen, LimiterUsage,
-    RateDecision, SlotDecision, LIMITER_LISTED_FOR, OVERRIDES_REFRESH,
+    Rate, RateDecision, SlotDecision, LIMITER_LISTED_FOR, OVERRIDES_REFRESH,
 };
 #[cfg(feature = "memory")]
 pub(crate) use flow::{RateState, SlotState};

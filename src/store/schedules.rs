@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+use super::schedule_spec::ScheduleSpec;
 use super::StoreError;
-use crate::schedule::ScheduleSpec;
 
 /// Schedules and their bookkeeping. Object-safe.
 #[async_trait]

@@ -203,7 +203,7 @@ impl TaskContext {
             )));
         };
         let ids: Vec<TaskId> = (0..state.record.size)
-            .map(|i| crate::workflow::member_id(&group, i))
+            .map(|i| group.group_member(i))
             .collect();
         let mut out = Vec::with_capacity(ids.len());
         for chunk in ids.chunks(1000) {

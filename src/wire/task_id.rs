@@ -70,6 +70,21 @@ impl TaskId {
         ))
     }
 
+    /// The id of member `index` of the group whose id this is (`workflow::member_id`).
+    pub(crate) fn group_member(&self, index: u32) -> TaskId {
+        TaskId::derived(&["ferriq-group", self.as_str(), "member", &index.to_string()])
+    }
+
+    /// The id of the chord callback of the group whose id this is (`workflow::callback_id`).
+    pub(crate) fn chord_callback(&self) -> TaskId {
+        TaskId::derived(&["ferriq-group", self.as_str(), "callback"])
+    }
+
+    /// The id of step `index` of the chain whose id this is (`workflow::step_id`).
+    pub(crate) fn chain_step(&self, index: u32) -> TaskId {
+        TaskId::derived(&["ferriq-chain", self.as_str(), "step", &index.to_string()])
+    }
+
     /// Checks `id` and wraps it.
     pub fn parse(id: impl AsRef<str>) -> Result<Self, WireError> {
         let id = id.as_ref();

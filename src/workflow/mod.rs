@@ -48,15 +48,15 @@ use crate::wire::TaskId;
 
 /// The id of member `index` of group `group`.
 pub fn member_id(group: &TaskId, index: u32) -> TaskId {
-    TaskId::derived(&["ferriq-group", group.as_str(), "member", &index.to_string()])
+    group.group_member(index)
 }
 
 /// The id of the chord callback of group `group`.
 pub fn callback_id(group: &TaskId) -> TaskId {
-    TaskId::derived(&["ferriq-group", group.as_str(), "callback"])
+    group.chord_callback()
 }
 
 /// The id of step `index` of chain `chain`.
 pub fn step_id(chain: &TaskId, index: u32) -> TaskId {
-    TaskId::derived(&["ferriq-chain", chain.as_str(), "step", &index.to_string()])
+    chain.chain_step(index)
 }

@@ -293,9 +293,9 @@ impl Broker for AmqpBroker {
         let mut out = Vec::new();
         let waiting = async {
             loop {
-                lanes.adopt(&self.shared);
+                lanes.adopt(&*self.shared);
                 tokio::select! {
-                    incoming = lanes.next(&self.shared) => return incoming,
+                    incoming = lanes.next(&*self.shared) => return incoming,
                     // A reconnect started new consumers: poll those instead.
                     _ = self.shared.consumers_started.notified() => {}
                 }
@@ -314,7 +314,7 @@ impl Broker for AmqpBroker {
                 out.push(self.to_delivery(incoming));
             }
             if out.len() < max.max(1) {
-                next = lanes.try_next(&self.shared);
+                next = lanes.try_next(&*self.shared);
             }
         }
         Ok(out)

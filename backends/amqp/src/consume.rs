@@ -3,7 +3,6 @@
 //! more wake-up, and a thread switch, per burst of deliveries).
 
 use std::pin::Pin;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -12,7 +11,18 @@ use lapin::Consumer;
 use tokio_util::sync::CancellationToken;
 
 use crate::acks::AckBook;
-use crate::session::Shared;
+
+/// What the lanes report to: the session side that starts consumers and reconnects when one
+/// fails (implemented by the session's shared state; named here so this file does not reach
+/// up into the session).
+pub(crate) trait LaneHost {
+    /// The consumers started since the last call.
+    fn take_started_consumers(&self) -> Vec<LaneConsumer>;
+    /// Whether consuming is on (off after a drain: a consumer ending then is no failure).
+    fn consuming(&self) -> bool;
+    /// Notes why a consumer failed (the session is then replaced).
+    fn consumer_failed(&self, error: &lapin::Error);
+}
 
 /// A delivery as a lane's consumer gave it, tagged with its session.
 pub(crate) struct Incoming {
@@ -45,7 +55,7 @@ pub(crate) struct Lanes {
 impl Lanes {
     /// Takes the consumers started since the last call and drops those of a dead session
     /// (their deliveries are the broker's again).
-    pub(crate) fn adopt(&mut self, shared: &Shared) {
+    pub(crate) fn adopt(&mut self, shared: &impl LaneHost) {
         self.lanes.append(&mut shared.take_started_consumers());
         self.lanes.retain(|l| !l.dead.is_cancelled());
     }
@@ -57,12 +67,12 @@ impl Lanes {
 
     /// The next delivery of any lane. Never ready while there is no lane: the caller also
     /// waits for new consumers, and for its deadline.
-    pub(crate) async fn next(&mut self, shared: &Shared) -> Incoming {
+    pub(crate) async fn next(&mut self, shared: &impl LaneHost) -> Incoming {
         std::future::poll_fn(|cx| self.poll_next(cx, shared)).await
     }
 
     /// A delivery the consumers already hold, without waiting.
-    pub(crate) fn try_next(&mut self, shared: &Shared) -> Option<Incoming> {
+    pub(crate) fn try_next(&mut self, shared: &impl LaneHost) -> Option<Incoming> {
         let mut cx = Context::from_waker(std::task::Waker::noop());
         match self.poll_next(&mut cx, shared) {
             Poll::Ready(incoming) => Some(incoming),
@@ -70,7 +80,7 @@ impl Lanes {
         }
     }
 
-    fn poll_next(&mut self, cx: &mut Context<'_>, shared: &Shared) -> Poll<Incoming> {
+    fn poll_next(&mut self, cx: &mut Context<'_>, shared: &impl LaneHost) -> Poll<Incoming> {
         let mut pending = 0;
         while pending < self.lanes.len() {
             let i = (self.next + pending) % self.lanes.len();
@@ -102,15 +112,15 @@ impl Lanes {
 
 /// A consumer that ended: on purpose after a drain, or with its session; otherwise the broker
 /// cancelled it (its queue deleted) or its channel failed, and the session is replaced.
-fn ended(shared: &Shared, lane: &LaneConsumer, error: Option<lapin::Error>) {
-    if !shared.consume.load(Ordering::SeqCst) || lane.dead.is_cancelled() {
+fn ended(shared: &impl LaneHost, lane: &LaneConsumer, error: Option<lapin::Error>) {
+    if !shared.consuming() || lane.dead.is_cancelled() {
         return;
     }
     let queue = &lane.queue;
     match error {
         Some(e) => {
             tracing::warn!(error = %e, queue, "consumer failed; reconnecting");
-            shared.set_error(&e);
+            shared.consumer_failed(&e);
         }
         None => tracing::warn!(queue, "consumer cancelled by the broker; reconnecting"),
     }

@@ -11,7 +11,7 @@ use lapin::{Channel, Connection, ConnectionProperties, Event};
 use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
-use crate::consume::LaneConsumer;
+use crate::consume::{LaneConsumer, LaneHost};
 use crate::topology::{self, SetupError};
 use crate::AmqpBrokerBuilder;
 
@@ -138,6 +138,25 @@ pub(crate) struct Shared {
     node: std::sync::atomic::AtomicUsize,
 }
 
+impl LaneHost for Shared {
+    fn take_started_consumers(&self) -> Vec<LaneConsumer> {
+        std::mem::take(
+            &mut *self
+                .started_consumers
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()),
+        )
+    }
+
+    fn consuming(&self) -> bool {
+        self.consume.load(Ordering::SeqCst)
+    }
+
+    fn consumer_failed(&self, error: &lapin::Error) {
+        self.set_error(error);
+    }
+}
+
 impl Shared {
     pub(crate) fn new(config: AmqpBrokerBuilder) -> Self {
         Shared {
@@ -179,16 +198,6 @@ impl Shared {
             .as_ref()
             .filter(|s| !s.dead.is_cancelled())
             .map_or(0, |s| s.generation)
-    }
-
-    /// The consumers started since the last call.
-    pub(crate) fn take_started_consumers(&self) -> Vec<LaneConsumer> {
-        std::mem::take(
-            &mut *self
-                .started_consumers
-                .lock()
-                .unwrap_or_else(|p| p.into_inner()),
-        )
     }
 
     pub(crate) fn set_error(&self, e: impl std::fmt::Display) {

@@ -1,6 +1,5 @@
 //! The [`SqsBroker`] and its [`Broker`] implementation.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -11,15 +10,15 @@ use ferriq::broker::{
     Broker, BrokerError, ConsumerSettings, DeadLetter, Delivery, DeliveryHandle, Health,
     LeaseStatus, OutgoingMessage, QueueDepth, RejectedMessage,
 };
-use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::client::{self, Clients};
-use crate::config::{QueueRef, SqsBrokerBuilder};
+use crate::client;
+use crate::config::SqsBrokerBuilder;
 use crate::error::{broker_error, describe};
 use crate::queue::{DeadLetters, Queue};
-use crate::receive::{Held, Receiver};
-use crate::settle::{spawn_deleter, unix_ms, Delete};
+use crate::receive::Receiver;
+use crate::settle::{spawn_deleter, unix_ms};
+use crate::shared::Shared;
 use crate::SqsError;
 
 /// Why a broker connected only to send takes nothing.
@@ -41,6 +40,8 @@ const SEND_ONLY: &str = "this SQS broker was connected to send only (SqsBrokerBu
 #[derive(Clone)]
 pub struct SqsBroker {
     pub(crate) shared: Arc<Shared>,
+    /// The pollers and the deliveries they buffered.
+    receiver: Arc<Receiver>,
     _owner: Arc<Owner>,
 }
 
@@ -50,79 +51,6 @@ struct Owner(tokio_util::sync::CancellationToken);
 impl Drop for Owner {
     fn drop(&mut self) {
         self.0.cancel();
-    }
-}
-
-pub(crate) struct Shared {
-    pub(crate) id: u64,
-    pub(crate) settings: SqsBrokerBuilder,
-    pub(crate) clients: Clients,
-    /// The consumed queues; the first is the default lane.
-    pub(crate) lanes: Vec<Arc<Queue>>,
-    /// Queues only sent to (a `queue_name` label naming no lane), resolved when first used.
-    others: tokio::sync::Mutex<HashMap<String, Arc<Queue>>>,
-    pub(crate) receiver: Receiver,
-    pub(crate) deleter: mpsc::UnboundedSender<Delete>,
-    concurrency: AtomicUsize,
-    lease_ms: AtomicU64,
-    /// Time added to every delivery's age (fault injection for the 12-hour budget).
-    aged_ms: AtomicU64,
-    last_error: Mutex<String>,
-    health: Mutex<Option<(Instant, Health)>>,
-    /// Cancelled when the last broker handle is dropped.
-    pub(crate) stop: tokio_util::sync::CancellationToken,
-}
-
-impl Shared {
-    pub(crate) fn consumer(&self) -> ConsumerSettings {
-        ConsumerSettings::new(
-            self.concurrency.load(Ordering::Relaxed),
-            Duration::from_millis(self.lease_ms.load(Ordering::Relaxed)),
-        )
-    }
-
-    pub(crate) fn resend_after(&self) -> u32 {
-        self.settings.resend_after_receives.max(1)
-    }
-
-    pub(crate) fn aged(&self) -> Duration {
-        Duration::from_millis(self.aged_ms.load(Ordering::Relaxed))
-    }
-
-    pub(crate) fn set_error(&self, why: String) {
-        *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = why;
-    }
-
-    pub(crate) fn held<'a>(&self, handle: &'a DeliveryHandle) -> Result<&'a Held, BrokerError> {
-        match handle.downcast_ref::<Held>() {
-            Some(h) if h.broker == self.id => Ok(h),
-            _ => Err(BrokerError::ForeignHandle),
-        }
-    }
-
-    /// The queue a message goes to: a lane, or another queue by name (looked up once).
-    pub(crate) async fn queue_for(&self, name: Option<&str>) -> Result<Arc<Queue>, BrokerError> {
-        let Some(name) = name else {
-            return Ok(Arc::clone(&self.lanes[0]));
-        };
-        if let Some(lane) = self.lanes.iter().find(|l| l.name == name) {
-            return Ok(Arc::clone(lane));
-        }
-        let mut others = self.others.lock().await;
-        if let Some(q) = others.get(name) {
-            return Ok(Arc::clone(q));
-        }
-        let queue = Queue::resolve(
-            &self.clients.call,
-            &QueueRef::Name(name.to_owned()),
-            None,
-            DeadLetters::Skip,
-        )
-        .await
-        .map_err(|e| BrokerError::Config(e.to_string()))?;
-        let queue = Arc::new(queue);
-        others.insert(name.to_owned(), Arc::clone(&queue));
-        Ok(queue)
     }
 }
 
@@ -154,7 +82,6 @@ impl SqsBroker {
             clients,
             lanes,
             others: Default::default(),
-            receiver: Receiver::new(),
             concurrency: AtomicUsize::new(32),
             lease_ms: AtomicU64::new(30_000),
             aged_ms: AtomicU64::new(0),
@@ -168,6 +95,7 @@ impl SqsBroker {
         );
         Ok(SqsBroker {
             _owner: Arc::new(Owner(shared.stop.clone())),
+            receiver: Arc::new(Receiver::new()),
             shared,
         })
     }
@@ -225,7 +153,7 @@ impl Broker for SqsBroker {
             // until SQS's own limit, without a result.
             return Err(BrokerError::Config(SEND_ONLY.into()));
         }
-        self.shared.receiver.receive(&self.shared, max, wait).await
+        self.receiver.receive(&self.shared, max, wait).await
     }
 
     async fn ack(&self, delivery: &DeliveryHandle) -> Result<(), BrokerError> {
@@ -347,14 +275,14 @@ impl Broker for SqsBroker {
     }
 
     fn drain_started(&self) {
-        self.shared.receiver.stop_polling();
+        self.receiver.stop_polling();
         // What the pollers already buffered goes back now, not after the drain.
-        let shared = Arc::clone(&self.shared);
-        tokio::spawn(async move { shared.receiver.hand_back_buffered(&shared).await });
+        let (receiver, shared) = (Arc::clone(&self.receiver), Arc::clone(&self.shared));
+        tokio::spawn(async move { receiver.hand_back_buffered(&shared).await });
     }
 
     async fn stop_receiving(&self) {
-        self.shared.receiver.stop(&self.shared).await;
+        self.receiver.stop(&self.shared).await;
     }
 }
 

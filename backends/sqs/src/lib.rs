@@ -90,6 +90,7 @@ mod queue;
 mod receive;
 mod send;
 mod settle;
+mod shared;
 
 pub use broker::SqsBroker;
 pub use config::SqsBrokerBuilder;

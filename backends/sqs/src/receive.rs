@@ -14,9 +14,9 @@ use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::broker::Shared;
 use crate::error::describe;
 use crate::queue::Queue;
+use crate::shared::Shared;
 
 /// Our message attribute: unix milliseconds before which a re-sent copy is not to run (set
 /// when a release is longer than SQS's 900-second `DelaySeconds`).
@@ -100,7 +100,7 @@ impl Receiver {
 
     /// Up to `max` deliveries, waiting up to `wait` for the first.
     pub(crate) async fn receive(
-        &self,
+        self: &Arc<Self>,
         shared: &Arc<Shared>,
         max: usize,
         wait: Duration,
@@ -137,7 +137,7 @@ impl Receiver {
     }
 
     /// Starts the pollers, once per consuming run.
-    fn start(&self, shared: &Arc<Shared>) {
+    fn start(self: &Arc<Self>, shared: &Arc<Shared>) {
         let mut pollers = self.pollers.lock().unwrap_or_else(|p| p.into_inner());
         if !pollers.is_empty() {
             return;
@@ -152,7 +152,11 @@ impl Receiver {
         self.lock().fair_share = concurrency.div_ceil(n).clamp(1, 10);
         for i in 0..n {
             let lane = Arc::clone(&shared.lanes[i % lanes]);
-            pollers.push(tokio::spawn(poll(Arc::clone(shared), lane)));
+            pollers.push(tokio::spawn(poll(
+                Arc::clone(self),
+                Arc::clone(shared),
+                lane,
+            )));
         }
     }
 
@@ -254,8 +258,7 @@ impl Receiver {
 }
 
 /// One long poller on one lane.
-async fn poll(shared: Arc<Shared>, lane: Arc<Queue>) {
-    let receiver = &shared.receiver;
+async fn poll(receiver: Arc<Receiver>, shared: Arc<Shared>, lane: Arc<Queue>) {
     let mut backoff = Duration::from_millis(100);
     loop {
         let asked = tokio::select! {

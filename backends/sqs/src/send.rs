@@ -10,10 +10,10 @@ use ferriq::broker::{BrokerError, OutgoingMessage, RejectedMessage};
 use ferriq::wire::TaskId;
 use futures_util::future::join_all;
 
-use crate::broker::Shared;
 use crate::error::{broker_error, is_retryable_entry};
 use crate::queue::Queue;
 use crate::receive::NOT_BEFORE_ATTRIBUTE;
+use crate::shared::Shared;
 
 /// SQS's longest `DelaySeconds`.
 pub(crate) const MAX_DELAY_SECS: u64 = 900;

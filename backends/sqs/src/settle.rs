@@ -10,25 +10,17 @@ use std::time::Duration;
 use aws_sdk_sqs::types::{
     ChangeMessageVisibilityBatchRequestEntry, DeleteMessageBatchRequestEntry,
 };
-use ferriq::broker::{BrokerError, DeadLetter, LeaseStatus};
+use ferriq::broker::{BrokerError, DeadLetter, DeliveryHandle, LeaseStatus};
 use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio::time::Instant;
 
-use crate::broker::Shared;
 use crate::error::{broker_error, code_of, describe, is_lost_handle};
-use crate::queue::Queue;
 use crate::receive::{Held, EARLIER_RECEIVES_ATTRIBUTE, NOT_BEFORE_ATTRIBUTE};
 use crate::send::{number, text, Entry, MAX_DELAY_SECS};
+use crate::shared::{Delete, Shared};
 
 /// How long SQS keeps a message invisible at most, counted from the receive.
 pub(crate) const VISIBILITY_BUDGET: Duration = Duration::from_secs(12 * 3600);
-
-/// One delete waiting for its batch.
-pub(crate) struct Delete {
-    queue: Arc<Queue>,
-    receipt: String,
-    done: oneshot::Sender<Result<(), BrokerError>>,
-}
 
 /// Sends every delete handed to it, gathering those that arrive while earlier batches are
 /// under way into `DeleteMessageBatch` calls of up to 10: one call per delete when idle (no
@@ -123,6 +115,13 @@ async fn delete_batch(shared: &Shared, batch: Vec<Delete>) {
 }
 
 impl Shared {
+    pub(crate) fn held<'a>(&self, handle: &'a DeliveryHandle) -> Result<&'a Held, BrokerError> {
+        match handle.downcast_ref::<Held>() {
+            Some(h) if h.broker == self.id => Ok(h),
+            _ => Err(BrokerError::ForeignHandle),
+        }
+    }
+
     /// Deletes a held message (batched with other deletes).
     pub(crate) async fn delete(&self, held: &Held) -> Result<(), BrokerError> {
         if held.gone.load(Ordering::SeqCst) {

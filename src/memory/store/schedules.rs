@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 
 use super::MemoryStore;
-use crate::schedule::ScheduleSpec;
+use crate::store::schedule_spec::ScheduleSpec;
 use crate::store::{ScheduleStore, StoreError};
 
 /// Schedules as the memory store keeps them.
