@@ -50,6 +50,8 @@ pub use status::{Health, QueueDepth};
 /// drops a pending receive when it drains, and no message may be lost by that.
 #[async_trait]
 pub trait Broker: Send + Sync + 'static {
+    // Required: the core contract.
+
     /// Publishes a batch durably (confirmed) or fails; a failure may leave some published.
     async fn publish(&self, batch: Vec<OutgoingMessage>) -> Result<(), BrokerError>;
     /// Receives up to `max` deliveries, waiting up to `wait` for the first.
@@ -68,14 +70,17 @@ pub trait Broker: Send + Sync + 'static {
     async fn dead_letter(&self, delivery: &Delivery, why: &DeadLetter) -> Result<(), BrokerError>;
     /// Messages waiting, for autoscaling.
     async fn depth(&self) -> Result<QueueDepth, BrokerError>;
+    /// Whether the broker is usable.
+    async fn health(&self) -> Health;
+
+    // Optional: operations (what `client.ops()` and the dashboard show and do).
+
     /// Messages waiting per lane, for operators. The default gives the whole depth under the
     /// first lane's name.
     async fn queue_depths(&self) -> Result<Vec<(String, QueueDepth)>, BrokerError> {
         let name = self.lanes().into_iter().next().unwrap_or_default();
         Ok(vec![(name, self.depth().await?)])
     }
-    /// Whether the broker is usable.
-    async fn health(&self) -> Health;
     /// The name of `queue` (`None`: the default lane) and how many consumers it has, when the
     /// broker knows: a client whose wait times out says so when nobody consumes the task's
     /// queue. The default does not know.
@@ -97,6 +102,9 @@ pub trait Broker: Send + Sync + 'static {
             "this broker's queues are made outside ferriq: delete them where they were made".into(),
         ))
     }
+
+    // Optional: lifecycle (how a worker starts, drains and stops on this broker).
+
     /// Closes the broker's connections (unsettled deliveries go back to their queues), so a
     /// process ends without warnings of connections cut mid-way. Idempotent. The default has
     /// nothing to close.

@@ -67,7 +67,8 @@ pub struct QueueView {
     pub running: u64,
 }
 
-/// A task as the store sees it.
+/// A task as operators see it (`ops().task(id)`): its [`TaskStatus`] — what a client's
+/// `status()` says — with the stored result, the last progress and what its claim says.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct TaskInfo {
