@@ -17,3 +17,8 @@ async fn the_memory_broker_keeps_the_broker_contract() {
 async fn the_memory_store_keeps_the_store_contract() {
     conformance::store_suite(|| async { Arc::new(MemoryStore::new()) as Arc<dyn Store> }).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_memory_store_keeps_the_flow_contract() {
+    conformance::flow_suite(|| async { Arc::new(MemoryStore::new()) as Arc<dyn Store> }).await;
+}

@@ -438,32 +438,6 @@ async fn a_task_that_declares_no_limit_takes_one_set_at_run_time() {
     w.stop().await;
 }
 
-#[tokio::test(start_paused = true)]
-async fn no_waiter_is_told_to_wait_past_the_first_lease_end() {
-    use ferriq::store::{FlowStore, SlotDecision};
-    let h = Harness::new();
-    let store = h.memory();
-    let lease = Duration::from_secs(1);
-    let holder = ferriq::wire::TaskId::random();
-    assert_eq!(
-        store.acquire_slot("l", &holder, 1, lease).await.unwrap(),
-        SlotDecision::Held
-    );
-    // The last of four waiters would wait four average runs; the holder's lease ends sooner.
-    let mut last = Duration::ZERO;
-    for _ in 0..4 {
-        match store
-            .acquire_slot("l", &ferriq::wire::TaskId::random(), 1, lease)
-            .await
-            .unwrap()
-        {
-            SlotDecision::Wait(wait) => last = wait,
-            other => panic!("{other:?}"),
-        }
-    }
-    assert!(last <= Duration::from_millis(1100), "{last:?}");
-}
-
 #[ferriq::task(
     name = "limits.reindex",
     unique_for = 2,

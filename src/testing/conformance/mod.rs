@@ -21,7 +21,10 @@
 //! released one comes back, a held one stays held while it is extended, a parked one leaves its
 //! lane with its reason, a dropped receive loses nothing; a claim is exclusive, a result is
 //! written once and only by the current token, a lease that runs out can be taken over, a
-//! revoked task never starts.
+//! revoked task never starts. [`flow_suite`] holds a store's flow control to the same: a rate
+//! admits its limit per window and no more, a slot no longer renewed frees itself within its
+//! lease, no waiter is told to wait past the first lease's end, limits set at run time are
+//! kept and listed with their use.
 //!
 //! Beyond the two suites, scenarios that run a real worker on a backend:
 //! [`operations`] (dead letters listed, redriven and purged through `client.ops()`, and a
@@ -36,11 +39,13 @@
 #![allow(clippy::field_reassign_with_default)]
 mod broker;
 pub mod exactly_once;
+mod flow;
 pub mod operations;
 mod store;
 pub mod workflows;
 
 pub use broker::broker_suite;
+pub use flow::flow_suite;
 pub use store::store_suite;
 
 use std::time::Duration;
