@@ -5,9 +5,11 @@
 //! - [`rabbitmq::PrivateNode`]: one RabbitMQ node (plain and TLS listeners, its own name, ports
 //!   and data directory), run as the `rabbitmq` user when the tests run as root.
 //! - [`rabbitmq::PrivateCluster`]: three such nodes joined into one cluster.
+//! - [`services`]: the shared servers' URLs, checked on first use.
 #![warn(missing_docs)]
 
 pub mod rabbitmq;
+pub mod services;
 
 /// A loopback port free now (the kernel picks it).
 pub fn free_port() -> u16 {

@@ -15,14 +15,7 @@ use ferriq::{Client, Registry, WorkerConfig};
 use ferriq_amqp as _;
 use ferriq_valkey as _;
 
-pub fn amqp_url() -> String {
-    std::env::var("FERRIQ_TEST_AMQP_URL")
-        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
-}
-
-pub fn redis_url() -> String {
-    std::env::var("FERRIQ_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
-}
+pub use ferriq_testkit::services::{amqp_url, redis_url};
 
 /// The RabbitMQ broker's default delay tiers, as queue-name suffixes (for cleanup).
 const TIERS: [&str; 8] = ["1s", "5s", "30s", "2m", "10m", "1h", "6h", "24h"];

@@ -12,14 +12,7 @@ use lapin::{Connection, ConnectionProperties};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 
-pub fn amqp_url() -> String {
-    std::env::var("FERRIQ_TEST_AMQP_URL")
-        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
-}
-
-pub fn redis_url() -> String {
-    std::env::var("FERRIQ_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
-}
+pub use ferriq_testkit::services::{amqp_url, redis_url};
 
 pub fn unique(kind: &str) -> String {
     format!(

@@ -55,9 +55,7 @@ fn emulator(var: &str, which: &str) -> String {
         .clone()
 }
 
-pub fn redis_url() -> String {
-    std::env::var("FERRIQ_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
-}
+pub use ferriq_testkit::services::redis_url;
 
 /// A Valkey store under its own key prefix.
 pub async fn store(prefix: &str) -> ferriq_valkey::ValkeyStore {

@@ -9,9 +9,10 @@ use std::time::Duration;
 
 use ferriq_valkey::ValkeyStore;
 
-/// The shared test server (started by scripts/test.sh when absent).
+/// The shared test server (started by scripts/test.sh when absent; a test fails at once,
+/// naming the command that starts it, when it does not answer).
 pub fn url() -> String {
-    std::env::var("FERRIQ_TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+    ferriq_testkit::services::redis_url()
 }
 
 /// A prefix no other test uses.
