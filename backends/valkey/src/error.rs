@@ -23,6 +23,13 @@ pub enum ValkeyError {
         /// The client's error.
         reason: String,
     },
+    /// A broker's server keeps its data in memory only (`appendonly no`), and losing queued
+    /// tasks at its restart was not accepted.
+    #[error("the Redis at {url} keeps its data in memory only (appendonly no): a restart would lose every queued task. Turn on `appendonly yes` (CONFIG SET appendonly yes, and in its configuration file), or accept the risk with FERRIQ_BROKER_VOLATILE=1 (StreamBrokerBuilder::allow_volatile)")]
+    NotDurable {
+        /// The URL with its password hidden.
+        url: String,
+    },
 }
 
 /// Maps a client error to the store error the worker acts on: anything that is not a clear

@@ -1,0 +1,172 @@
+//! Reading new entries: `XREADGROUP … BLOCK` on a connection of its own, in a task of its own,
+//! so a receive that is dropped while it waits (a worker that drains) loses nothing: what the
+//! read brings is kept for the next receive, and it has its lease either way.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use fred::prelude::{Client, ClientLike};
+use fred::types::{ClusterHash, CustomCommand, Value};
+use tokio::task::JoinHandle;
+
+use super::{Entry, Lane, Shared};
+
+/// What one read brought: entries of each lane, or the error.
+pub(crate) type ReadResult = Result<Vec<(Arc<Lane>, Entry)>, fred::error::Error>;
+
+/// The read in flight, if any (one at a time: its connection blocks).
+#[derive(Default)]
+pub(crate) struct Reads {
+    in_flight: tokio::sync::Mutex<Option<JoinHandle<ReadResult>>>,
+    /// The lane the next read starts with (on a cluster, one lane per read).
+    next_lane: std::sync::atomic::AtomicUsize,
+}
+
+impl Reads {
+    /// New entries, up to `max`, waiting up to `wait`. A read still going when `wait` ends is
+    /// kept for the next call.
+    pub(crate) async fn read(
+        &self,
+        shared: &Arc<Shared>,
+        max: usize,
+        wait: Duration,
+    ) -> ReadResult {
+        let mut slot = self.in_flight.lock().await;
+        if slot.is_none() {
+            let lanes = if shared.clustered {
+                let i = self
+                    .next_lane
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                vec![Arc::clone(&shared.lanes[i % shared.lanes.len()])]
+            } else {
+                shared.lanes.clone()
+            };
+            // A server-side block of at most 2 s: delays and lapsed leases are looked at by
+            // every receive, so a long block would hold them back.
+            let block = wait.min(Duration::from_secs(2));
+            *slot = Some(tokio::spawn(read_once(Arc::clone(shared), lanes, max, block)));
+        }
+        let handle = slot.as_mut().expect("a read in flight");
+        match tokio::time::timeout(wait, handle).await {
+            Err(_) => Ok(Vec::new()),
+            Ok(joined) => {
+                *slot = None;
+                joined.unwrap_or_else(|e| {
+                    Err(fred::error::Error::new(
+                        fred::error::ErrorKind::Unknown,
+                        format!("the read task failed: {e}"),
+                    ))
+                })
+            }
+        }
+    }
+
+    /// What a read in flight brings, waited for up to `limit` (at a worker's stop: handed back
+    /// by the caller).
+    pub(crate) async fn take_in_flight(&self, limit: Duration) -> Vec<(Arc<Lane>, Entry)> {
+        let mut slot = self.in_flight.lock().await;
+        let Some(handle) = slot.take() else {
+            return Vec::new();
+        };
+        match tokio::time::timeout(limit, handle).await {
+            Ok(Ok(Ok(entries))) => entries,
+            _ => Vec::new(),
+        }
+    }
+}
+
+/// One `XREADGROUP` over `lanes`, then the lease of every entry it brought.
+async fn read_once(
+    shared: Arc<Shared>,
+    lanes: Vec<Arc<Lane>>,
+    max: usize,
+    block: Duration,
+) -> ReadResult {
+    let mut args: Vec<Value> = vec![
+        "GROUP".into(),
+        shared.group.as_str().into(),
+        shared.consumer.as_str().into(),
+        "COUNT".into(),
+        (max.max(1) as i64).into(),
+        "BLOCK".into(),
+        (block.as_millis().max(1) as i64).into(),
+        "STREAMS".into(),
+    ];
+    args.extend(lanes.iter().map(|l| Value::from(l.stream.as_str())));
+    args.extend(lanes.iter().map(|_| Value::from(">")));
+    // The first stream key is at offset 8: a cluster routes the read to its node.
+    let command = CustomCommand::new_static("XREADGROUP", ClusterHash::Offset(8), true);
+    // The block is the server's wait, not a slow server: the command's own timeout covers it.
+    let options = fred::types::config::Options {
+        timeout: Some(block + Duration::from_secs(5)),
+        ..Default::default()
+    };
+    let reply: Value = shared
+        .reader
+        .with_options(&options)
+        .custom(command, args)
+        .await?;
+    let mut out = Vec::new();
+    for (stream, entries) in streams_of(reply) {
+        let Some(lane) = lanes.iter().find(|l| l.stream == stream) else {
+            continue;
+        };
+        let read: Vec<Entry> = entries
+            .into_iter()
+            .filter_map(|e| entry_of(e, 1))
+            .collect();
+        if read.is_empty() {
+            continue;
+        }
+        shared.give_leases(lane, &read).await?;
+        out.extend(read.into_iter().map(|e| (Arc::clone(lane), e)));
+    }
+    Ok(out)
+}
+
+/// `[[stream, [entry…]]…]` (or a map of stream → entries).
+fn streams_of(reply: Value) -> Vec<(String, Vec<Value>)> {
+    match reply {
+        Value::Null => Vec::new(),
+        Value::Map(_) => {
+            let flat = reply.into_array();
+            flat.chunks(2)
+                .filter_map(|kv| match kv {
+                    [k, v] => Some((k.as_string()?, v.clone().into_array())),
+                    _ => None,
+                })
+                .collect()
+        }
+        other => other
+            .into_array()
+            .into_iter()
+            .filter_map(|s| {
+                let mut pair = s.into_array().into_iter();
+                let name = pair.next()?.as_string()?;
+                Some((name, pair.next()?.into_array()))
+            })
+            .collect(),
+    }
+}
+
+/// `[id, [field, value, …]]` → an entry, delivered `count` times.
+pub(crate) fn entry_of(raw: Value, count: u32) -> Option<Entry> {
+    let mut parts = raw.into_array().into_iter();
+    let id = parts.next()?.as_string()?;
+    let fields = parts.next()?.into_array();
+    let data = fields
+        .chunks(2)
+        .find(|kv| kv.first().and_then(|k| k.as_str()).as_deref() == Some("data"))
+        .and_then(|kv| kv.get(1))
+        .and_then(|v| v.as_bytes())
+        .map(<[u8]>::to_vec)
+        .unwrap_or_default();
+    Some(Entry { id, data, count })
+}
+
+/// Connects the reader's own client (its reads block its connection).
+pub(crate) async fn connect_reader(
+    client: &Client,
+) -> Result<fred::types::ConnectHandle, fred::error::Error> {
+    client.init().await
+}

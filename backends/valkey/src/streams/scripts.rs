@@ -1,0 +1,186 @@
+//! The Streams broker's Lua scripts: one per operation, atomic on the server. Every script
+//! touches one lane's keys only — its stream and the keys tagged with it — so each runs on
+//! one node of a cluster.
+//!
+//! A delivery is an entry of the lane's stream, pending in the consumer group under this
+//! broker's consumer name. Who holds it is the group's pending list (the consumer and how many
+//! times it was delivered: the delivery count is the fencing token of a handle); until when is
+//! the lane's lease set (entry id → unix ms). An entry whose lease ran out is taken over by the
+//! next receive of any worker — a run whose worker heartbeats is never taken, however long it
+//! runs, and no lock exists that a dead worker could keep.
+
+use fred::types::scripts::Script;
+
+/// The server's clock, in unix ms, and the owner check every settlement starts with.
+const PRELUDE: &str = r#"
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+-- Whether `id` is pending under `consumer` with delivery count `count`.
+local function held(stream, group, consumer, id, count)
+  local p = redis.call('XPENDING', stream, group, id, id, 1)
+  return p[1] ~= nil and p[1][2] == consumer and tonumber(p[1][4]) == tonumber(count)
+end
+local function data_of(fields)
+  for i = 1, #fields, 2 do
+    if fields[i] == 'data' then return fields[i + 1] end
+  end
+  return ''
+end
+"#;
+
+/// KEYS: stream, delayed. ARGV: per message, delay ms ('0': now) and body. Returns how many
+/// were added. Delayed messages wait in the delayed set (member `<nonce>|<body>`) until the
+/// receive that finds them due adds them to the stream.
+const PUBLISH: &str = r#"
+local now = nil
+for i = 1, #ARGV, 3 do
+  local delay = tonumber(ARGV[i])
+  if delay > 0 then
+    now = now or now_ms()
+    redis.call('ZADD', KEYS[2], now + delay, ARGV[i + 1] .. '|' .. ARGV[i + 2])
+  else
+    redis.call('XADD', KEYS[1], '*', 'data', ARGV[i + 2])
+  end
+end
+return #ARGV / 3
+"#;
+
+/// KEYS: stream, leases, delayed. ARGV: group, consumer, lease ms, max, orphan ms. Adds the
+/// due delayed messages to the stream, then takes over up to `max` entries whose lease ran
+/// out (released ones, or a dead worker's), and entries pending longer than `orphan ms` with
+/// no lease at all (a reader that died between its read and its lease). Returns
+/// `{id, data, delivery count}` per entry taken.
+const RECLAIM: &str = r#"
+local now = now_ms()
+local due = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now, 'LIMIT', 0, 100)
+for _, m in ipairs(due) do
+  local at = string.find(m, '|', 1, true)
+  redis.call('XADD', KEYS[1], '*', 'data', string.sub(m, at + 1))
+  redis.call('ZREM', KEYS[3], m)
+end
+local out = {}
+local max = tonumber(ARGV[4])
+local function take(id)
+  local e = redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, id)
+  if e[1] == nil or e[1] == false then
+    -- Deleted while pending: nothing to deliver.
+    redis.call('ZREM', KEYS[2], id)
+    return
+  end
+  redis.call('ZADD', KEYS[2], now + tonumber(ARGV[3]), id)
+  local p = redis.call('XPENDING', KEYS[1], ARGV[1], id, id, 1)
+  local count = 1
+  if p[1] then count = tonumber(p[1][4]) end
+  out[#out + 1] = {id, data_of(e[1][2]), count}
+end
+for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, max)) do
+  take(id)
+end
+if #out < max then
+  local idle = redis.call('XPENDING', KEYS[1], ARGV[1], 'IDLE', tonumber(ARGV[5]), '-', '+', max - #out)
+  for _, p in ipairs(idle) do
+    if not redis.call('ZSCORE', KEYS[2], p[1]) then take(p[1]) end
+  end
+end
+return out
+"#;
+
+/// KEYS: stream, leases. ARGV: lease ms, then per entry its id. Gives entries just read their
+/// lease. Returns the count.
+const LEASE: &str = r#"
+local until_ms = now_ms() + tonumber(ARGV[1])
+for i = 2, #ARGV do
+  redis.call('ZADD', KEYS[2], until_ms, ARGV[i])
+end
+return #ARGV - 1
+"#;
+
+/// KEYS: stream, leases. ARGV: group, consumer, lease ms, then per entry id and count. Renews
+/// each entry still held: its lease, and its idle time (so no idle-time reclaim, taskiq's
+/// included, takes a run that heartbeats). Returns 1 (kept) or 0 (lost) per entry.
+const EXTEND: &str = r#"
+local until_ms = now_ms() + tonumber(ARGV[3])
+local out = {}
+for i = 4, #ARGV, 2 do
+  local id = ARGV[i]
+  if held(KEYS[1], ARGV[1], ARGV[2], id, ARGV[i + 1]) then
+    redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, id, 'JUSTID')
+    redis.call('ZADD', KEYS[2], until_ms, id)
+    out[#out + 1] = 1
+  else
+    out[#out + 1] = 0
+  end
+end
+return out
+"#;
+
+/// KEYS: stream, leases. ARGV: group, consumer, id, count. Acks and deletes a held entry (a
+/// stream keeps no entry it no longer needs). Returns 1, or 0 when it is not held any more.
+const ACK: &str = r#"
+if not held(KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4]) then return 0 end
+redis.call('XACK', KEYS[1], ARGV[1], ARGV[3])
+redis.call('XDEL', KEYS[1], ARGV[3])
+redis.call('ZREM', KEYS[2], ARGV[3])
+return 1
+"#;
+
+/// KEYS: stream, leases. ARGV: group, consumer, id, count, after ms. A held entry's lease
+/// ends in `after ms`: the first receive after that takes it. Returns 1, or 0 when not held.
+const RELEASE: &str = r#"
+if not held(KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4]) then return 0 end
+redis.call('ZADD', KEYS[2], now_ms() + tonumber(ARGV[5]), ARGV[3])
+return 1
+"#;
+
+/// KEYS: stream, leases, dead. ARGV: group, consumer, id, count, body, reason, detail, task
+/// name, attempts. Parks a held entry: a copy with why in the dead-letter stream, then the
+/// entry acked and deleted. Returns 1, or 0 when not held.
+const PARK: &str = r#"
+if not held(KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4]) then return 0 end
+redis.call('XADD', KEYS[3], '*', 'data', ARGV[5], 'reason', ARGV[6], 'detail', ARGV[7],
+  'task_name', ARGV[8], 'attempts', ARGV[9], 'dead_at', now_ms(), 'from', ARGV[3])
+redis.call('XACK', KEYS[1], ARGV[1], ARGV[3])
+redis.call('XDEL', KEYS[1], ARGV[3])
+redis.call('ZREM', KEYS[2], ARGV[3])
+return 1
+"#;
+
+/// The broker's scripts, loaded at connect.
+pub(crate) struct StreamScripts {
+    pub(crate) publish: Script,
+    pub(crate) reclaim: Script,
+    pub(crate) lease: Script,
+    pub(crate) extend: Script,
+    pub(crate) ack: Script,
+    pub(crate) release: Script,
+    pub(crate) park: Script,
+}
+
+impl StreamScripts {
+    pub(crate) fn new() -> Self {
+        let script = |body: &str| Script::from_lua(format!("{PRELUDE}{body}"));
+        StreamScripts {
+            publish: script(PUBLISH),
+            reclaim: script(RECLAIM),
+            lease: script(LEASE),
+            extend: script(EXTEND),
+            ack: script(ACK),
+            release: script(RELEASE),
+            park: script(PARK),
+        }
+    }
+
+    pub(crate) fn all(&self) -> [&Script; 7] {
+        [
+            &self.publish,
+            &self.reclaim,
+            &self.lease,
+            &self.extend,
+            &self.ack,
+            &self.release,
+            &self.park,
+        ]
+    }
+}
