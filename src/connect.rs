@@ -338,12 +338,18 @@ fn hint(kind: &str, scheme: &str) -> String {
         matches!(scheme, "amqp" | "amqps" | "sqs" | "sqs+http" | "sqs+https"),
         scheme.starts_with("redis") || scheme.starts_with("valkey"),
     );
-    if (kind == "broker" && store_scheme) || (kind == "store" && broker_scheme) {
-        let other = if kind == "broker" { "store" } else { "broker" };
+    if kind == "store" && broker_scheme {
         return format!(
-            "a {scheme}:// URL names a {other}, not a {kind}: are the broker and store URLs \
-             swapped? (FERRIQ_BROKER_URL: amqp://, sqs:// or memory://; FERRIQ_STORE_URL: \
-             redis:// or valkey://, or memory://)"
+            "a {scheme}:// URL names a broker, not a store: are the broker and store URLs \
+             swapped? (FERRIQ_BROKER_URL: amqp://, sqs://, redis:// or memory://; \
+             FERRIQ_STORE_URL: redis:// or valkey://, or memory://)"
+        );
+    }
+    if kind == "broker" && store_scheme {
+        return format!(
+            "a {scheme}:// broker is ferriq-valkey's Streams broker: add the `ferriq-valkey` \
+             crate to the binary's dependencies and `use ferriq_valkey as _;` to its main.rs \
+             (or, if this URL was meant for the store, the broker and store URLs are swapped)"
         );
     }
     let krate = match scheme {

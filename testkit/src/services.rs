@@ -38,6 +38,22 @@ pub fn redis_url() -> String {
         .clone()
 }
 
+/// The Python of the interop venv: `FERRIQ_TEST_PYTHON`, else `.venv-interop` at the
+/// workspace's root (`scripts/test.sh` creates it with taskiq, taskiq-aio-pika, taskiq-redis
+/// and taskiq-aio-sqs). Panics, naming the command that creates it, when it is missing.
+pub fn python() -> std::path::PathBuf {
+    if let Ok(p) = std::env::var("FERRIQ_TEST_PYTHON") {
+        return p.into();
+    }
+    let venv =
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.venv-interop/bin/python");
+    assert!(
+        venv.exists(),
+        "the Python interop venv is missing: run `bash scripts/test.sh` (it creates .venv-interop)"
+    );
+    venv
+}
+
 /// `host:port` of a `scheme://[user[:password]@]host:port[/…]` URL.
 fn address(url: &str) -> Option<String> {
     let rest = url.split_once("://")?.1;

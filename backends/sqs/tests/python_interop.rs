@@ -18,17 +18,7 @@ async fn add(a: i64, b: i64) -> i64 {
     a + b
 }
 
-fn python() -> PathBuf {
-    if let Ok(p) = std::env::var("FERRIQ_TEST_PYTHON") {
-        return p.into();
-    }
-    let venv = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.venv-interop/bin/python");
-    assert!(
-        venv.exists(),
-        "the Python interop venv is missing: run `bash scripts/test.sh` (it creates .venv-interop)"
-    );
-    venv
-}
+use ferriq_testkit::services::python;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_task_sent_by_taskiq_aio_sqs_runs_on_a_ferriq_worker() {

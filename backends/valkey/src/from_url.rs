@@ -10,7 +10,10 @@
 
 use std::sync::Arc;
 
-use ferriq::connect::{ConnectError, ConnectFuture, ConnectOptions, StoreConnector};
+use ferriq::broker::Broker;
+use ferriq::connect::{
+    BrokerConnector, ConnectError, ConnectFuture, ConnectOptions, StoreConnector,
+};
 use ferriq::store::Store;
 
 use crate::ValkeyStore;
@@ -47,20 +50,66 @@ fn connect(options: ConnectOptions) -> ConnectFuture<Arc<dyn Store>> {
     })
 }
 
+/// The schemes of both the store and the Streams broker.
+const SCHEMES: &[&str] = &[
+    "redis",
+    "rediss",
+    "valkey",
+    "valkeys",
+    "redis-cluster",
+    "rediss-cluster",
+    "valkey-cluster",
+    "valkeys-cluster",
+    "redis-sentinel",
+    "valkey-sentinel",
+    "rediss-sentinel",
+    "valkeys-sentinel",
+];
+
 ferriq::inventory::submit!(StoreConnector {
-    schemes: &[
-        "redis",
-        "rediss",
-        "valkey",
-        "valkeys",
-        "redis-cluster",
-        "rediss-cluster",
-        "valkey-cluster",
-        "valkeys-cluster",
-        "redis-sentinel",
-        "valkey-sentinel",
-        "rediss-sentinel",
-        "valkeys-sentinel",
-    ],
+    schemes: SCHEMES,
     connect,
+});
+
+/// The Streams broker from `FERRIQ_BROKER_URL=redis://…`: lanes from `FERRIQ_QUEUES` (default
+/// `taskiq`), the consumer group from `FERRIQ_STREAM_GROUP` (default `taskiq`), TLS files
+/// from `FERRIQ_BROKER_TLS_CA` / `_CERT` / `_KEY`, and `FERRIQ_BROKER_VOLATILE=1` to accept a
+/// server without `appendonly`.
+fn connect_broker(options: ConnectOptions) -> ConnectFuture<Arc<dyn Broker>> {
+    Box::pin(async move {
+        let mut builder = crate::StreamBroker::builder(options.url.clone());
+        if let Some(queues) = options.queues() {
+            builder = builder.queues(queues);
+        }
+        if let Some(group) = options.setting("FERRIQ_STREAM_GROUP") {
+            builder = builder.group(group);
+        }
+        if let Some(volatile) = options.flag("FERRIQ_BROKER_VOLATILE")? {
+            builder = builder.allow_volatile(volatile);
+        }
+        if let Some(ca) = options.setting("FERRIQ_BROKER_TLS_CA") {
+            builder = builder.tls_ca_file(ca);
+        }
+        match (
+            options.setting("FERRIQ_BROKER_TLS_CERT"),
+            options.setting("FERRIQ_BROKER_TLS_KEY"),
+        ) {
+            (Some(cert), Some(key)) => builder = builder.tls_client_cert(cert, key),
+            (None, None) => {}
+            _ => return Err(ConnectError::Backend(
+                "FERRIQ_BROKER_TLS_CERT and FERRIQ_BROKER_TLS_KEY go together: set both or neither"
+                    .into(),
+            )),
+        }
+        let broker = builder
+            .connect()
+            .await
+            .map_err(|e| ConnectError::Backend(e.to_string()))?;
+        Ok(Arc::new(broker) as Arc<dyn Broker>)
+    })
+}
+
+ferriq::inventory::submit!(BrokerConnector {
+    schemes: SCHEMES,
+    connect: connect_broker,
 });

@@ -29,3 +29,132 @@ async fn the_streams_broker_keeps_the_broker_contract() {
     })
     .await;
 }
+
+fn message() -> (ferriq::wire::TaskId, OutgoingMessage) {
+    let msg = TaskMessage::new("streams.test");
+    let out = OutgoingMessage::from_message(&msg).expect("a message serialises");
+    (msg.task_id, out)
+}
+
+fn task_of(d: &ferriq::broker::Delivery) -> Option<ferriq::wire::TaskId> {
+    TaskMessage::peek_task_id(&d.body)
+}
+
+/// Two workers on one stream, leases of 1 s: the entry whose holder heartbeats stays with it
+/// for three leases; the one it stopped heartbeating (as if its worker died) goes to the other
+/// worker within its lease + 1 s, and the first worker's late ack of it is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_heartbeated_entry_stays_and_a_dead_ones_is_taken_over_within_its_lease() {
+    let queue = format!("{}.lease", common::prefix());
+    let lease = Duration::from_secs(1);
+    let (a, b) = (broker(&queue).await, broker(&queue).await);
+    for x in [&a, &b] {
+        x.prepare_consumer(&ConsumerSettings::new(2, lease));
+    }
+    let ((kept_id, kept), (dead_id, dead)) = (message(), message());
+    a.publish(vec![kept, dead]).await.unwrap();
+    let mut held = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while held.len() < 2 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "A received {}",
+            held.len()
+        );
+        held.extend(
+            a.receive(2 - held.len(), Duration::from_secs(1))
+                .await
+                .unwrap(),
+        );
+    }
+    let kept_d = held
+        .iter()
+        .find(|d| task_of(d) == Some(kept_id.clone()))
+        .unwrap();
+    let dead_d = held
+        .iter()
+        .find(|d| task_of(d) == Some(dead_id.clone()))
+        .unwrap();
+    let taken_from = tokio::time::Instant::now();
+    let mut taken_after = None;
+    while taken_from.elapsed() < lease * 3 {
+        let statuses = a
+            .extend(std::slice::from_ref(&kept_d.handle), lease)
+            .await
+            .unwrap();
+        assert_eq!(statuses, [ferriq::broker::LeaseStatus::Kept]);
+        for d in b.receive(2, Duration::from_millis(250)).await.unwrap() {
+            assert_eq!(
+                task_of(&d),
+                Some(dead_id.clone()),
+                "a heartbeated entry was taken"
+            );
+            assert_eq!(d.receive_count, 2, "its second delivery");
+            taken_after.get_or_insert(taken_from.elapsed());
+            b.ack(&d.handle).await.unwrap();
+        }
+    }
+    let taken_after = taken_after.expect("the dead worker's entry was never taken over");
+    assert!(
+        taken_after <= lease + Duration::from_secs(1),
+        "taken over after {taken_after:?}"
+    );
+    assert!(matches!(
+        a.ack(&dead_d.handle).await,
+        Err(ferriq::broker::BrokerError::DeliveryLost)
+    ));
+    a.ack(&kept_d.handle).await.unwrap();
+    // Both acked: the stream holds nothing.
+    let depth = a.depth().await.unwrap();
+    assert_eq!((depth.ready, depth.in_flight, depth.delayed), (0, 0, 0));
+}
+
+/// A delayed message waits in the delayed set, not in the stream, and comes on time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delayed_message_waits_until_due() {
+    let queue = format!("{}.delay", common::prefix());
+    let b = broker(&queue).await;
+    let (id, mut out) = message();
+    out.delay = Some(Duration::from_secs(2));
+    let sent = tokio::time::Instant::now();
+    b.publish(vec![out]).await.unwrap();
+    assert_eq!(b.depth().await.unwrap().delayed, 1);
+    loop {
+        let got = b.receive(1, Duration::from_millis(200)).await.unwrap();
+        if let Some(d) = got.first() {
+            assert_eq!(task_of(d), Some(id.clone()));
+            let after = sent.elapsed();
+            assert!(
+                after >= Duration::from_millis(1900) && after < Duration::from_secs(4),
+                "delivered after {after:?}"
+            );
+            b.ack(&d.handle).await.unwrap();
+            break;
+        }
+        assert!(sent.elapsed() < Duration::from_secs(5), "never delivered");
+    }
+    assert_eq!(b.depth().await.unwrap().delayed, 0);
+}
+
+/// Without `appendonly`, connecting is refused unless allowed, and the error says how; with
+/// it, the broker connects.
+#[tokio::test]
+async fn a_server_without_appendonly_is_refused_unless_allowed() {
+    let server = common::PrivateRedis::start().await;
+    let connect = || {
+        StreamBroker::builder(server.url())
+            .queues(["volatile"])
+            .connect()
+    };
+    let err = connect()
+        .await
+        .expect_err("a private server starts with appendonly no");
+    let text = err.to_string();
+    assert!(text.contains("appendonly yes"), "{text}");
+    assert!(text.contains("FERRIQ_BROKER_VOLATILE"), "{text}");
+    assert!(!text.contains("ferriq-valkey"), "{text}");
+    common::redis_cli(server.port, &["CONFIG", "SET", "appendonly", "yes"]);
+    connect()
+        .await
+        .expect("a server with appendonly yes is taken");
+}

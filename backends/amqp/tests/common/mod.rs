@@ -273,19 +273,8 @@ impl Drop for Proxy {
     }
 }
 
-/// The Python of the interop venv (scripts/test.sh creates it).
-pub fn python() -> std::path::PathBuf {
-    if let Ok(p) = std::env::var("FERRIQ_TEST_PYTHON") {
-        return p.into();
-    }
-    let venv =
-        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.venv-interop/bin/python");
-    assert!(
-        venv.exists(),
-        "the Python interop venv is missing: run `bash scripts/test.sh` (it creates .venv-interop)"
-    );
-    venv
-}
+#[allow(unused_imports)] // used by the interop tests only
+pub use ferriq_testkit::services::python;
 
 /// The environment the interop scripts read: the test's names on the shared servers.
 pub fn interop_env(cmd: &mut tokio::process::Command, topology: &Topology, prefix: &str) {

@@ -10,10 +10,13 @@
 //! Keys of one lane share its hash tag (`{<queue>}:ferriq:…` beside the stream `<queue>`), so
 //! every script runs on one node of a cluster.
 
+mod config;
+mod lane;
 mod read;
 mod scripts;
+mod shared;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -22,154 +25,13 @@ use ferriq::broker::{
     Broker, BrokerError, ConsumerSettings, DeadLetter, Delivery, DeliveryHandle, Health,
     LeaseStatus, OutgoingMessage, QueueDepth,
 };
-use ferriq::SecretUrl;
-use fred::prelude::{Client, ClientLike, LuaInterface, Pool};
-use fred::types::scripts::Script;
+use fred::prelude::ClientLike;
 use fred::types::{ClusterHash, CustomCommand, Value};
 
-use crate::{ValkeyError, ValkeyStoreBuilder};
+pub use config::StreamBrokerBuilder;
+use lane::Lane;
 use read::Reads;
-use scripts::StreamScripts;
-
-/// Settings for a [`StreamBroker`], built from a `redis://` URL (every form the store accepts:
-/// cluster, sentinel, TLS).
-///
-/// ```
-/// use std::time::Duration;
-/// let builder = ferriq_valkey::StreamBroker::builder("redis://:s3cret@127.0.0.1:6379/0")
-///     .queues(["emails", "reports"])
-///     .group("taskiq")
-///     .allow_volatile(true);
-/// assert!(!format!("{builder:?}").contains("s3cret"));
-/// ```
-#[derive(Debug, Clone)]
-pub struct StreamBrokerBuilder {
-    connection: ValkeyStoreBuilder,
-    queues: Vec<String>,
-    group: String,
-    allow_volatile: bool,
-}
-
-impl StreamBrokerBuilder {
-    /// The lanes: streams consumed, the first the default (`taskiq`, taskiq-redis's default
-    /// `queue_name`).
-    pub fn queues<I, S>(mut self, queues: I) -> Self
-    where
-        I: IntoIterator<Item = S>,
-        S: Into<String>,
-    {
-        self.queues = queues.into_iter().map(Into::into).collect();
-        self
-    }
-
-    /// The consumer group (`taskiq`, taskiq-redis's default `consumer_group_name`).
-    pub fn group(mut self, group: impl Into<String>) -> Self {
-        self.group = group.into();
-        self
-    }
-
-    /// Connects to a server that keeps its data in memory only (`appendonly no`): a restart
-    /// of that server loses every queued task. Refused unless this is set (`FERRIQ_BROKER_VOLATILE=1`).
-    pub fn allow_volatile(mut self, allow: bool) -> Self {
-        self.allow_volatile = allow;
-        self
-    }
-
-    /// How long a command may take before it fails (default 2 s).
-    pub fn command_timeout(mut self, timeout: Duration) -> Self {
-        self.connection = self.connection.command_timeout(timeout);
-        self
-    }
-
-    /// A PEM file of CAs to trust for `rediss://` instead of the system's.
-    pub fn tls_ca_file(mut self, pem: impl Into<std::path::PathBuf>) -> Self {
-        self.connection = self.connection.tls_ca_file(pem);
-        self
-    }
-
-    /// A client certificate and its key, for servers that ask for one (mTLS).
-    pub fn tls_client_cert(
-        mut self,
-        cert: impl Into<std::path::PathBuf>,
-        key: impl Into<std::path::PathBuf>,
-    ) -> Self {
-        self.connection = self.connection.tls_client_cert(cert, key);
-        self
-    }
-
-    /// Connects, creates each lane's stream and consumer group if missing (the group from the
-    /// stream's start, so nothing sent before the first worker is skipped), and checks that
-    /// the server keeps its data.
-    pub async fn connect(self) -> Result<StreamBroker, ValkeyError> {
-        StreamBroker::connect(self).await
-    }
-}
-
-/// One lane: its stream and the keys tagged with it.
-#[derive(Debug)]
-pub(crate) struct Lane {
-    pub(crate) stream: String,
-    leases: String,
-    delayed: String,
-    dead: String,
-}
-
-impl Lane {
-    fn new(stream: &str) -> Self {
-        let tag = hash_tag(stream);
-        Lane {
-            stream: stream.to_owned(),
-            leases: format!("{tag}:ferriq:leases"),
-            delayed: format!("{tag}:ferriq:delayed"),
-            dead: format!("{tag}:ferriq:dead"),
-        }
-    }
-}
-
-/// The hash tag that puts a key in `stream`'s slot: the stream's own tag when it has one
-/// (`{x}` in its name), else the whole name in braces.
-fn hash_tag(stream: &str) -> String {
-    if let Some(open) = stream.find('{') {
-        if let Some(len) = stream[open + 1..].find('}') {
-            if len > 0 {
-                return stream[open..=open + 1 + len].to_owned();
-            }
-        }
-    }
-    format!("{{{stream}}}")
-}
-
-/// An entry as read: its id, its `data` field, and how many times it was delivered.
-#[derive(Debug)]
-pub(crate) struct Entry {
-    pub(crate) id: String,
-    pub(crate) data: Vec<u8>,
-    pub(crate) count: u32,
-}
-
-/// What a delivery's handle holds: the entry, and the delivery count that fences it (a copy
-/// taken over by another receive has a higher count).
-struct Held {
-    broker: u64,
-    lane: Arc<Lane>,
-    id: String,
-    count: u32,
-}
-
-pub(crate) struct Shared {
-    id: u64,
-    pool: Pool,
-    reader: Client,
-    scripts: StreamScripts,
-    pub(crate) lanes: Vec<Arc<Lane>>,
-    /// Streams only sent to (a `queue_name` label naming no lane), with their group made.
-    others: tokio::sync::Mutex<std::collections::HashMap<String, Arc<Lane>>>,
-    pub(crate) group: String,
-    pub(crate) consumer: String,
-    pub(crate) clustered: bool,
-    lease_ms: AtomicU64,
-    url: String,
-}
+use shared::{unavailable, Held, Shared};
 
 /// A broker on Valkey/Redis Streams (see the module docs). Cheap to clone.
 ///
@@ -194,262 +56,6 @@ impl std::fmt::Debug for StreamBroker {
             .field("lanes", &self.lanes())
             .field("group", &self.shared.group)
             .finish_non_exhaustive()
-    }
-}
-
-/// Who a script error or a lost connection hurts: the caller retries or the message comes
-/// back by itself.
-fn unavailable(e: fred::error::Error) -> BrokerError {
-    BrokerError::Unavailable(format!("{:?}: {}", e.kind(), e.details()))
-}
-
-impl Shared {
-    /// Calls `script` on one lane's keys, loading it again after `NOSCRIPT`.
-    async fn call(
-        &self,
-        script: &Script,
-        keys: Vec<String>,
-        args: Vec<Value>,
-    ) -> Result<Value, fred::error::Error> {
-        let client = self.pool.next();
-        match client
-            .evalsha::<Value, _, _, _>(script.sha1().clone(), keys.clone(), args.clone())
-            .await
-        {
-            Err(e) if e.details().starts_with("NOSCRIPT") => {
-                script.load(client).await?;
-                client
-                    .evalsha(script.sha1().clone(), keys, args)
-                    .await
-            }
-            other => other,
-        }
-    }
-
-    fn lease(&self) -> i64 {
-        self.lease_ms.load(Ordering::Relaxed) as i64
-    }
-
-    /// Gives entries just read their lease.
-    async fn give_leases(&self, lane: &Lane, entries: &[Entry]) -> Result<(), fred::error::Error> {
-        let mut args: Vec<Value> = vec![self.lease().into()];
-        args.extend(entries.iter().map(|e| Value::from(e.id.as_str())));
-        self.call(
-            &self.scripts.lease,
-            vec![lane.stream.clone(), lane.leases.clone()],
-            args,
-        )
-        .await
-        .map(drop)
-    }
-
-    /// Entries of `lane` whose lease ran out (and due delayed messages, added first).
-    async fn reclaim(&self, lane: &Arc<Lane>, max: usize) -> Result<Vec<Entry>, fred::error::Error> {
-        let lease = self.lease();
-        let reply = self
-            .call(
-                &self.scripts.reclaim,
-                vec![lane.stream.clone(), lane.leases.clone(), lane.delayed.clone()],
-                vec![
-                    self.group.as_str().into(),
-                    self.consumer.as_str().into(),
-                    lease.into(),
-                    (max as i64).into(),
-                    // Pending with no lease at all: a reader that died between its read and
-                    // its lease. Two leases: no live reader takes that long.
-                    (2 * lease).into(),
-                ],
-            )
-            .await?;
-        Ok(reply
-            .into_array()
-            .into_iter()
-            .filter_map(|e| {
-                let mut p = e.into_array().into_iter();
-                let id = p.next()?.as_string()?;
-                let data = p.next()?.as_bytes().map(<[u8]>::to_vec).unwrap_or_default();
-                let count = p.next()?.as_i64().unwrap_or(1).clamp(1, i64::from(u32::MAX)) as u32;
-                Some(Entry { id, data, count })
-            })
-            .collect())
-    }
-
-    /// The lane a message goes to: a lane, or another stream by name (its group made once).
-    async fn lane_for(&self, name: Option<&str>) -> Result<Arc<Lane>, BrokerError> {
-        let Some(name) = name else {
-            return Ok(Arc::clone(&self.lanes[0]));
-        };
-        if let Some(lane) = self.lanes.iter().find(|l| l.stream == name) {
-            return Ok(Arc::clone(lane));
-        }
-        let mut others = self.others.lock().await;
-        if let Some(lane) = others.get(name) {
-            return Ok(Arc::clone(lane));
-        }
-        let lane = Arc::new(Lane::new(name));
-        create_group(self.pool.next(), &lane.stream, &self.group)
-            .await
-            .map_err(unavailable)?;
-        others.insert(name.to_owned(), Arc::clone(&lane));
-        Ok(lane)
-    }
-
-    fn held<'a>(&self, handle: &'a DeliveryHandle) -> Result<&'a Held, BrokerError> {
-        match handle.downcast_ref::<Held>() {
-            Some(h) if h.broker == self.id => Ok(h),
-            _ => Err(BrokerError::ForeignHandle),
-        }
-    }
-
-    fn delivery(&self, lane: &Arc<Lane>, entry: Entry) -> Delivery {
-        let task_id = ferriq::wire::TaskMessage::peek_task_id(&entry.data).map(|id| id.to_string());
-        Delivery::new(
-            entry.data,
-            task_id,
-            entry.count,
-            lane.stream.as_str(),
-            DeliveryHandle::new(Held {
-                broker: self.id,
-                lane: Arc::clone(lane),
-                id: entry.id,
-                count: entry.count,
-            }),
-        )
-    }
-
-    /// A held entry settled by `script` with `extra` arguments; `DeliveryLost` when it is not
-    /// held any more.
-    async fn settle(&self, script: &Script, held: &Held, keys: Vec<String>, extra: Vec<Value>) -> Result<(), BrokerError> {
-        let mut args: Vec<Value> = vec![
-            self.group.as_str().into(),
-            self.consumer.as_str().into(),
-            held.id.as_str().into(),
-            i64::from(held.count).into(),
-        ];
-        args.extend(extra);
-        let reply = self.call(script, keys, args).await.map_err(unavailable)?;
-        match reply.as_i64() {
-            Some(1) => Ok(()),
-            _ => Err(BrokerError::DeliveryLost),
-        }
-    }
-}
-
-/// `XGROUP CREATE <stream> <group> 0 MKSTREAM`, unless the group exists.
-async fn create_group(client: &Client, stream: &str, group: &str) -> Result<(), fred::error::Error> {
-    let command = CustomCommand::new_static("XGROUP", ClusterHash::Offset(1), false);
-    let args: Vec<Value> = vec![
-        "CREATE".into(),
-        stream.into(),
-        group.into(),
-        "0".into(),
-        "MKSTREAM".into(),
-    ];
-    match client.custom::<Value, _>(command, args).await {
-        Err(e) if e.details().contains("BUSYGROUP") => Ok(()),
-        other => other.map(drop),
-    }
-}
-
-impl StreamBroker {
-    /// A builder from a `redis://` URL (see [`StreamBrokerBuilder`]).
-    pub fn builder(url: impl Into<SecretUrl>) -> StreamBrokerBuilder {
-        StreamBrokerBuilder {
-            connection: ValkeyStoreBuilder::new(url),
-            queues: vec!["taskiq".to_owned()],
-            group: "taskiq".to_owned(),
-            allow_volatile: false,
-        }
-    }
-
-    async fn connect(settings: StreamBrokerBuilder) -> Result<Self, ValkeyError> {
-        let conn = &settings.connection;
-        let url = conn.url.redacted();
-        let failed = |e: fred::error::Error| ValkeyError::Connect {
-            url: url.clone(),
-            reason: conn.url.explain(format_args!("{:?}: {}", e.kind(), e.details())),
-        };
-        if settings.queues.is_empty() || settings.queues.iter().any(String::is_empty) {
-            return Err(ValkeyError::Setting(
-                "a Streams broker needs at least one queue, each named".into(),
-            ));
-        }
-        let builder = conn.fred_builder()?;
-        let pool = builder.build_pool(2).map_err(failed)?;
-        let reader = builder.build().map_err(failed)?;
-        let limit = conn.connect_timeout.saturating_mul(2) + Duration::from_secs(1);
-        let scripts = StreamScripts::new();
-        let setup = async {
-            pool.init().await?;
-            read::connect_reader(&reader).await?;
-            for script in scripts.all() {
-                script.load(pool.next()).await?;
-            }
-            for queue in &settings.queues {
-                create_group(pool.next(), queue, &settings.group).await?;
-            }
-            Ok::<_, fred::error::Error>(())
-        };
-        match tokio::time::timeout(limit, setup).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => return Err(failed(e)),
-            Err(_) => {
-                return Err(failed(fred::error::Error::new(
-                    fred::error::ErrorKind::Timeout,
-                    "no answer",
-                )))
-            }
-        }
-        check_durable(pool.next(), &url, settings.allow_volatile).await?;
-        static NEXT: AtomicU64 = AtomicU64::new(1);
-        let clustered = conn.url.scheme().contains("cluster");
-        let shared = Shared {
-            id: NEXT.fetch_add(1, Ordering::Relaxed),
-            pool,
-            reader,
-            scripts,
-            lanes: settings.queues.iter().map(|q| Arc::new(Lane::new(q))).collect(),
-            others: Default::default(),
-            group: settings.group.clone(),
-            consumer: format!("ferriq-{}", uuid::Uuid::new_v4().simple()),
-            clustered,
-            lease_ms: AtomicU64::new(30_000),
-            url,
-        };
-        Ok(StreamBroker {
-            shared: Arc::new(shared),
-            reads: Arc::new(Reads::default()),
-        })
-    }
-}
-
-/// Refuses (unless allowed) a server that keeps its data in memory only: a restart would
-/// lose every queued task. A server that does not say (a managed one refusing `CONFIG`) is
-/// taken at its word, with a warning.
-async fn check_durable(client: &Client, url: &str, allow: bool) -> Result<(), ValkeyError> {
-    let command = CustomCommand::new_static("CONFIG", ClusterHash::Random, false);
-    let reply = client
-        .custom::<Value, _>(command, vec![Value::from("GET"), Value::from("appendonly")])
-        .await;
-    let appendonly = match reply {
-        Ok(v) => v
-            .into_array()
-            .get(1)
-            .and_then(Value::as_string)
-            .map(|s| s.eq_ignore_ascii_case("yes")),
-        Err(_) => None,
-    };
-    match appendonly {
-        Some(true) => Ok(()),
-        None => {
-            tracing::warn!(%url, "cannot read the server's `appendonly` setting: make sure it keeps its data (appendonly yes), or a restart loses queued tasks");
-            Ok(())
-        }
-        Some(false) if allow => {
-            tracing::warn!(%url, "the broker's server keeps its data in memory only (appendonly no): a restart loses every queued task");
-            Ok(())
-        }
-        Some(false) => Err(ValkeyError::NotDurable { url: url.to_owned() }),
     }
 }
 
@@ -664,9 +270,10 @@ impl Broker for StreamBroker {
     }
 
     fn prepare_consumer(&self, consumer: &ConsumerSettings) {
-        self.shared
-            .lease_ms
-            .store(consumer.lease.as_millis().max(1000) as u64, Ordering::Relaxed);
+        self.shared.lease_ms.store(
+            consumer.lease.as_millis().max(1000) as u64,
+            Ordering::Relaxed,
+        );
     }
 
     async fn stop_receiving(&self) {
@@ -681,7 +288,12 @@ impl Broker for StreamBroker {
             let keys = vec![lane.stream.clone(), lane.leases.clone()];
             let _ = self
                 .shared
-                .settle(&self.shared.scripts.release, &held, keys, vec![Value::from(0i64)])
+                .settle(
+                    &self.shared.scripts.release,
+                    &held,
+                    keys,
+                    vec![Value::from(0i64)],
+                )
                 .await;
         }
     }

@@ -9,7 +9,8 @@ use fred::prelude::{Client, ClientLike};
 use fred::types::{ClusterHash, CustomCommand, Value};
 use tokio::task::JoinHandle;
 
-use super::{Entry, Lane, Shared};
+use super::lane::Lane;
+use super::shared::{Entry, Shared};
 
 /// What one read brought: entries of each lane, or the error.
 pub(crate) type ReadResult = Result<Vec<(Arc<Lane>, Entry)>, fred::error::Error>;
@@ -44,7 +45,12 @@ impl Reads {
             // A server-side block of at most 2 s: delays and lapsed leases are looked at by
             // every receive, so a long block would hold them back.
             let block = wait.min(Duration::from_secs(2));
-            *slot = Some(tokio::spawn(read_once(Arc::clone(shared), lanes, max, block)));
+            *slot = Some(tokio::spawn(read_once(
+                Arc::clone(shared),
+                lanes,
+                max,
+                block,
+            )));
         }
         let handle = slot.as_mut().expect("a read in flight");
         match tokio::time::timeout(wait, handle).await {
@@ -111,10 +117,7 @@ async fn read_once(
         let Some(lane) = lanes.iter().find(|l| l.stream == stream) else {
             continue;
         };
-        let read: Vec<Entry> = entries
-            .into_iter()
-            .filter_map(|e| entry_of(e, 1))
-            .collect();
+        let read: Vec<Entry> = entries.into_iter().filter_map(|e| entry_of(e, 1)).collect();
         if read.is_empty() {
             continue;
         }

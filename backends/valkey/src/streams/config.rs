@@ -1,0 +1,225 @@
+//! Settings and connecting: the builder, the streams and groups made at connect, and the
+//! durability check.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ferriq::SecretUrl;
+use fred::prelude::{Client, ClientLike};
+use fred::types::{ClusterHash, CustomCommand, Value};
+
+use super::lane::Lane;
+use super::read::{self, Reads};
+use super::scripts::StreamScripts;
+use super::shared::Shared;
+use super::StreamBroker;
+use crate::{ValkeyError, ValkeyStoreBuilder};
+
+/// Settings for a [`StreamBroker`], built from a `redis://` URL (every form the store accepts:
+/// cluster, sentinel, TLS).
+///
+/// ```
+/// use std::time::Duration;
+/// let builder = ferriq_valkey::StreamBroker::builder("redis://:s3cret@127.0.0.1:6379/0")
+///     .queues(["emails", "reports"])
+///     .group("taskiq")
+///     .allow_volatile(true);
+/// assert!(!format!("{builder:?}").contains("s3cret"));
+/// ```
+#[derive(Debug, Clone)]
+pub struct StreamBrokerBuilder {
+    pub(crate) connection: ValkeyStoreBuilder,
+    pub(crate) queues: Vec<String>,
+    pub(crate) group: String,
+    pub(crate) allow_volatile: bool,
+}
+
+impl StreamBrokerBuilder {
+    /// The lanes: streams consumed, the first the default (`taskiq`, taskiq-redis's default
+    /// `queue_name`).
+    pub fn queues<I, S>(mut self, queues: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.queues = queues.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// The consumer group (`taskiq`, taskiq-redis's default `consumer_group_name`).
+    pub fn group(mut self, group: impl Into<String>) -> Self {
+        self.group = group.into();
+        self
+    }
+
+    /// Connects to a server that keeps its data in memory only (`appendonly no`): a restart
+    /// of that server loses every queued task. Refused unless this is set (`FERRIQ_BROKER_VOLATILE=1`).
+    pub fn allow_volatile(mut self, allow: bool) -> Self {
+        self.allow_volatile = allow;
+        self
+    }
+
+    /// How long a command may take before it fails (default 2 s).
+    pub fn command_timeout(mut self, timeout: Duration) -> Self {
+        self.connection = self.connection.command_timeout(timeout);
+        self
+    }
+
+    /// A PEM file of CAs to trust for `rediss://` instead of the system's.
+    pub fn tls_ca_file(mut self, pem: impl Into<std::path::PathBuf>) -> Self {
+        self.connection = self.connection.tls_ca_file(pem);
+        self
+    }
+
+    /// A client certificate and its key, for servers that ask for one (mTLS).
+    pub fn tls_client_cert(
+        mut self,
+        cert: impl Into<std::path::PathBuf>,
+        key: impl Into<std::path::PathBuf>,
+    ) -> Self {
+        self.connection = self.connection.tls_client_cert(cert, key);
+        self
+    }
+
+    /// Connects, creates each lane's stream and consumer group if missing (the group from the
+    /// stream's start, so nothing sent before the first worker is skipped), and checks that
+    /// the server keeps its data.
+    pub async fn connect(self) -> Result<StreamBroker, ValkeyError> {
+        StreamBroker::connect(self).await
+    }
+}
+
+impl StreamBroker {
+    /// A builder from a `redis://` URL (see [`StreamBrokerBuilder`]).
+    pub fn builder(url: impl Into<SecretUrl>) -> StreamBrokerBuilder {
+        StreamBrokerBuilder {
+            connection: ValkeyStoreBuilder::new(url),
+            queues: vec!["taskiq".to_owned()],
+            group: "taskiq".to_owned(),
+            allow_volatile: false,
+        }
+    }
+
+    pub(crate) async fn connect(settings: StreamBrokerBuilder) -> Result<Self, ValkeyError> {
+        let conn = &settings.connection;
+        let url = conn.url.redacted();
+        let failed = |e: fred::error::Error| ValkeyError::Connect {
+            url: url.clone(),
+            reason: conn
+                .url
+                .explain(format_args!("{:?}: {}", e.kind(), e.details())),
+        };
+        if settings.queues.is_empty() || settings.queues.iter().any(String::is_empty) {
+            return Err(ValkeyError::Setting(
+                "a Streams broker needs at least one queue, each named".into(),
+            ));
+        }
+        let builder = conn.fred_builder()?;
+        let pool = builder.build_pool(2).map_err(failed)?;
+        let reader = builder.build().map_err(failed)?;
+        let limit = conn.connect_timeout.saturating_mul(2) + Duration::from_secs(1);
+        let scripts = StreamScripts::new();
+        let setup = async {
+            pool.init().await?;
+            read::connect_reader(&reader).await?;
+            for script in scripts.all() {
+                script.load(pool.next()).await?;
+            }
+            for queue in &settings.queues {
+                create_group(pool.next(), queue, &settings.group).await?;
+            }
+            Ok::<_, fred::error::Error>(())
+        };
+        match tokio::time::timeout(limit, setup).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(failed(e)),
+            Err(_) => {
+                return Err(failed(fred::error::Error::new(
+                    fred::error::ErrorKind::Timeout,
+                    "no answer",
+                )))
+            }
+        }
+        check_durable(pool.next(), &url, settings.allow_volatile).await?;
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        let clustered = conn.url.scheme().contains("cluster");
+        let shared = Shared {
+            id: NEXT.fetch_add(1, Ordering::Relaxed),
+            pool,
+            reader,
+            scripts,
+            lanes: settings
+                .queues
+                .iter()
+                .map(|q| Arc::new(Lane::new(q)))
+                .collect(),
+            others: Default::default(),
+            group: settings.group.clone(),
+            consumer: format!("ferriq-{}", uuid::Uuid::new_v4().simple()),
+            clustered,
+            lease_ms: AtomicU64::new(30_000),
+            url,
+        };
+        Ok(StreamBroker {
+            shared: Arc::new(shared),
+            reads: Arc::new(Reads::default()),
+        })
+    }
+}
+
+/// `XGROUP CREATE <stream> <group> 0 MKSTREAM`, unless the group exists.
+pub(crate) async fn create_group(
+    client: &Client,
+    stream: &str,
+    group: &str,
+) -> Result<(), fred::error::Error> {
+    let command = CustomCommand::new_static("XGROUP", ClusterHash::Offset(1), false);
+    let args: Vec<Value> = vec![
+        "CREATE".into(),
+        stream.into(),
+        group.into(),
+        "0".into(),
+        "MKSTREAM".into(),
+    ];
+    match client.custom::<Value, _>(command, args).await {
+        Err(e) if e.details().contains("BUSYGROUP") => Ok(()),
+        other => other.map(drop),
+    }
+}
+
+/// Refuses (unless allowed) a server that keeps its data in memory only: a restart would
+/// lose every queued task. A server that does not say (a managed one refusing `CONFIG`) is
+/// taken at its word, with a warning.
+pub(crate) async fn check_durable(
+    client: &Client,
+    url: &str,
+    allow: bool,
+) -> Result<(), ValkeyError> {
+    let command = CustomCommand::new_static("CONFIG", ClusterHash::Random, false);
+    let reply = client
+        .custom::<Value, _>(command, vec![Value::from("GET"), Value::from("appendonly")])
+        .await;
+    let appendonly = match reply {
+        Ok(v) => v
+            .into_array()
+            .get(1)
+            .and_then(Value::as_string)
+            .map(|s| s.eq_ignore_ascii_case("yes")),
+        Err(_) => None,
+    };
+    match appendonly {
+        Some(true) => Ok(()),
+        None => {
+            tracing::warn!(%url, "cannot read the server's `appendonly` setting: make sure it keeps its data (appendonly yes), or a restart loses queued tasks");
+            Ok(())
+        }
+        Some(false) if allow => {
+            tracing::warn!(%url, "the broker's server keeps its data in memory only (appendonly no): a restart loses every queued task");
+            Ok(())
+        }
+        Some(false) => Err(ValkeyError::NotDurable {
+            url: url.to_owned(),
+        }),
+    }
+}

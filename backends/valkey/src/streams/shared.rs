@@ -1,0 +1,204 @@
+//! What a broker's clones share — the connections, the scripts, the lanes — and the calls
+//! every operation is made of.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use ferriq::broker::{BrokerError, Delivery, DeliveryHandle};
+use fred::prelude::{Client, LuaInterface, Pool};
+use fred::types::scripts::Script;
+use fred::types::Value;
+
+use super::config::create_group;
+use super::lane::Lane;
+use super::scripts::StreamScripts;
+
+/// An entry as read: its id, its `data` field, and how many times it was delivered.
+#[derive(Debug)]
+pub(crate) struct Entry {
+    pub(crate) id: String,
+    pub(crate) data: Vec<u8>,
+    pub(crate) count: u32,
+}
+
+/// What a delivery's handle holds: the entry, and the delivery count that fences it (a copy
+/// taken over by another receive has a higher count).
+pub(crate) struct Held {
+    pub(crate) broker: u64,
+    pub(crate) lane: Arc<Lane>,
+    pub(crate) id: String,
+    pub(crate) count: u32,
+}
+
+pub(crate) struct Shared {
+    pub(crate) id: u64,
+    pub(crate) pool: Pool,
+    pub(crate) reader: Client,
+    pub(crate) scripts: StreamScripts,
+    pub(crate) lanes: Vec<Arc<Lane>>,
+    /// Streams only sent to (a `queue_name` label naming no lane), with their group made.
+    pub(crate) others: tokio::sync::Mutex<std::collections::HashMap<String, Arc<Lane>>>,
+    pub(crate) group: String,
+    pub(crate) consumer: String,
+    pub(crate) clustered: bool,
+    pub(crate) lease_ms: AtomicU64,
+    pub(crate) url: String,
+}
+
+/// Who a script error or a lost connection hurts: the caller retries or the message comes
+/// back by itself.
+pub(crate) fn unavailable(e: fred::error::Error) -> BrokerError {
+    BrokerError::Unavailable(format!("{:?}: {}", e.kind(), e.details()))
+}
+
+impl Shared {
+    /// Calls `script` on one lane's keys, loading it again after `NOSCRIPT`.
+    pub(crate) async fn call(
+        &self,
+        script: &Script,
+        keys: Vec<String>,
+        args: Vec<Value>,
+    ) -> Result<Value, fred::error::Error> {
+        let client = self.pool.next();
+        match client
+            .evalsha::<Value, _, _, _>(script.sha1().clone(), keys.clone(), args.clone())
+            .await
+        {
+            Err(e) if e.details().starts_with("NOSCRIPT") => {
+                script.load(client).await?;
+                client.evalsha(script.sha1().clone(), keys, args).await
+            }
+            other => other,
+        }
+    }
+
+    pub(crate) fn lease(&self) -> i64 {
+        self.lease_ms.load(Ordering::Relaxed) as i64
+    }
+
+    /// Gives entries just read their lease.
+    pub(crate) async fn give_leases(
+        &self,
+        lane: &Lane,
+        entries: &[Entry],
+    ) -> Result<(), fred::error::Error> {
+        let mut args: Vec<Value> = vec![self.lease().into()];
+        args.extend(entries.iter().map(|e| Value::from(e.id.as_str())));
+        self.call(
+            &self.scripts.lease,
+            vec![lane.stream.clone(), lane.leases.clone()],
+            args,
+        )
+        .await
+        .map(drop)
+    }
+
+    /// Entries of `lane` whose lease ran out (and due delayed messages, added first).
+    pub(crate) async fn reclaim(
+        &self,
+        lane: &Arc<Lane>,
+        max: usize,
+    ) -> Result<Vec<Entry>, fred::error::Error> {
+        let lease = self.lease();
+        let reply = self
+            .call(
+                &self.scripts.reclaim,
+                vec![
+                    lane.stream.clone(),
+                    lane.leases.clone(),
+                    lane.delayed.clone(),
+                ],
+                vec![
+                    self.group.as_str().into(),
+                    self.consumer.as_str().into(),
+                    lease.into(),
+                    (max as i64).into(),
+                    // Pending with no lease at all: a reader that died between its read and
+                    // its lease. Two leases: no live reader takes that long.
+                    (2 * lease).into(),
+                ],
+            )
+            .await?;
+        Ok(reply
+            .into_array()
+            .into_iter()
+            .filter_map(|e| {
+                let mut p = e.into_array().into_iter();
+                let id = p.next()?.as_string()?;
+                let data = p.next()?.as_bytes().map(<[u8]>::to_vec).unwrap_or_default();
+                let count = p
+                    .next()?
+                    .as_i64()
+                    .unwrap_or(1)
+                    .clamp(1, i64::from(u32::MAX)) as u32;
+                Some(Entry { id, data, count })
+            })
+            .collect())
+    }
+
+    /// The lane a message goes to: a lane, or another stream by name (its group made once).
+    pub(crate) async fn lane_for(&self, name: Option<&str>) -> Result<Arc<Lane>, BrokerError> {
+        let Some(name) = name else {
+            return Ok(Arc::clone(&self.lanes[0]));
+        };
+        if let Some(lane) = self.lanes.iter().find(|l| l.stream == name) {
+            return Ok(Arc::clone(lane));
+        }
+        let mut others = self.others.lock().await;
+        if let Some(lane) = others.get(name) {
+            return Ok(Arc::clone(lane));
+        }
+        let lane = Arc::new(Lane::new(name));
+        create_group(self.pool.next(), &lane.stream, &self.group)
+            .await
+            .map_err(unavailable)?;
+        others.insert(name.to_owned(), Arc::clone(&lane));
+        Ok(lane)
+    }
+
+    pub(crate) fn held<'a>(&self, handle: &'a DeliveryHandle) -> Result<&'a Held, BrokerError> {
+        match handle.downcast_ref::<Held>() {
+            Some(h) if h.broker == self.id => Ok(h),
+            _ => Err(BrokerError::ForeignHandle),
+        }
+    }
+
+    pub(crate) fn delivery(&self, lane: &Arc<Lane>, entry: Entry) -> Delivery {
+        let task_id = ferriq::wire::TaskMessage::peek_task_id(&entry.data).map(|id| id.to_string());
+        Delivery::new(
+            entry.data,
+            task_id,
+            entry.count,
+            lane.stream.as_str(),
+            DeliveryHandle::new(Held {
+                broker: self.id,
+                lane: Arc::clone(lane),
+                id: entry.id,
+                count: entry.count,
+            }),
+        )
+    }
+
+    /// A held entry settled by `script` with `extra` arguments; `DeliveryLost` when it is not
+    /// held any more.
+    pub(crate) async fn settle(
+        &self,
+        script: &Script,
+        held: &Held,
+        keys: Vec<String>,
+        extra: Vec<Value>,
+    ) -> Result<(), BrokerError> {
+        let mut args: Vec<Value> = vec![
+            self.group.as_str().into(),
+            self.consumer.as_str().into(),
+            held.id.as_str().into(),
+            i64::from(held.count).into(),
+        ];
+        args.extend(extra);
+        let reply = self.call(script, keys, args).await.map_err(unavailable)?;
+        match reply.as_i64() {
+            Some(1) => Ok(()),
+            _ => Err(BrokerError::DeliveryLost),
+        }
+    }
+}
