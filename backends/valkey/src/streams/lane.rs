@@ -8,6 +8,8 @@ pub(crate) struct Lane {
     pub(crate) leases: String,
     pub(crate) delayed: String,
     pub(crate) dead: String,
+    /// Dead letters an operator holds (id → until, unix ms).
+    pub(crate) dead_held: String,
 }
 
 impl Lane {
@@ -18,6 +20,7 @@ impl Lane {
             leases: format!("{tag}:ferriq:leases"),
             delayed: format!("{tag}:ferriq:delayed"),
             dead: format!("{tag}:ferriq:dead"),
+            dead_held: format!("{tag}:ferriq:dead_held"),
         }
     }
 }

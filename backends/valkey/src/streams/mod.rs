@@ -11,6 +11,7 @@
 //! every script runs on one node of a cluster.
 
 mod config;
+mod dead_letters;
 mod lane;
 mod read;
 mod scripts;
@@ -263,6 +264,10 @@ impl Broker for StreamBroker {
     async fn close(&self) {
         let _ = self.shared.reader.quit().await;
         let _ = self.shared.pool.quit().await;
+    }
+
+    fn dead_letters(&self) -> Option<&dyn ferriq::dead_letters::DeadLetterQueue> {
+        Some(self)
     }
 
     fn lanes(&self) -> Vec<String> {

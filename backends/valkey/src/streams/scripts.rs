@@ -147,6 +147,53 @@ redis.call('ZREM', KEYS[2], ARGV[3])
 return 1
 "#;
 
+/// KEYS: dead, held. ARGV: max, hold ms. Takes up to `max` dead letters not held by another
+/// operator, oldest first, and holds them for `hold ms` (an operator that dies lets go).
+/// Returns `{id, fields…}` per letter.
+const TAKE_DEAD: &str = r#"
+local now = now_ms()
+local max = tonumber(ARGV[1])
+local out = {}
+local from = '-'
+while #out < max do
+  local page = redis.call('XRANGE', KEYS[1], from, '+', 'COUNT', 200)
+  if #page == 0 then break end
+  for _, e in ipairs(page) do
+    local until_ms = tonumber(redis.call('ZSCORE', KEYS[2], e[1]) or '0')
+    if until_ms <= now then
+      redis.call('ZADD', KEYS[2], now + tonumber(ARGV[2]), e[1])
+      out[#out + 1] = e
+      if #out >= max then break end
+    end
+  end
+  if #page < 200 then break end
+  from = '(' .. page[#page][1]
+end
+return out
+"#;
+
+/// KEYS: held. ARGV: ids. Lets held dead letters go, where they were.
+const RETURN_DEAD: &str = r#"
+for _, id in ipairs(ARGV) do redis.call('ZREM', KEYS[1], id) end
+return #ARGV
+"#;
+
+/// KEYS: dead, held. ARGV: id. Removes a dead letter for good.
+const DROP_DEAD: &str = r#"
+redis.call('XDEL', KEYS[1], ARGV[1])
+redis.call('ZREM', KEYS[2], ARGV[1])
+return 1
+"#;
+
+/// KEYS: stream, dead, held. ARGV: id, body. Sends the body back to the lane's stream, then
+/// removes the dead letter: in one script, so never both and never neither.
+const REDRIVE_DEAD: &str = r#"
+redis.call('XADD', KEYS[1], '*', 'data', ARGV[2])
+redis.call('XDEL', KEYS[2], ARGV[1])
+redis.call('ZREM', KEYS[3], ARGV[1])
+return 1
+"#;
+
 /// The broker's scripts, loaded at connect.
 pub(crate) struct StreamScripts {
     pub(crate) publish: Script,
@@ -156,6 +203,10 @@ pub(crate) struct StreamScripts {
     pub(crate) ack: Script,
     pub(crate) release: Script,
     pub(crate) park: Script,
+    pub(crate) take_dead: Script,
+    pub(crate) return_dead: Script,
+    pub(crate) drop_dead: Script,
+    pub(crate) redrive_dead: Script,
 }
 
 impl StreamScripts {
@@ -169,10 +220,14 @@ impl StreamScripts {
             ack: script(ACK),
             release: script(RELEASE),
             park: script(PARK),
+            take_dead: script(TAKE_DEAD),
+            return_dead: script(RETURN_DEAD),
+            drop_dead: script(DROP_DEAD),
+            redrive_dead: script(REDRIVE_DEAD),
         }
     }
 
-    pub(crate) fn all(&self) -> [&Script; 7] {
+    pub(crate) fn all(&self) -> [&Script; 11] {
         [
             &self.publish,
             &self.reclaim,
@@ -181,6 +236,10 @@ impl StreamScripts {
             &self.ack,
             &self.release,
             &self.park,
+            &self.take_dead,
+            &self.return_dead,
+            &self.drop_dead,
+            &self.redrive_dead,
         ]
     }
 }
