@@ -35,7 +35,13 @@ async fn main() {
         "amqp" => vec![Backend::Amqp],
         "sqs" => vec![Backend::Sqs],
         "cluster" => vec![Backend::AmqpCluster],
-        _ => vec![Backend::Amqp, Backend::Sqs, Backend::AmqpCluster],
+        "redis" => vec![Backend::Streams],
+        _ => vec![
+            Backend::Amqp,
+            Backend::Sqs,
+            Backend::AmqpCluster,
+            Backend::Streams,
+        ],
     };
     let only = arg("--only", "");
     let mut names: Vec<&str> = scenarios::ALL.to_vec();

@@ -31,6 +31,9 @@ pub enum Backend {
     /// A private three-node RabbitMQ cluster of the world's own, each node behind a proxy;
     /// every worker's URL lists every node, each starting with another.
     AmqpCluster,
+    /// Valkey/Redis Streams on the world's own server (the store's, with AOF `always`),
+    /// through a proxy of its own.
+    Streams,
 }
 
 impl Backend {
@@ -40,6 +43,7 @@ impl Backend {
             Backend::Amqp => "RabbitMQ",
             Backend::Sqs => "SQS (fauxqs)",
             Backend::AmqpCluster => "RabbitMQ, 3-node cluster",
+            Backend::Streams => "Redis Streams",
         }
     }
 }
@@ -159,7 +163,9 @@ impl World {
         let dir = root.join(&name);
         let events_dir = dir.join("events");
         std::fs::create_dir_all(&events_dir).expect("scratch folder");
-        let redis = PrivateRedis::start(dir.join("redis"), settings.aof).await;
+        // The Streams broker keeps its queues on the store's server: never without the AOF.
+        let aof = settings.aof || backend == Backend::Streams;
+        let redis = PrivateRedis::start(dir.join("redis"), aof).await;
         let lane = if settings.fifo && backend == Backend::Sqs {
             format!("{name}.fifo")
         } else {
@@ -207,6 +213,14 @@ impl World {
                     .await
                     .expect("RabbitMQ");
                 (Arc::new(broker), Proxy::start(&host_port(&url)).await, None)
+            }
+            Backend::Streams => {
+                let broker = ferriq_valkey::StreamBroker::builder(format!("redis://{}", redis.addr()))
+                    .queues([name.as_str()])
+                    .connect()
+                    .await
+                    .expect("the private redis, as a broker");
+                (Arc::new(broker), Proxy::start(&redis.addr()).await, None)
             }
             Backend::Sqs => {
                 let endpoint = ferriq_examples::sqs::endpoint();
@@ -279,6 +293,7 @@ impl World {
                     self.broker_proxy.port
                 )
             }
+            (Backend::Streams, _) => format!("redis://127.0.0.1:{}", self.broker_proxy.port),
             _ => format!(
                 "amqp://guest:guest@127.0.0.1:{}/%2f",
                 self.broker_proxy.port
