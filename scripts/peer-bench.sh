@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # ferriq beside taskiq and dramatiq: the same workload on the same machine in the same hour.
-#   bash scripts/peer-bench.sh [ROUNDS]      (default 1 round: each framework once, in turn)
+#   bash scripts/peer-bench.sh [ROUNDS] [amqp|redis]   (default 1 round, amqp: each framework once, in turn)
 # Each framework: 200 warm-up tasks, then 10,000 `add` tasks with results, enqueued in batches
 # of 1,000, every result awaited (end-to-end tasks/s); then 300 sequential round trips (p50 /
 # p99); the worker's peak RSS (its whole process tree). taskiq runs on RabbitMQ
@@ -11,10 +11,19 @@
 # Redis, one worker process). The peers install into .tools/peer-bench (PyPI); Redis DB 5 and
 # queues named ferriq.peer.* are theirs: the queues and taskiq's keys are deleted afterwards,
 # dramatiq's result keys (md5 names) expire after its 10 minutes.
+# With `redis`: ferriq as `bench_e2e --broker redis` runs it (its Streams broker, claims and
+# results on the same Redis) beside taskiq-redis's RedisStreamBroker with taskiq-redis results
+# (one worker process with 100 concurrent tasks), on the same Redis.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/services.sh
 rounds=${1:-1}
+family=${2:-amqp}
+case $family in
+  amqp) peers="taskiq dramatiq" ;;
+  redis) peers="taskiq_redis" ;;
+  *) echo "usage: bash scripts/peer-bench.sh [ROUNDS] [amqp|redis]" >&2; exit 2 ;;
+esac
 
 ensure_redis
 ensure_rabbitmq
@@ -55,6 +64,7 @@ run_peer() {
   export PEER_QUEUE=$queue
   case $name in
     taskiq) "$PWD/../../$venv/bin/taskiq" worker peer_taskiq:broker --workers 1 --max-async-tasks 100 >"$work/$name.log" 2>&1 & ;;
+    taskiq_redis) "$PWD/../../$venv/bin/taskiq" worker peer_taskiq_redis:broker --workers 1 --max-async-tasks 100 >"$work/$name.log" 2>&1 & ;;
     dramatiq) "$PWD/../../$venv/bin/dramatiq" peer_dramatiq >"$work/$name.log" 2>&1 & ;;
   esac
   worker=$!
@@ -73,16 +83,16 @@ run_peer() {
 }
 
 run_ferriq() {
-  target/release/examples/bench_e2e --broker amqp | tail -n1 | "$py" -c "
+  target/release/examples/bench_e2e --broker "$family" | tail -n1 | "$py" -c "
 import json, sys
 f = dict(kv.split('=') for kv in sys.stdin.read().split())
-print(json.dumps({'peer': 'ferriq', 'e2e_tasks_per_s': int(f['e2e_tasks_per_s']), 'p50_ms': float(f['p50_ms']), 'p99_ms': float(f['p99_ms']), 'rss_mib': float(f['rss_mib']), 'raw_lapin_msgs_per_s': int(f['raw_msgs_per_s'])}))"
+print(json.dumps({'peer': 'ferriq', 'e2e_tasks_per_s': int(f['e2e_tasks_per_s']), 'p50_ms': float(f['p50_ms']), 'p99_ms': float(f['p99_ms']), 'rss_mib': float(f['rss_mib']), 'raw_msgs_per_s': int(f['raw_msgs_per_s'])}))"
 }
 
 cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')
 echo "$(nproc) vCPU, $cpu; $(date -u '+%Y-%m-%d %H:%M UTC')" >&2
 for round in $(seq 1 "$rounds"); do
-  for who in ferriq taskiq dramatiq; do
+  for who in ferriq $peers; do
     echo "round $round: $who" >&2
     case $who in
       ferriq) run_ferriq ;;
@@ -95,7 +105,7 @@ import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 print("| framework | end to end tasks/s | round trip p50 / p99 ms | worker peak RSS MiB |")
 print("|---|---|---|---|")
-for peer in ["ferriq", "taskiq", "dramatiq"]:
+for peer in ["ferriq", "taskiq", "dramatiq", "taskiq_redis"]:
     mine = [r for r in rows if r["peer"] == peer]
     if not mine:
         continue
@@ -104,7 +114,7 @@ for peer in ["ferriq", "taskiq", "dramatiq"]:
     rss = " / ".join(str(r["rss_mib"]) for r in mine)
     print(f"| {peer} | {e2e} | {rt} | {rss} |")
 ferriq = [r["e2e_tasks_per_s"] for r in rows if r["peer"] == "ferriq"]
-for peer in ["taskiq", "dramatiq"]:
+for peer in ["taskiq", "dramatiq", "taskiq_redis"]:
     theirs = [r["e2e_tasks_per_s"] for r in rows if r["peer"] == peer]
     if ferriq and theirs:
         print(f"ferriq / {peer}: {min(ferriq) / max(theirs):.1f}-{max(ferriq) / min(theirs):.1f}x end to end")

@@ -112,6 +112,17 @@ async fn sqs(endpoint: &str, queue: &str) -> SqsBroker {
         .expect("SQS")
 }
 
+/// The Streams broker on the test Redis (which runs without `appendonly`: a benchmark's
+/// queue may be lost with it).
+async fn streams(queue: &str) -> ferriq_valkey::StreamBroker {
+    ferriq_valkey::StreamBroker::builder(redis_url())
+        .queues([queue])
+        .allow_volatile(true)
+        .connect()
+        .await
+        .expect("Redis")
+}
+
 async fn valkey(prefix: &str) -> ValkeyStore {
     ValkeyStore::builder(redis_url())
         .prefix(prefix)
@@ -183,6 +194,7 @@ fn worker_with(
 async fn worker_process(kind: String, exchange: String, queue: String, prefix: String) {
     let broker: Arc<dyn Broker> = match kind.as_str() {
         "sqs" => Arc::new(sqs(&arg("--endpoint", ""), &queue).await),
+        "redis" => Arc::new(streams(&queue).await),
         _ => Arc::new(amqp(&exchange, &queue).await),
     };
     let w = worker(broker, Arc::new(valkey(&prefix).await));
@@ -362,7 +374,36 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
             ferriq_examples::sqs::delete_queues(&admin, &[url, dlq, raw_url, raw_dlq]).await;
             (figures, raw, rss, "SQS (fauxqs emulator unless FERRIQ_SQS_ENDPOINT) + Redis claims/results, worker in its own process")
         }
-        other => return Err(format!("--broker must be amqp, sqs or memory, not {other}").into()),
+        "redis" => {
+            let (queue, prefix) = (format!("fqbench.{tag}"), format!("fqbench{tag}"));
+            let store = Arc::new(valkey(&prefix).await);
+            let client = Client::new(Arc::new(streams(&queue).await), store.clone());
+            let mut child = tokio::process::Command::new(std::env::current_exe()?)
+                .args(["--role", "worker", "--broker", "redis", "--queue", &queue])
+                .args(["--prefix", &prefix])
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .kill_on_drop(true)
+                .spawn()?;
+            let pid = child.id().unwrap_or(0);
+            let meter = Meter::new(vec![
+                ("producer", Some(std::process::id())),
+                ("worker", Some(pid)),
+                ("Redis", find_process("redis-server")),
+            ]);
+            let figures = drive(&client, n, lat_n, &meter).await;
+            let rss = peak_rss_mib(pid);
+            drop(child.stdin.take());
+            let _ = tokio::time::timeout(Duration::from_secs(30), child.wait()).await;
+            let raw =
+                ferriq_examples::raw_streams::raw_streams(&redis_url(), &format!("{queue}.raw"), n)
+                    .await;
+            let _ = store.purge_prefix().await;
+            (figures, raw, rss, "Redis Streams broker + Redis claims/results (one server), worker in its own process")
+        }
+        other => {
+            return Err(format!("--broker must be amqp, sqs, redis or memory, not {other}").into())
+        }
     };
 
     report(&figures, raw, rss, what, n, lat_n);

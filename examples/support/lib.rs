@@ -5,6 +5,7 @@ use std::time::Duration;
 
 pub mod cpu;
 pub mod raw;
+pub mod raw_streams;
 pub mod sqs;
 
 /// The value after `--name` on the command line, or `default`.

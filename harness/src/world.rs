@@ -215,11 +215,12 @@ impl World {
                 (Arc::new(broker), Proxy::start(&host_port(&url)).await, None)
             }
             Backend::Streams => {
-                let broker = ferriq_valkey::StreamBroker::builder(format!("redis://{}", redis.addr()))
-                    .queues([name.as_str()])
-                    .connect()
-                    .await
-                    .expect("the private redis, as a broker");
+                let broker =
+                    ferriq_valkey::StreamBroker::builder(format!("redis://{}", redis.addr()))
+                        .queues([name.as_str()])
+                        .connect()
+                        .await
+                        .expect("the private redis, as a broker");
                 (Arc::new(broker), Proxy::start(&redis.addr()).await, None)
             }
             Backend::Sqs => {

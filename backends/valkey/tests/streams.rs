@@ -182,8 +182,7 @@ mod ops {
     async fn dead_letters_are_listed_redriven_and_purged() {
         let queue = format!("{}.ops", common::prefix());
         let (worker, client, healed) = suite_worker(&queue).await;
-        ops_suite::dead_letters_are_listed_redriven_and_purged(&client, &queue, healed, true)
-            .await;
+        ops_suite::dead_letters_are_listed_redriven_and_purged(&client, &queue, healed, true).await;
         worker.stop().await;
     }
 
@@ -198,8 +197,10 @@ mod ops {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_stale_worker_from_before_a_redrive_cannot_write_over_the_new_result() {
         let queue = format!("{}.ops", common::prefix());
-        let brokers: [Arc<dyn Broker>; 2] =
-            [Arc::new(broker(&queue).await), Arc::new(broker(&queue).await)];
+        let brokers: [Arc<dyn Broker>; 2] = [
+            Arc::new(broker(&queue).await),
+            Arc::new(broker(&queue).await),
+        ];
         let store = Arc::new(common::store().await);
         let expiring = store.clone();
         ops_suite::a_stale_worker_cannot_write_over_a_redriven_result(

@@ -77,10 +77,7 @@ impl DeadLetterQueue for StreamBroker {
             .call(
                 &shared.scripts.take_dead,
                 vec![lane.dead.clone(), lane.dead_held.clone()],
-                vec![
-                    (max as i64).into(),
-                    (HOLD.as_millis() as i64).into(),
-                ],
+                vec![(max as i64).into(), (HOLD.as_millis() as i64).into()],
             )
             .await
             .map_err(unavailable)?;
