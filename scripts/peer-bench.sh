@@ -76,6 +76,11 @@ run_peer() {
   touch "$work/stop"
   wait "$sampler" || true
   kill -TERM "$worker" 2>/dev/null || true
+  # taskiq's worker on RedisStreamBroker may not stop on SIGTERM: 10 s, then SIGKILL (the
+  # whole tree: `taskiq worker` forks its worker processes).
+  for _ in $(seq 1 50); do kill -0 "$worker" 2>/dev/null || break; sleep 0.2; done
+  pkill -KILL -P "$worker" 2>/dev/null || true
+  kill -KILL "$worker" 2>/dev/null || true
   wait "$worker" 2>/dev/null || true
   "$py" cleanup.py "$queue" || true
   cd - >/dev/null
