@@ -213,3 +213,26 @@ async fn the_worker_runs_with_claims_and_results_in_a_cluster() {
     worker.stop().await;
     store.close().await;
 }
+
+/// The Streams broker on the cluster: the conformance kit's broker suite, each check on a
+/// stream of its own (spread over the masters by name), and a lane's keys in its slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_streams_broker_keeps_the_broker_contract_on_a_cluster() {
+    let cluster = common::PrivateCluster::start(3).await;
+    let url = cluster.url();
+    ferriq::testing::conformance::broker_suite(|| {
+        let url = url.clone();
+        async move {
+            let queue = format!("{}.q", common::prefix());
+            Arc::new(
+                ferriq_valkey::StreamBroker::builder(url)
+                    .queues([queue])
+                    .allow_volatile(true)
+                    .connect()
+                    .await
+                    .expect("the Streams broker on the cluster"),
+            ) as Arc<dyn ferriq::broker::Broker>
+        }
+    })
+    .await;
+}

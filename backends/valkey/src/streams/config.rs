@@ -120,14 +120,28 @@ impl StreamBroker {
         let reader = builder.build().map_err(failed)?;
         let limit = conn.connect_timeout.saturating_mul(2) + Duration::from_secs(1);
         let scripts = StreamScripts::new();
+        // Each step's error names the step: a server that refuses one (an ACL without
+        // `XGROUP`, a cluster without the lane's slot) says which.
+        let step = |what: &'static str| {
+            move |e: fred::error::Error| {
+                fred::error::Error::new(e.kind().clone(), format!("{what}: {}", e.details()))
+            }
+        };
         let setup = async {
-            pool.init().await?;
-            read::connect_reader(&reader).await?;
+            pool.init().await.map_err(step("connecting"))?;
+            read::connect_reader(&reader)
+                .await
+                .map_err(step("connecting the reader"))?;
             for script in scripts.all() {
-                script.load(pool.next()).await?;
+                script
+                    .load(pool.next())
+                    .await
+                    .map_err(step("loading a script"))?;
             }
             for queue in &settings.queues {
-                create_group(pool.next(), queue, &settings.group).await?;
+                create_group(pool.next(), queue, &settings.group)
+                    .await
+                    .map_err(step("making the lane's stream and group (XGROUP CREATE)"))?;
             }
             Ok::<_, fred::error::Error>(())
         };
@@ -174,7 +188,7 @@ pub(crate) async fn create_group(
     stream: &str,
     group: &str,
 ) -> Result<(), fred::error::Error> {
-    let command = CustomCommand::new_static("XGROUP", ClusterHash::Offset(1), false);
+    let command = super::lane::on_key("XGROUP", stream, false);
     let args: Vec<Value> = vec![
         "CREATE".into(),
         stream.into(),

@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use ferriq::broker::{BrokerError, DeliveryHandle};
 use ferriq::dead_letters::{DeadLetterQueue, DeadMessage};
 use fred::prelude::ClientLike;
-use fred::types::{ClusterHash, CustomCommand, Value};
+use fred::types::Value;
 
 use super::lane::Lane;
 use super::shared::unavailable;
@@ -140,7 +140,7 @@ impl DeadLetterQueue for StreamBroker {
             .pool
             .next()
             .custom(
-                CustomCommand::new_static("XLEN", ClusterHash::FirstKey, false),
+                super::lane::on_key("XLEN", &lane.dead, false),
                 vec![Value::from(lane.dead.as_str())],
             )
             .await

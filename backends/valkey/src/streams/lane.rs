@@ -25,6 +25,13 @@ impl Lane {
     }
 }
 
+/// A command on `key`, routed to the node that owns its slot (named explicitly: fred's routing
+/// of custom commands by argument position is not relied on).
+pub(crate) fn on_key(name: &'static str, key: &str, blocking: bool) -> fred::types::CustomCommand {
+    let slot = fred::util::redis_keyslot(key.as_bytes());
+    fred::types::CustomCommand::new_static(name, fred::types::ClusterHash::Custom(slot), blocking)
+}
+
 /// The hash tag that puts a key in `stream`'s slot: the stream's own tag when it has one
 /// (`{x}` in its name), else the whole name in braces.
 pub(crate) fn hash_tag(stream: &str) -> String {

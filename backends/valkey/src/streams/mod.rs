@@ -27,7 +27,7 @@ use ferriq::broker::{
     LeaseStatus, OutgoingMessage, QueueDepth,
 };
 use fred::prelude::ClientLike;
-use fred::types::{ClusterHash, CustomCommand, Value};
+use fred::types::Value;
 
 pub use config::StreamBrokerBuilder;
 use lane::Lane;
@@ -225,14 +225,14 @@ impl Broker for StreamBroker {
         for lane in &self.shared.lanes {
             let len: i64 = client
                 .custom(
-                    CustomCommand::new_static("XLEN", ClusterHash::FirstKey, false),
+                    lane::on_key("XLEN", &lane.stream, false),
                     vec![Value::from(lane.stream.as_str())],
                 )
                 .await
                 .map_err(unavailable)?;
             let pending: Value = client
                 .custom(
-                    CustomCommand::new_static("XPENDING", ClusterHash::FirstKey, false),
+                    lane::on_key("XPENDING", &lane.stream, false),
                     vec![
                         Value::from(lane.stream.as_str()),
                         Value::from(self.shared.group.as_str()),
@@ -247,7 +247,7 @@ impl Broker for StreamBroker {
                 .unwrap_or(0);
             let delayed: i64 = client
                 .custom(
-                    CustomCommand::new_static("ZCARD", ClusterHash::FirstKey, false),
+                    lane::on_key("ZCARD", &lane.delayed, false),
                     vec![Value::from(lane.delayed.as_str())],
                 )
                 .await

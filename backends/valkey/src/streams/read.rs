@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fred::prelude::{Client, ClientLike};
-use fred::types::{ClusterHash, CustomCommand, Value};
+use fred::types::Value;
 use tokio::task::JoinHandle;
 
 use super::lane::Lane;
@@ -100,8 +100,8 @@ async fn read_once(
     ];
     args.extend(lanes.iter().map(|l| Value::from(l.stream.as_str())));
     args.extend(lanes.iter().map(|_| Value::from(">")));
-    // The first stream key is at offset 8: a cluster routes the read to its node.
-    let command = CustomCommand::new_static("XREADGROUP", ClusterHash::Offset(8), true);
+    // Routed by the first stream (on a cluster a read names one lane).
+    let command = super::lane::on_key("XREADGROUP", &lanes[0].stream, true);
     // The block is the server's wait, not a slow server: the command's own timeout covers it.
     let options = fred::types::config::Options {
         timeout: Some(block + Duration::from_secs(5)),
