@@ -215,3 +215,49 @@ mod ops {
         .await;
     }
 }
+
+/// Two lanes with one hash tag (one cluster slot) keep their own delayed messages, and a
+/// receive never hands out more than it asked for, though a read over two lanes brings up to
+/// that many of each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lanes_sharing_a_hash_tag_keep_their_own_messages() {
+    let tag = common::prefix();
+    let (high, low) = (format!("{{{tag}}}:high"), format!("{{{tag}}}:low"));
+    let b = StreamBroker::builder(common::url())
+        .queues([high.as_str(), low.as_str()])
+        .allow_volatile(true)
+        .connect()
+        .await
+        .expect("connect the Streams broker");
+    let mut sent = std::collections::HashMap::new();
+    let mut batch = Vec::new();
+    for (lane, delayed) in [(&high, false), (&low, false), (&low, true)] {
+        for _ in 0..3 {
+            let (id, mut out) = message();
+            out.queue = Some(lane.clone());
+            if delayed {
+                out.delay = Some(Duration::from_millis(1500));
+            }
+            sent.insert(id, lane.clone());
+            batch.push(out);
+        }
+    }
+    b.publish(batch).await.unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let mut got = 0;
+    while got < sent.len() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{got} of {} received",
+            sent.len()
+        );
+        let ds = b.receive(1, Duration::from_millis(300)).await.unwrap();
+        assert!(ds.len() <= 1, "asked for one, got {}", ds.len());
+        for d in ds {
+            let id = task_of(&d).unwrap();
+            assert_eq!(Some(&d.queue), sent.get(&id), "received from its own lane");
+            b.ack(&d.handle).await.unwrap();
+            got += 1;
+        }
+    }
+}

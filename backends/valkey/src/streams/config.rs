@@ -115,6 +115,12 @@ impl StreamBroker {
                 "a Streams broker needs at least one queue, each named".into(),
             ));
         }
+        let lanes = settings
+            .queues
+            .iter()
+            .map(|q| Lane::new(q).map(Arc::new))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(ValkeyError::Setting)?;
         let builder = conn.fred_builder()?;
         let pool = builder.build_pool(2).map_err(failed)?;
         let reader = builder.build().map_err(failed)?;
@@ -163,11 +169,7 @@ impl StreamBroker {
             pool,
             reader,
             scripts,
-            lanes: settings
-                .queues
-                .iter()
-                .map(|q| Arc::new(Lane::new(q)))
-                .collect(),
+            lanes,
             others: Default::default(),
             group: settings.group.clone(),
             consumer: format!("ferriq-{}", uuid::Uuid::new_v4().simple()),

@@ -1,7 +1,8 @@
-//! A lane's keys: its stream, and the keys tagged with it so that one lane's scripts run on
-//! one node of a cluster.
+//! A lane's keys: its stream, and the keys beside it, which share its hash slot so that one
+//! lane's scripts run on one node of a cluster, and which name the stream so that two lanes
+//! never share them.
 
-/// One lane: its stream and the keys tagged with it.
+/// One lane: its stream and the keys beside it.
 #[derive(Debug)]
 pub(crate) struct Lane {
     pub(crate) stream: String,
@@ -13,15 +14,17 @@ pub(crate) struct Lane {
 }
 
 impl Lane {
-    pub(crate) fn new(stream: &str) -> Self {
-        let tag = hash_tag(stream);
-        Lane {
+    /// The lane of `stream`; `Err` (what is wrong) for a name whose keys could not share its
+    /// slot: braces that hold no hash tag.
+    pub(crate) fn new(stream: &str) -> Result<Self, String> {
+        let base = key_base(stream)?;
+        Ok(Lane {
             stream: stream.to_owned(),
-            leases: format!("{tag}:ferriq:leases"),
-            delayed: format!("{tag}:ferriq:delayed"),
-            dead: format!("{tag}:ferriq:dead"),
-            dead_held: format!("{tag}:ferriq:dead_held"),
-        }
+            leases: format!("{base}:ferriq:leases"),
+            delayed: format!("{base}:ferriq:delayed"),
+            dead: format!("{base}:ferriq:dead"),
+            dead_held: format!("{base}:ferriq:dead_held"),
+        })
     }
 }
 
@@ -32,17 +35,26 @@ pub(crate) fn on_key(name: &'static str, key: &str, blocking: bool) -> fred::typ
     fred::types::CustomCommand::new_static(name, fred::types::ClusterHash::Custom(slot), blocking)
 }
 
-/// The hash tag that puts a key in `stream`'s slot: the stream's own tag when it has one
-/// (`{x}` in its name), else the whole name in braces.
-pub(crate) fn hash_tag(stream: &str) -> String {
+/// What the lane's other keys start with: the stream's name itself when it holds a hash tag
+/// (`{app}:high`: Redis hashes the tag, so `{app}:high:ferriq:…` shares its slot, and
+/// `{app}:low`'s keys stay apart), else the name in braces (`{taskiq}:ferriq:…`, hashed as
+/// `taskiq` is). A name with braces but no tag (`a{}b`, `x}y`) is refused: Redis hashes it
+/// whole, and no key beside it could both share its slot and name it.
+fn key_base(stream: &str) -> Result<String, String> {
     if let Some(open) = stream.find('{') {
         if let Some(len) = stream[open + 1..].find('}') {
             if len > 0 {
-                return stream[open..=open + 1 + len].to_owned();
+                return Ok(stream.to_owned());
             }
         }
     }
-    format!("{{{stream}}}")
+    if stream.contains(['{', '}']) {
+        return Err(format!(
+            "the queue name {stream:?} has braces but no hash tag: name it without braces, or \
+             with a tag ({{app}}:jobs)"
+        ));
+    }
+    Ok(format!("{{{stream}}}"))
 }
 
 #[cfg(test)]
@@ -50,13 +62,22 @@ mod tests {
     use super::*;
 
     #[test]
-    pub(crate) fn a_lanes_keys_share_its_slot() {
-        let lane = Lane::new("taskiq");
+    fn a_lanes_keys_share_its_slot_and_name_it() {
+        let slot = |k: &str| fred::util::redis_keyslot(k.as_bytes());
+        let lane = Lane::new("taskiq").unwrap();
         assert_eq!(lane.leases, "{taskiq}:ferriq:leases");
-        // A stream with a hash tag of its own keeps it.
-        let tagged = Lane::new("jobs{eu}");
-        assert_eq!(tagged.dead, "{eu}:ferriq:dead");
-        // Empty braces are no tag.
-        assert_eq!(hash_tag("a{}b"), "{a{}b}");
+        assert_eq!(slot(&lane.leases), slot("taskiq"));
+        // Two lanes with one tag: one slot, their own keys.
+        let (high, low) = (
+            Lane::new("{app}:high").unwrap(),
+            Lane::new("{app}:low").unwrap(),
+        );
+        assert_eq!(high.delayed, "{app}:high:ferriq:delayed");
+        assert_ne!(high.delayed, low.delayed);
+        assert_eq!(slot(&high.dead), slot("{app}:high"));
+        assert_eq!(slot(&low.dead_held), slot("{app}:high"));
+        // Braces without a tag.
+        assert!(Lane::new("a{}b").is_err());
+        assert!(Lane::new("x}y").is_err());
     }
 }

@@ -93,16 +93,22 @@ impl Broker for StreamBroker {
     async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>, BrokerError> {
         let shared = &self.shared;
         let max = max.max(1);
+        let delivery = |(lane, e): (Arc<Lane>, shared::Entry)| shared.delivery(&lane, e);
+        let ready = self.reads.take_ready(max).await.map_err(unavailable)?;
+        if !ready.is_empty() {
+            return Ok(ready.into_iter().map(delivery).collect());
+        }
         let mut out = Vec::new();
         for lane in &shared.lanes {
             if out.len() >= max {
                 break;
             }
-            let taken = shared
-                .reclaim(lane, max - out.len())
-                .await
-                .map_err(unavailable)?;
-            out.extend(taken.into_iter().map(|e| shared.delivery(lane, e)));
+            match shared.reclaim(lane, max - out.len()).await {
+                Ok(taken) => out.extend(taken.into_iter().map(|e| shared.delivery(lane, e))),
+                // What earlier lanes gave is handed out, not left to its lease.
+                Err(_) if !out.is_empty() => break,
+                Err(e) => return Err(unavailable(e)),
+            }
         }
         if !out.is_empty() {
             return Ok(out);
@@ -112,10 +118,7 @@ impl Broker for StreamBroker {
             .read(shared, max, wait)
             .await
             .map_err(unavailable)?;
-        Ok(read
-            .into_iter()
-            .map(|(lane, e)| shared.delivery(&lane, e))
-            .collect())
+        Ok(read.into_iter().map(delivery).collect())
     }
 
     async fn ack(&self, delivery: &DeliveryHandle) -> Result<(), BrokerError> {

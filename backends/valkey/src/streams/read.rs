@@ -19,11 +19,34 @@ pub(crate) type ReadResult = Result<Vec<(Arc<Lane>, Entry)>, fred::error::Error>
 #[derive(Default)]
 pub(crate) struct Reads {
     in_flight: tokio::sync::Mutex<Option<JoinHandle<ReadResult>>>,
+    /// Entries a read brought beyond what its receive asked for (`COUNT` applies per stream),
+    /// leased already: the next receive takes them first.
+    surplus: std::sync::Mutex<Vec<(Arc<Lane>, Entry)>>,
     /// The lane the next read starts with (on a cluster, one lane per read).
     next_lane: std::sync::atomic::AtomicUsize,
 }
 
 impl Reads {
+    /// Entries already read and not handed out — the surplus of the last read, or a read that
+    /// finished while no receive waited for it — up to `max`, without waiting. Taken before
+    /// anything else, so they are handed out while their lease still runs.
+    pub(crate) async fn take_ready(&self, max: usize) -> ReadResult {
+        let mut slot = self.in_flight.lock().await;
+        if slot.as_ref().is_some_and(JoinHandle::is_finished) {
+            let handle = slot.take().expect("a finished read");
+            let entries = joined(handle.await)?;
+            self.lock_surplus().extend(entries);
+        }
+        drop(slot);
+        let mut surplus = self.lock_surplus();
+        let n = surplus.len().min(max);
+        Ok(surplus.drain(..n).collect())
+    }
+
+    fn lock_surplus(&self) -> std::sync::MutexGuard<'_, Vec<(Arc<Lane>, Entry)>> {
+        self.surplus.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// New entries, up to `max`, waiting up to `wait`. A read still going when `wait` ends is
     /// kept for the next call.
     pub(crate) async fn read(
@@ -55,14 +78,13 @@ impl Reads {
         let handle = slot.as_mut().expect("a read in flight");
         match tokio::time::timeout(wait, handle).await {
             Err(_) => Ok(Vec::new()),
-            Ok(joined) => {
+            Ok(done) => {
                 *slot = None;
-                joined.unwrap_or_else(|e| {
-                    Err(fred::error::Error::new(
-                        fred::error::ErrorKind::Unknown,
-                        format!("the read task failed: {e}"),
-                    ))
-                })
+                let mut entries = joined(done)?;
+                if entries.len() > max {
+                    self.lock_surplus().extend(entries.split_off(max));
+                }
+                Ok(entries)
             }
         }
     }
@@ -70,15 +92,26 @@ impl Reads {
     /// What a read in flight brings, waited for up to `limit` (at a worker's stop: handed back
     /// by the caller).
     pub(crate) async fn take_in_flight(&self, limit: Duration) -> Vec<(Arc<Lane>, Entry)> {
+        let mut out: Vec<_> = self.lock_surplus().drain(..).collect();
         let mut slot = self.in_flight.lock().await;
         let Some(handle) = slot.take() else {
-            return Vec::new();
+            return out;
         };
-        match tokio::time::timeout(limit, handle).await {
-            Ok(Ok(Ok(entries))) => entries,
-            _ => Vec::new(),
+        if let Ok(Ok(Ok(entries))) = tokio::time::timeout(limit, handle).await {
+            out.extend(entries);
         }
+        out
     }
+}
+
+/// A read task's outcome, its panic or abort turned into an error.
+fn joined(done: Result<ReadResult, tokio::task::JoinError>) -> ReadResult {
+    done.unwrap_or_else(|e| {
+        Err(fred::error::Error::new(
+            fred::error::ErrorKind::Unknown,
+            format!("the read task failed: {e}"),
+        ))
+    })
 }
 
 /// One `XREADGROUP` over `lanes`, then the lease of every entry it brought.

@@ -65,7 +65,9 @@ local max = tonumber(ARGV[4])
 local function take(id)
   local e = redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, id)
   if e[1] == nil or e[1] == false then
-    -- Deleted while pending: nothing to deliver.
+    -- Deleted while pending: nothing to deliver (and off the pending list, which Redis 6.2
+    -- keeps it on).
+    redis.call('XACK', KEYS[1], ARGV[1], id)
     redis.call('ZREM', KEYS[2], id)
     return
   end
@@ -78,11 +80,17 @@ end
 for _, id in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, max)) do
   take(id)
 end
-if #out < max then
-  local idle = redis.call('XPENDING', KEYS[1], ARGV[1], 'IDLE', tonumber(ARGV[5]), '-', '+', max - #out)
+-- Paged: entries with a lease (released for later, or held) are skipped, not counted.
+local from = '-'
+for _ = 1, 10 do
+  if #out >= max then break end
+  local idle = redis.call('XPENDING', KEYS[1], ARGV[1], 'IDLE', tonumber(ARGV[5]), from, '+', 100)
   for _, p in ipairs(idle) do
+    if #out >= max then break end
     if not redis.call('ZSCORE', KEYS[2], p[1]) then take(p[1]) end
   end
+  if #idle < 100 then break end
+  from = '(' .. idle[#idle][1]
 end
 return out
 "#;
@@ -185,12 +193,13 @@ redis.call('ZREM', KEYS[2], ARGV[1])
 return 1
 "#;
 
-/// KEYS: stream, dead, held. ARGV: id, body. Sends the body back to the lane's stream, then
-/// removes the dead letter: in one script, so never both and never neither.
+/// KEYS: stream, dead, held. ARGV: id, body. Removes the dead letter and sends the body back
+/// to the lane's stream, in one script: never both and never neither. A letter already gone
+/// (another operator redrove or purged it) sends nothing; returns 0 then.
 const REDRIVE_DEAD: &str = r#"
-redis.call('XADD', KEYS[1], '*', 'data', ARGV[2])
-redis.call('XDEL', KEYS[2], ARGV[1])
 redis.call('ZREM', KEYS[3], ARGV[1])
+if redis.call('XDEL', KEYS[2], ARGV[1]) == 0 then return 0 end
+redis.call('XADD', KEYS[1], '*', 'data', ARGV[2])
 return 1
 "#;
 

@@ -118,7 +118,17 @@ impl Shared {
                     (2 * lease).into(),
                 ],
             )
-            .await?;
+            .await;
+        let reply = match reply {
+            // The stream or its group went (deleted, or evicted under memory pressure): made
+            // again, and nothing to take this time.
+            Err(e) if e.details().contains("NOGROUP") => {
+                tracing::warn!(lane = %lane.stream, "the lane's stream or consumer group was missing: made again");
+                create_group(self.pool.next(), &lane.stream, &self.group).await?;
+                return Ok(Vec::new());
+            }
+            other => other?,
+        };
         Ok(reply
             .into_array()
             .into_iter()
@@ -148,7 +158,7 @@ impl Shared {
         if let Some(lane) = others.get(name) {
             return Ok(Arc::clone(lane));
         }
-        let lane = Arc::new(Lane::new(name));
+        let lane = Arc::new(Lane::new(name).map_err(BrokerError::Config)?);
         create_group(self.pool.next(), &lane.stream, &self.group)
             .await
             .map_err(unavailable)?;
