@@ -395,9 +395,24 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
             let rss = peak_rss_mib(pid);
             drop(child.stdin.take());
             let _ = tokio::time::timeout(Duration::from_secs(30), child.wait()).await;
-            let raw =
-                ferriq_examples::raw_streams::raw_streams(&redis_url(), &format!("{queue}.raw"), n)
-                    .await;
+            let raw = ferriq_examples::raw_streams::raw_streams(
+                &redis_url(),
+                &format!("{queue}.raw"),
+                n,
+                false,
+            )
+            .await;
+            let floor = ferriq_examples::raw_streams::raw_streams(
+                &redis_url(),
+                &format!("{queue}.floor"),
+                n,
+                true,
+            )
+            .await;
+            println!(
+                "raw streams + store floor (two keys per message, in the same pipelines): {floor:.0} msgs/s; ferriq / that: {:.3}",
+                figures.e2e_per_s / floor
+            );
             let _ = store.purge_prefix().await;
             (figures, raw, rss, "Redis Streams broker + Redis claims/results (one server), worker in its own process")
         }

@@ -17,7 +17,10 @@ fn command(name: &'static str) -> CustomCommand {
 
 /// Messages per second through `stream` on the Redis at `url`: `n` sent in batches of 100
 /// (8 batches at once) while two consumers read 100 at a time and ack and delete each batch.
-pub async fn raw_streams(url: &str, stream: &str, n: u64) -> f64 {
+/// With `floor`, each consumer also writes, in the same pipeline, the two keys an exactly-once
+/// result needs per message (a claim and a result, as ferriq's store writes them): the least
+/// any exactly-once queue on this server does.
+pub async fn raw_streams(url: &str, stream: &str, n: u64, floor: bool) -> f64 {
     let config = Config::from_url(url).expect("a Redis URL");
     let pool = Builder::from_config(config).build_pool(4).expect("a pool");
     pool.init().await.expect("Redis");
@@ -82,6 +85,20 @@ pub async fn raw_streams(url: &str, stream: &str, n: u64) -> f64 {
                     let mut del = vec![stream.clone()];
                     del.extend(ids.iter().cloned());
                     let pipeline = pool.next().pipeline();
+                    if floor {
+                        for id in &ids {
+                            for kind in ["claim", "result"] {
+                                let set = vec![
+                                    format!("{stream}:floor:{kind}:{id}"),
+                                    "r 1 1 1 0 1 0 raw".to_owned(),
+                                    "PX".to_owned(),
+                                    "60000".to_owned(),
+                                ];
+                                let _: () =
+                                    pipeline.custom(command("SET"), set).await.expect("queued");
+                            }
+                        }
+                    }
                     let _: () = pipeline.custom(command("XACK"), ack).await.expect("queued");
                     let _: () = pipeline.custom(command("XDEL"), del).await.expect("queued");
                     let _: Vec<Value> = pipeline.all().await.expect("XACK + XDEL");

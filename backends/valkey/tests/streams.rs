@@ -261,3 +261,34 @@ async fn lanes_sharing_a_hash_tag_keep_their_own_messages() {
         }
     }
 }
+
+/// A worker's consumer counts as consuming while it reads, and leaves the group when it stops
+/// holding nothing — but never while it holds an entry (its entries would be lost with it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_workers_consumer_leaves_the_group_unless_it_holds_entries() {
+    let queue = format!("{}.consumers", common::prefix());
+    let (a, b) = (broker(&queue).await, broker(&queue).await);
+    assert_eq!(a.consumer_count(None).await, Some((queue.clone(), 0)));
+    let (_, first) = message();
+    let (_, second) = message();
+    a.publish(vec![first, second]).await.unwrap();
+    let got_a = loop {
+        let got = a.receive(1, Duration::from_secs(1)).await.unwrap();
+        if let Some(d) = got.into_iter().next() {
+            break d;
+        }
+    };
+    let got_b = loop {
+        let got = b.receive(1, Duration::from_secs(1)).await.unwrap();
+        if let Some(d) = got.into_iter().next() {
+            break d;
+        }
+    };
+    assert_eq!(a.consumer_count(None).await, Some((queue.clone(), 2)));
+    a.ack(&got_a.handle).await.unwrap();
+    a.stop_receiving().await;
+    b.stop_receiving().await;
+    // A held nothing and left; B holds its entry and stays, and can still settle it.
+    assert_eq!(a.consumer_count(None).await, Some((queue.clone(), 1)));
+    b.ack(&got_b.handle).await.unwrap();
+}

@@ -177,6 +177,12 @@ impl StreamBroker {
             lease_ms: AtomicU64::new(30_000),
             url,
         };
+        // Consumers that dead workers left behind, holding nothing: gone.
+        for lane in &shared.lanes {
+            if let Err(e) = shared.prune(lane, false).await {
+                tracing::debug!(lane = %lane.stream, error = %e.details(), "could not prune the group's idle consumers");
+            }
+        }
         Ok(StreamBroker {
             shared: Arc::new(shared),
             reads: Arc::new(Reads::default()),

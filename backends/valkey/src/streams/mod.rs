@@ -284,6 +284,21 @@ impl Broker for StreamBroker {
         );
     }
 
+    async fn consumer_count(&self, queue: Option<&str>) -> Option<(String, u64)> {
+        let lane = self.shared.lane_for(queue).await.ok()?;
+        // Reading within the last 10 s: a worker's reads block 2 s at most.
+        let reply = self
+            .shared
+            .call(
+                &self.shared.scripts.active_consumers,
+                vec![lane.stream.clone()],
+                vec![self.shared.group.as_str().into(), 10_000i64.into()],
+            )
+            .await
+            .ok()?;
+        Some((lane.stream.clone(), reply.as_i64()?.max(0) as u64))
+    }
+
     async fn stop_receiving(&self) {
         // A read still blocked may bring entries: they go back at once, for another worker.
         for (lane, entry) in self.reads.take_in_flight(Duration::from_secs(3)).await {
@@ -303,6 +318,10 @@ impl Broker for StreamBroker {
                     vec![Value::from(0i64)],
                 )
                 .await;
+        }
+        // This worker's consumer, holding nothing now, leaves the group.
+        for lane in &self.shared.lanes {
+            let _ = self.shared.prune(lane, true).await;
         }
     }
 }

@@ -203,6 +203,37 @@ redis.call('XADD', KEYS[1], '*', 'data', ARGV[2])
 return 1
 "#;
 
+/// KEYS: stream. ARGV: group, idle ms, consumer ('' for none). Removes from the group the
+/// consumers that hold nothing and have not read for `idle ms` (each worker connection names
+/// one: without this, every restart would leave one behind for good), and `consumer` itself
+/// when it holds nothing. A consumer that holds entries is never removed: its entries would
+/// leave the pending list, and nothing would deliver them again. Returns how many went.
+const PRUNE: &str = r#"
+local removed = 0
+for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', KEYS[1], ARGV[1])) do
+  local info = {}
+  for i = 1, #c, 2 do info[c[i]] = c[i + 1] end
+  local idle = tonumber(info['idle'] or 0)
+  if tonumber(info['pending']) == 0 and (info['name'] == ARGV[3] or idle > tonumber(ARGV[2])) then
+    redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], info['name'])
+    removed = removed + 1
+  end
+end
+return removed
+"#;
+
+/// KEYS: stream. ARGV: group, active ms. How many of the group's consumers read within
+/// `active ms`.
+const ACTIVE_CONSUMERS: &str = r#"
+local n = 0
+for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', KEYS[1], ARGV[1])) do
+  local info = {}
+  for i = 1, #c, 2 do info[c[i]] = c[i + 1] end
+  if tonumber(info['idle'] or 0) <= tonumber(ARGV[2]) then n = n + 1 end
+end
+return n
+"#;
+
 /// The broker's scripts, loaded at connect.
 pub(crate) struct StreamScripts {
     pub(crate) publish: Script,
@@ -216,6 +247,8 @@ pub(crate) struct StreamScripts {
     pub(crate) return_dead: Script,
     pub(crate) drop_dead: Script,
     pub(crate) redrive_dead: Script,
+    pub(crate) prune: Script,
+    pub(crate) active_consumers: Script,
 }
 
 impl StreamScripts {
@@ -233,10 +266,12 @@ impl StreamScripts {
             return_dead: script(RETURN_DEAD),
             drop_dead: script(DROP_DEAD),
             redrive_dead: script(REDRIVE_DEAD),
+            prune: script(PRUNE),
+            active_consumers: script(ACTIVE_CONSUMERS),
         }
     }
 
-    pub(crate) fn all(&self) -> [&Script; 11] {
+    pub(crate) fn all(&self) -> [&Script; 13] {
         [
             &self.publish,
             &self.reclaim,
@@ -249,6 +284,8 @@ impl StreamScripts {
             &self.return_dead,
             &self.drop_dead,
             &self.redrive_dead,
+            &self.prune,
+            &self.active_consumers,
         ]
     }
 }

@@ -94,6 +94,23 @@ impl Shared {
     }
 
     /// Entries of `lane` whose lease ran out (and due delayed messages, added first).
+    /// Removes the lane's consumers that hold nothing and have not read for an hour, and
+    /// `mine` (this broker's own consumer) when it holds nothing; how many went.
+    pub(crate) async fn prune(&self, lane: &Lane, mine: bool) -> Result<i64, fred::error::Error> {
+        let reply = self
+            .call(
+                &self.scripts.prune,
+                vec![lane.stream.clone()],
+                vec![
+                    self.group.as_str().into(),
+                    3_600_000i64.into(),
+                    if mine { self.consumer.as_str() } else { "" }.into(),
+                ],
+            )
+            .await?;
+        Ok(reply.as_i64().unwrap_or(0))
+    }
+
     pub(crate) async fn reclaim(
         &self,
         lane: &Arc<Lane>,
