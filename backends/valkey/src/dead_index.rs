@@ -316,9 +316,11 @@ impl ValkeyStore {
         let pool = &self.core().pool;
         let indexed = || async {
             let keys = vec![lk.all()];
-            let v = scripts::call(pool, &Script::from_lua(CARD), || (keys.clone(), Vec::new()))
-                .await
-                .map_err(store_error)?;
+            let v = scripts::call(pool, &Script::from_lua(CARD), || {
+                (keys.clone(), Vec::<String>::new())
+            })
+            .await
+            .map_err(store_error)?;
             Ok::<u64, StoreError>(v.as_u64().unwrap_or(0))
         };
         // A selection or one task: read those entries and filter them here.

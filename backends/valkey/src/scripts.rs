@@ -376,11 +376,15 @@ impl Scripts {
 /// Calls a script by SHA on the next pooled connection, loading it again after `NOSCRIPT`
 /// (a restarted or flushed server). The arguments are built by `args`, so the common path
 /// moves them into the call instead of keeping copies for the rare retry.
-pub(crate) async fn call(
+pub(crate) async fn call<A>(
     pool: &Pool,
     script: &Script,
-    args: impl Fn() -> (Vec<String>, Vec<String>),
-) -> Result<Value, fred::error::Error> {
+    args: impl Fn() -> (Vec<String>, A),
+) -> Result<Value, fred::error::Error>
+where
+    A: TryInto<fred::types::MultipleValues> + Send,
+    A::Error: Into<fred::error::Error> + Send,
+{
     let client = pool.next();
     let (keys, argv) = args();
     // fred's command futures are kilobytes large: boxed here, every future that awaits a

@@ -466,9 +466,11 @@ impl ValkeyStore {
         &self,
         script: &fred::types::scripts::Script,
     ) -> Result<i64, StoreError> {
-        let v = scripts::call(&self.inner.core.pool, script, || (vec![], vec![]))
-            .await
-            .map_err(store_error)?;
+        let v = scripts::call(&self.inner.core.pool, script, || {
+            (vec![], Vec::<String>::new())
+        })
+        .await
+        .map_err(store_error)?;
         Ok(v.as_i64().unwrap_or(0))
     }
 

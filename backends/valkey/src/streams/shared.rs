@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use ferriq::broker::{BrokerError, Delivery, DeliveryHandle};
-use fred::prelude::{Client, LuaInterface, Pool};
+use fred::prelude::{Client, Pool};
 use fred::types::scripts::Script;
 use fred::types::Value;
 
@@ -59,17 +59,9 @@ impl Shared {
         keys: Vec<String>,
         args: Vec<Value>,
     ) -> Result<Value, fred::error::Error> {
-        let client = self.pool.next();
-        match client
-            .evalsha::<Value, _, _, _>(script.sha1().clone(), keys.clone(), args.clone())
-            .await
-        {
-            Err(e) if e.details().starts_with("NOSCRIPT") => {
-                script.load(client).await?;
-                client.evalsha(script.sha1().clone(), keys, args).await
-            }
-            other => other,
-        }
+        // The store's call, which loads the script again after `NOSCRIPT`. The values are
+        // cheap to clone (bodies are shared bytes).
+        crate::scripts::call(&self.pool, script, || (keys.clone(), args.clone())).await
     }
 
     pub(crate) fn lease(&self) -> i64 {
