@@ -30,6 +30,15 @@ pub enum ValkeyError {
         /// The URL with its password hidden.
         url: String,
     },
+    /// A broker's server may evict any key when it runs out of memory (`maxmemory` set with an
+    /// `allkeys-*` policy), which would drop queued tasks, and that was not accepted.
+    #[error("the Redis at {url} evicts any key when full (maxmemory-policy {policy}): queued tasks could be dropped. Use `maxmemory-policy noeviction` (or a volatile-* policy: streams carry no expiry), raise or unset maxmemory, or accept the risk with FERRIQ_BROKER_VOLATILE=1 (StreamBrokerBuilder::allow_volatile)")]
+    Evicts {
+        /// The URL with its password hidden.
+        url: String,
+        /// The server's `maxmemory-policy`.
+        policy: String,
+    },
 }
 
 /// Maps a client error to the store error the worker acts on: anything that is not a clear

@@ -136,10 +136,10 @@ async fn a_delayed_message_waits_until_due() {
     assert_eq!(b.depth().await.unwrap().delayed, 0);
 }
 
-/// Without `appendonly`, connecting is refused unless allowed, and the error says how; with
-/// it, the broker connects.
+/// Without `appendonly`, or with a policy that evicts any key when full, connecting is refused
+/// unless allowed, and the error says how; otherwise the broker connects.
 #[tokio::test]
-async fn a_server_without_appendonly_is_refused_unless_allowed() {
+async fn a_server_that_can_lose_queued_tasks_is_refused_unless_allowed() {
     let server = common::PrivateRedis::start().await;
     let connect = || {
         StreamBroker::builder(server.url())
@@ -157,6 +157,31 @@ async fn a_server_without_appendonly_is_refused_unless_allowed() {
     connect()
         .await
         .expect("a server with appendonly yes is taken");
+
+    // Full, it would evict any key (a stream with queued tasks among them): refused too.
+    common::redis_cli(server.port, &["CONFIG", "SET", "maxmemory", "1gb"]);
+    common::redis_cli(
+        server.port,
+        &["CONFIG", "SET", "maxmemory-policy", "allkeys-lru"],
+    );
+    let text = connect()
+        .await
+        .expect_err("an allkeys policy with maxmemory is refused")
+        .to_string();
+    assert!(text.contains("allkeys-lru"), "{text}");
+    assert!(text.contains("noeviction"), "{text}");
+    StreamBroker::builder(server.url())
+        .queues(["volatile"])
+        .allow_volatile(true)
+        .connect()
+        .await
+        .expect("accepted when told");
+    // Policies that evict only keys with an expiry leave the broker's keys alone.
+    common::redis_cli(
+        server.port,
+        &["CONFIG", "SET", "maxmemory-policy", "volatile-lru"],
+    );
+    connect().await.expect("volatile-lru is taken");
 }
 
 mod ops {

@@ -234,6 +234,43 @@ async fn a_task_runs_and_its_result_comes_back_over_tls_with_a_private_ca() {
     }
 }
 
+/// The Streams broker over `rediss://` too: a task sent through it runs and its result comes
+/// back, broker and store both on the TLS server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_streams_broker_runs_tasks_over_tls_with_a_private_ca() {
+    let pki = Pki::new();
+    let redis = TlsRedis::start(&pki, "server", false).await;
+    let ca = pki.path("ca.pem");
+    let url = redis.url("localhost");
+    let store = Arc::new(common::store_at(&url, &common::prefix(), |b| b.tls_ca_file(&ca)).await);
+    let broker = Arc::new(
+        ferriq_valkey::StreamBroker::builder(url.as_str())
+            .queues([format!("{}.tls", common::prefix())])
+            .tls_ca_file(&ca)
+            // The private server runs without appendonly.
+            .allow_volatile(true)
+            .connect()
+            .await
+            .expect("the Streams broker connects over TLS"),
+    );
+    let worker = common::spawn_worker_with(broker.clone(), store.clone(), &[add::NAME], ());
+    let client = Client::new(broker, store);
+    let handle = add::kiq(&client, 20, 22).await.unwrap();
+    assert_eq!(handle.wait(Duration::from_secs(30)).await.unwrap(), 42);
+    worker.stop().await;
+    // Without the CA, the server's certificate is not trusted: refused.
+    let refused = ferriq_valkey::StreamBroker::builder(url.as_str())
+        .queues(["tls.refused"])
+        .allow_volatile(true)
+        .command_timeout(Duration::from_secs(2))
+        .connect()
+        .await;
+    assert!(
+        refused.is_err(),
+        "connected without trusting the server's CA"
+    );
+}
+
 #[tokio::test]
 async fn a_server_asking_for_client_certificates_takes_ours_and_refuses_none() {
     let pki = Pki::new();

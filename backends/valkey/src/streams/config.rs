@@ -210,38 +210,84 @@ pub(crate) async fn create_group(
     }
 }
 
-/// Refuses (unless allowed) a server that keeps its data in memory only: a restart would
-/// lose every queued task. A server that does not say (a managed one refusing `CONFIG`) is
-/// taken at its word, with a warning.
+/// Refuses (unless allowed) a server that can lose queued tasks: one that keeps its data in
+/// memory only (a restart loses everything), or one that evicts any key when full. A server
+/// that does not say (a managed one refusing `CONFIG`) is taken at its word, with a warning.
 pub(crate) async fn check_durable(
     client: &Client,
     url: &str,
     allow: bool,
 ) -> Result<(), ValkeyError> {
-    let command = CustomCommand::new_static("CONFIG", ClusterHash::Random, false);
-    let reply = client
-        .custom::<Value, _>(command, vec![Value::from("GET"), Value::from("appendonly")])
-        .await;
-    let appendonly = match reply {
-        Ok(v) => v
-            .into_array()
-            .get(1)
-            .and_then(Value::as_string)
-            .map(|s| s.eq_ignore_ascii_case("yes")),
-        Err(_) => None,
-    };
+    let appendonly = config_get(client, "appendonly").await;
+    let appendonly = appendonly
+        .as_deref()
+        .and_then(|found| setting(found, "appendonly"))
+        .map(|value| value.eq_ignore_ascii_case("yes"));
     match appendonly {
-        Some(true) => Ok(()),
+        Some(true) => {}
         None => {
             tracing::warn!(%url, "cannot read the server's `appendonly` setting: make sure it keeps its data (appendonly yes), or a restart loses queued tasks");
-            Ok(())
         }
         Some(false) if allow => {
             tracing::warn!(%url, "the broker's server keeps its data in memory only (appendonly no): a restart loses every queued task");
-            Ok(())
         }
-        Some(false) => Err(ValkeyError::NotDurable {
-            url: url.to_owned(),
-        }),
+        Some(false) => {
+            return Err(ValkeyError::NotDurable {
+                url: url.to_owned(),
+            })
+        }
     }
+    // `maxmemory*` rather than two names: Redis 6.2 takes one pattern per CONFIG GET.
+    let Some(memory) = config_get(client, "maxmemory*").await else {
+        tracing::warn!(%url, "cannot read the server's `maxmemory-policy`: make sure it is `noeviction`, or a full server may drop queued tasks");
+        return Ok(());
+    };
+    let limited = setting(&memory, "maxmemory").is_some_and(|bytes| bytes != "0");
+    let policy = setting(&memory, "maxmemory-policy").unwrap_or("noeviction");
+    // volatile-* policies evict only keys with an expiry; the broker's keys have none.
+    if limited && policy.starts_with("allkeys") {
+        if !allow {
+            return Err(ValkeyError::Evicts {
+                url: url.to_owned(),
+                policy: policy.to_owned(),
+            });
+        }
+        tracing::warn!(%url, policy, "the broker's server evicts any key when full: queued tasks could be dropped");
+    }
+    Ok(())
+}
+
+/// `CONFIG GET pattern` as name/value pairs, or `None` when the server refuses it.
+async fn config_get(client: &Client, pattern: &str) -> Option<Vec<(String, String)>> {
+    let command = CustomCommand::new_static("CONFIG", ClusterHash::Random, false);
+    let reply = client
+        .custom::<Value, _>(command, vec![Value::from("GET"), Value::from(pattern)])
+        .await
+        .ok()?;
+    // RESP2 answers a flat array of names and values; RESP3 a map.
+    let flat: Vec<String> = match reply {
+        Value::Map(map) => map
+            .inner()
+            .into_iter()
+            .flat_map(|(k, v)| [k.as_str().map(|s| s.to_string()), v.as_string()])
+            .collect::<Option<_>>()?,
+        other => other
+            .into_array()
+            .into_iter()
+            .map(|v| v.as_string())
+            .collect::<Option<_>>()?,
+    };
+    Some(
+        flat.chunks_exact(2)
+            .map(|pair| (pair[0].clone(), pair[1].clone()))
+            .collect(),
+    )
+}
+
+/// A setting's value in a `CONFIG GET` answer.
+fn setting<'a>(found: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    found
+        .iter()
+        .find(|(n, _)| n.eq_ignore_ascii_case(name))
+        .map(|(_, v)| v.as_str())
 }

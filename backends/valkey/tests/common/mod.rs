@@ -387,7 +387,7 @@ pub async fn run_claim(
 
 /// A worker on `broker` with this store, serving the tasks named.
 pub fn spawn_worker(
-    broker: std::sync::Arc<ferriq::memory::MemoryBroker>,
+    broker: std::sync::Arc<impl ferriq::broker::Broker + 'static>,
     store: std::sync::Arc<ValkeyStore>,
     names: &[&str],
 ) -> ferriq::testing::RunningWorker {
@@ -396,7 +396,7 @@ pub fn spawn_worker(
 
 /// [`spawn_worker`], with `state` for the tasks that take it.
 pub fn spawn_worker_with<S: Send + Sync + 'static>(
-    broker: std::sync::Arc<ferriq::memory::MemoryBroker>,
+    broker: std::sync::Arc<impl ferriq::broker::Broker + 'static>,
     store: std::sync::Arc<ValkeyStore>,
     names: &[&str],
     state: S,
@@ -407,7 +407,7 @@ pub fn spawn_worker_with<S: Send + Sync + 'static>(
 }
 
 fn worker(
-    broker: std::sync::Arc<ferriq::memory::MemoryBroker>,
+    broker: std::sync::Arc<impl ferriq::broker::Broker + 'static>,
     store: std::sync::Arc<ValkeyStore>,
     names: &[&str],
 ) -> ferriq::WorkerBuilder {
