@@ -236,3 +236,31 @@ async fn the_streams_broker_keeps_the_broker_contract_on_a_cluster() {
     })
     .await;
 }
+
+/// The Streams broker through a cluster failover: the master serving the lane's slot is
+/// SIGKILLed, its replica takes over the slot, and the broker follows (the scenario in
+/// `common::failover`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_streams_broker_follows_a_cluster_failover() {
+    let mut cluster = common::PrivateCluster::start_with_replicas(3).await;
+    let url = cluster.url();
+    let queue = format!("{}.failover", common::prefix());
+    let asked = cluster.ports[0];
+    let (master, replica) = cluster.master_and_replica_of(&queue, asked);
+    let replica = replica.expect("the lane's master has a replica");
+    common::failover::streams_broker_follows(
+        &url,
+        &queue,
+        // Replication is asynchronous: what the replica lacks at the kill is the server's
+        // loss, not the broker's.
+        || {
+            assert_eq!(
+                common::redis_cli(master, &["WAIT", "1", "5000"]).trim(),
+                "1"
+            )
+        },
+        || cluster.kill(master),
+        || common::redis_cli(replica, &["role"]).starts_with("master"),
+    )
+    .await;
+}

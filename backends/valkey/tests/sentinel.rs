@@ -31,8 +31,8 @@ fn write_sentinel_conf(dir: &Path, port: u16, primary: u16) -> PathBuf {
 }
 
 /// A primary, its replica and one sentinel watching them, started and known to each other:
-/// the servers and their ports (primary, replica, sentinel). `durable` turns on `appendonly`.
-async fn sentinel_group(durable: bool) -> (ServerGroup, u16, u16, u16) {
+/// the servers and their ports (primary, replica, sentinel).
+async fn sentinel_group() -> (ServerGroup, u16, u16, u16) {
     let mut servers = ServerGroup::new("sentinel");
     let (primary, replica, sentinel) = (
         common::free_port(),
@@ -40,15 +40,7 @@ async fn sentinel_group(durable: bool) -> (ServerGroup, u16, u16, u16) {
         common::free_port(),
     );
     let (primary_at, replica_at) = (primary.to_string(), replica.to_string());
-    let appendonly = if durable { "yes" } else { "no" };
-    let plain = [
-        "--bind",
-        "127.0.0.1",
-        "--save",
-        "",
-        "--appendonly",
-        appendonly,
-    ];
+    let plain = ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"];
     servers
         .start(
             "primary",
@@ -82,7 +74,7 @@ async fn sentinel_group(durable: bool) -> (ServerGroup, u16, u16, u16) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_store_follows_a_sentinel_failover() {
-    let (mut servers, _primary, replica, sentinel) = sentinel_group(false).await;
+    let (mut servers, _primary, replica, sentinel) = sentinel_group().await;
 
     let url = format!("redis-sentinel://127.0.0.1:{sentinel}?sentinelServiceName=fqprimary");
     let store = common::store_at(&url, &common::prefix(), |b| {
@@ -150,125 +142,19 @@ async fn the_store_follows_a_sentinel_failover() {
     store.close().await;
 }
 
-/// The Streams broker through Sentinel. Before the primary dies: ten entries queued, one
-/// received and acked, one received and held. After the promotion the broker follows by
-/// itself: the held entry's lease lapses on the new primary and it comes back with a higher
-/// delivery count (its old handle refused), every other entry arrives once, and a publish
-/// after the failover arrives too. Nothing is lost.
+/// The Streams broker through Sentinel (the scenario in `common::failover`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_streams_broker_follows_a_sentinel_failover() {
-    use ferriq::broker::{Broker, BrokerError, ConsumerSettings, OutgoingMessage};
-    use ferriq::wire::TaskMessage;
-    use std::collections::HashMap;
-
-    let (mut servers, primary, replica, sentinel) = sentinel_group(true).await;
+    let (mut servers, primary, replica, sentinel) = sentinel_group().await;
     let url = format!("redis-sentinel://127.0.0.1:{sentinel}?sentinelServiceName=fqprimary");
-    let queue = format!("{}.failover", common::prefix());
-    let broker = ferriq_valkey::StreamBroker::builder(url.as_str())
-        .queues([queue.as_str()])
-        .command_timeout(Duration::from_millis(500))
-        .connect()
-        .await
-        .expect("connect through the sentinel");
-    let lease = Duration::from_secs(1);
-    broker.prepare_consumer(&ConsumerSettings::new(8, lease));
-    let message = || {
-        let msg = TaskMessage::new("sentinel.streams");
-        (
-            msg.task_id.clone(),
-            OutgoingMessage::from_message(&msg).unwrap(),
-        )
-    };
-    let mut queued = Vec::new();
-    let mut batch = Vec::new();
-    for _ in 0..10 {
-        let (id, out) = message();
-        queued.push(id);
-        batch.push(out);
-    }
-    broker.publish(batch).await.unwrap();
-    let task_of = |d: &ferriq::broker::Delivery| TaskMessage::peek_task_id(&d.body).unwrap();
-    let mut first = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while first.len() < 2 {
-        assert!(Instant::now() < deadline, "received {}", first.len());
-        first.extend(
-            broker
-                .receive(2 - first.len(), Duration::from_secs(1))
-                .await
-                .unwrap(),
-        );
-    }
-    let (acked, held) = (first.remove(0), first.remove(0));
-    broker.ack(&acked.handle).await.unwrap();
-    // Everything so far is on the replica before the primary dies (replication is
-    // asynchronous: what the replica lacks at the kill is the server's loss, not the broker's).
-    assert_eq!(redis_cli(primary, &["WAIT", "1", "5000"]).trim(), "1");
-
-    servers.kill(0); // SIGKILL the primary
-
-    let mut expected: Vec<_> = queued
-        .iter()
-        .filter(|id| **id != task_of(&acked))
-        .cloned()
-        .collect();
-    let mut deliveries: HashMap<_, Vec<u32>> = HashMap::new();
-    let mut published_after = false;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let done = expected.iter().all(|id| deliveries.contains_key(id));
-        if done && published_after {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "after 60 s, still missing {:?}",
-            expected
-                .iter()
-                .filter(|id| !deliveries.contains_key(*id))
-                .collect::<Vec<_>>()
-        );
-        let started = Instant::now();
-        let received = broker.receive(8, Duration::from_millis(500)).await;
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "a receive during the failover hung"
-        );
-        let Ok(received) = received else {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            continue;
-        };
-        for d in received {
-            deliveries
-                .entry(task_of(&d))
-                .or_default()
-                .push(d.receive_count);
-            broker.ack(&d.handle).await.expect("ack on the new primary");
-        }
-        if !published_after && redis_cli(replica, &["role"]).starts_with("master") {
-            let (id, out) = message();
-            if broker.publish(vec![out]).await.is_ok() {
-                expected.push(id);
-                published_after = true;
-            }
-        }
-    }
-    for (id, counts) in &deliveries {
-        assert_eq!(counts.len(), 1, "{id} delivered {counts:?}");
-    }
-    assert!(
-        deliveries[&task_of(&held)][0] >= 2,
-        "the held entry came back as a new delivery"
-    );
-    assert!(matches!(
-        broker.ack(&held.handle).await,
-        Err(BrokerError::DeliveryLost)
-    ));
-    assert!(
-        !deliveries.contains_key(&task_of(&acked)),
-        "an acked entry came back"
-    );
-    let depth = broker.depth().await.unwrap();
-    assert_eq!((depth.ready, depth.in_flight, depth.delayed), (0, 0, 0));
-    broker.close().await;
+    common::failover::streams_broker_follows(
+        &url,
+        &format!("{}.failover", common::prefix()),
+        // Replication is asynchronous: what the replica lacks at the kill is the server's
+        // loss, not the broker's.
+        || assert_eq!(redis_cli(primary, &["WAIT", "1", "5000"]).trim(), "1"),
+        || servers.kill(0),
+        || redis_cli(replica, &["role"]).starts_with("master"),
+    )
+    .await;
 }

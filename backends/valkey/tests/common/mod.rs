@@ -2,6 +2,8 @@
 //! servers on free ports for tests that kill one.
 #![allow(dead_code)]
 
+pub mod failover;
+
 use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -211,7 +213,8 @@ pub fn redis_cli(port: u16, args: &[&str]) -> String {
 }
 
 /// A Valkey Cluster of the test's own: `masters` redis-servers on free ports, slots spread
-/// over them, removed (processes and files) when dropped.
+/// over them (each with `replicas` of its own when started so), removed (processes and files)
+/// when dropped.
 pub struct PrivateCluster {
     pub ports: Vec<u16>,
     servers: ServerGroup,
@@ -221,16 +224,22 @@ pub struct PrivateCluster {
 
 impl PrivateCluster {
     pub async fn start(masters: usize) -> Self {
-        Self::start_with(masters, None).await
+        Self::start_with(masters, 0, None).await
+    }
+
+    /// Each master with one replica, and a node timeout of 1 s, so a replica takes over a
+    /// killed master within seconds.
+    pub async fn start_with_replicas(masters: usize) -> Self {
+        Self::start_with(masters, 1, None).await
     }
 
     /// Its nodes on TLS ports only (bus included), showing `cert`/`key` signed by `ca`.
     pub async fn start_tls(masters: usize, cert: &Path, key: &Path, ca: &Path) -> Self {
         let files = [cert, key, ca].map(|p| p.to_str().unwrap().to_owned());
-        Self::start_with(masters, Some(files)).await
+        Self::start_with(masters, 0, Some(files)).await
     }
 
-    async fn start_with(masters: usize, tls: Option<[String; 3]>) -> Self {
+    async fn start_with(masters: usize, replicas: usize, tls: Option<[String; 3]>) -> Self {
         let mut servers = ServerGroup::new("cluster");
         let mut ports = Vec::new();
         // redis-cli's TLS options, when the nodes speak TLS.
@@ -249,7 +258,8 @@ impl PrivateCluster {
                 .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
                 .unwrap_or_default()
         };
-        for _ in 0..masters {
+        let nodes_in_all = masters * (1 + replicas);
+        for _ in 0..nodes_in_all {
             // The bus port is given too: its default (port + 10000) overflows for free ports
             // above 55535, which redis-server then refuses.
             let (port, bus) = (free_port(), free_port());
@@ -291,6 +301,8 @@ impl PrivateCluster {
                 &bus_arg,
                 "--cluster-config-file",
                 &nodes_file,
+                "--cluster-node-timeout",
+                if replicas > 0 { "1000" } else { "15000" },
             ];
             args.extend(rest.map(str::to_owned));
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -304,7 +316,7 @@ impl PrivateCluster {
             .args(&cli_tls)
             .args(["--cluster", "create"])
             .args(&nodes)
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .stdin(Stdio::null())
             .stdout(std::fs::File::create(servers.dir.join("create.log")).unwrap())
             .stderr(Stdio::null())
@@ -328,7 +340,7 @@ impl PrivateCluster {
             eventually(Duration::from_secs(30), || {
                 let nodes = cli(*port, &["cluster", "nodes"]);
                 cli(*port, &["cluster", "info"]).contains("cluster_state:ok")
-                    && nodes.lines().count() == masters
+                    && nodes.lines().count() == nodes_in_all
                     && nodes.lines().all(|l| l.contains(" connected"))
             })
             .await;
@@ -338,6 +350,45 @@ impl PrivateCluster {
             servers,
             tls: tls.is_some(),
         }
+    }
+
+    /// SIGKILLs the node on `port`.
+    pub fn kill(&mut self, port: u16) {
+        let index = self.ports.iter().position(|p| *p == port).expect("a node");
+        self.servers.kill(index);
+    }
+
+    /// The master serving `key` now, and its replica, as seen by the node at `asked`.
+    pub fn master_and_replica_of(&self, key: &str, asked: u16) -> (u16, Option<u16>) {
+        let slot: u16 = redis_cli(asked, &["cluster", "keyslot", key])
+            .trim()
+            .parse()
+            .expect("a slot");
+        let nodes = redis_cli(asked, &["cluster", "nodes"]);
+        let port_of =
+            |addr: &str| -> u16 { addr.split(['@', ':']).nth(1).unwrap().parse().unwrap() };
+        let master = nodes
+            .lines()
+            .find(|l| {
+                let f: Vec<&str> = l.split(' ').collect();
+                f[2].contains("master")
+                    && !f[2].contains("fail")
+                    && f[8..].iter().any(|range| {
+                        let mut ends = range.split('-').map(|n| n.parse::<u16>());
+                        match (ends.next(), ends.next()) {
+                            (Some(Ok(a)), Some(Ok(b))) => (a..=b).contains(&slot),
+                            (Some(Ok(a)), None) => a == slot,
+                            _ => false,
+                        }
+                    })
+            })
+            .expect("a master serves the slot");
+        let master_id = master.split(' ').next().unwrap();
+        let replica = nodes
+            .lines()
+            .find(|l| l.split(' ').nth(3) == Some(master_id) && !l.contains("fail"))
+            .map(|l| port_of(l.split(' ').nth(1).unwrap()));
+        (port_of(master.split(' ').nth(1).unwrap()), replica)
     }
 
     /// fred's cluster URL form: the first node, the others as `node=` parameters.
