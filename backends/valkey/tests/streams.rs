@@ -317,3 +317,72 @@ async fn a_stopped_workers_consumer_leaves_the_group_unless_it_holds_entries() {
     assert_eq!(a.consumer_count(None).await, Some((queue.clone(), 1)));
     b.ack(&got_b.handle).await.unwrap();
 }
+
+/// Acks made at once go out in few script runs (on a private server, to count them): each
+/// held entry's ack succeeds and deletes it, and a handle acked twice at once is acked once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acks_made_at_once_go_out_together_and_each_answers_for_its_entry() {
+    let server = common::PrivateRedis::start().await;
+    let broker = Arc::new(
+        StreamBroker::builder(server.url())
+            .queues(["acks"])
+            .allow_volatile(true)
+            .connect()
+            .await
+            .unwrap(),
+    );
+    broker.prepare_consumer(&ConsumerSettings::new(500, Duration::from_secs(30)));
+    let n = 300;
+    broker
+        .publish((0..n).map(|_| message().1).collect())
+        .await
+        .unwrap();
+    let mut held = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while held.len() < n {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "received {}",
+            held.len()
+        );
+        held.extend(
+            broker
+                .receive(n - held.len(), Duration::from_secs(1))
+                .await
+                .unwrap(),
+        );
+    }
+    let evalsha = || {
+        let stats = common::redis_cli(server.port, &["INFO", "commandstats"]);
+        stats
+            .lines()
+            .find_map(|l| l.strip_prefix("cmdstat_evalsha:calls="))
+            .and_then(|rest| rest.split(',').next())
+            .map_or(0, |calls| calls.parse::<u64>().unwrap())
+    };
+    let before = evalsha();
+    let twice = &held[0].handle;
+    let acks = held
+        .iter()
+        .map(|d| &d.handle)
+        .chain([twice])
+        .map(|h| broker.ack(h));
+    let answers = futures_util::future::join_all(acks).await;
+    let runs = evalsha() - before;
+    let refused = answers
+        .iter()
+        .filter(|a| matches!(a, Err(ferriq::broker::BrokerError::DeliveryLost)))
+        .count();
+    assert!(answers
+        .iter()
+        .all(|a| a.is_ok() || matches!(a, Err(ferriq::broker::BrokerError::DeliveryLost))));
+    assert_eq!(refused, 1, "the handle acked twice is acked once");
+    assert!(runs < 30, "{} acks took {runs} script runs", n + 1);
+    let depth = broker.depth().await.unwrap();
+    assert_eq!((depth.ready, depth.in_flight), (0, 0));
+    assert_eq!(
+        common::redis_cli(server.port, &["XLEN", "acks"]).trim(),
+        "0",
+        "acked entries are deleted"
+    );
+}

@@ -12,7 +12,7 @@ use fred::types::{ClusterHash, CustomCommand, Value};
 use super::lane::Lane;
 use super::read::{self, Reads};
 use super::scripts::StreamScripts;
-use super::shared::Shared;
+use super::shared::{acker, Shared};
 use super::StreamBroker;
 use crate::{ValkeyError, ValkeyStoreBuilder};
 
@@ -164,15 +164,21 @@ impl StreamBroker {
         check_durable(pool.next(), &url, settings.allow_volatile).await?;
         static NEXT: AtomicU64 = AtomicU64::new(1);
         let clustered = conn.url.scheme().contains("cluster");
+        let consumer = format!("ferriq-{}", uuid::Uuid::new_v4().simple());
+        let ackers = lanes
+            .iter()
+            .map(|lane| acker(&pool, &scripts.ack, lane, &settings.group, &consumer))
+            .collect();
         let shared = Shared {
             id: NEXT.fetch_add(1, Ordering::Relaxed),
             pool,
+            ackers,
             reader,
             scripts,
             lanes,
             others: Default::default(),
             group: settings.group.clone(),
-            consumer: format!("ferriq-{}", uuid::Uuid::new_v4().simple()),
+            consumer,
             clustered,
             lease_ms: AtomicU64::new(30_000),
             url,

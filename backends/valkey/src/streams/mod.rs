@@ -99,15 +99,35 @@ impl Broker for StreamBroker {
             return Ok(ready.into_iter().map(delivery).collect());
         }
         let mut out = Vec::new();
-        for lane in &shared.lanes {
+        if self.reads.reclaim_due() {
+            for lane in &shared.lanes {
+                if out.len() >= max {
+                    break;
+                }
+                match shared.reclaim(lane, max - out.len()).await {
+                    Ok(taken) => out.extend(taken.into_iter().map(|e| shared.delivery(lane, e))),
+                    // What earlier lanes gave is handed out, not left to its lease.
+                    Err(_) if !out.is_empty() => break,
+                    Err(e) => return Err(unavailable(e)),
+                }
+            }
+            self.reads.reclaimed(out.len() >= max);
+            if !out.is_empty() {
+                return Ok(out);
+            }
+        }
+        // New entries without waiting, read and leased in one script run per lane: under load
+        // there are always some, and a receive is one round trip. Only an empty stream waits,
+        // on the reader's connection.
+        for lane in self.reads.lanes_in_turn(&shared.lanes) {
             if out.len() >= max {
                 break;
             }
-            match shared.reclaim(lane, max - out.len()).await {
-                Ok(taken) => out.extend(taken.into_iter().map(|e| shared.delivery(lane, e))),
-                // What earlier lanes gave is handed out, not left to its lease.
-                Err(_) if !out.is_empty() => break,
-                Err(e) => return Err(unavailable(e)),
+            match shared.read_now(&lane, max - out.len()).await {
+                Ok(read) => out.extend(read.into_iter().map(|e| shared.delivery(&lane, e))),
+                // What earlier lanes gave is handed out; with nothing, the blocking read below
+                // meets the same fault and reports it.
+                Err(_) => break,
             }
         }
         if !out.is_empty() {
@@ -123,10 +143,7 @@ impl Broker for StreamBroker {
 
     async fn ack(&self, delivery: &DeliveryHandle) -> Result<(), BrokerError> {
         let held = self.shared.held(delivery)?;
-        let keys = vec![held.lane.stream.clone(), held.lane.leases.clone()];
-        self.shared
-            .settle(&self.shared.scripts.ack, held, keys, Vec::new())
-            .await
+        self.shared.ack(held).await
     }
 
     async fn release(&self, delivery: &DeliveryHandle, after: Duration) -> Result<(), BrokerError> {

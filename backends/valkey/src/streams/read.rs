@@ -24,7 +24,15 @@ pub(crate) struct Reads {
     surplus: std::sync::Mutex<Vec<(Arc<Lane>, Entry)>>,
     /// The lane the next read starts with (on a cluster, one lane per read).
     next_lane: std::sync::atomic::AtomicUsize,
+    /// When lapsed leases and due delayed messages are looked for next (`None`: now).
+    next_reclaim: std::sync::Mutex<Option<tokio::time::Instant>>,
 }
+
+/// How often a receive looks for lapsed leases and due delayed messages, unless the last look
+/// found as many as it could take (then the next receive looks again). Looking at every
+/// receive cost a round trip each; this is well within the second a takeover (lease + 1 s)
+/// and a due time may be late by.
+const RECLAIM_EVERY: Duration = Duration::from_millis(100);
 
 impl Reads {
     /// Entries already read and not handed out — the surplus of the last read, or a read that
@@ -41,6 +49,32 @@ impl Reads {
         let mut surplus = self.lock_surplus();
         let n = surplus.len().min(max);
         Ok(surplus.drain(..n).collect())
+    }
+
+    /// Whether this receive looks for lapsed leases and due delayed messages.
+    pub(crate) fn reclaim_due(&self) -> bool {
+        let next = *self.next_reclaim.lock().unwrap_or_else(|p| p.into_inner());
+        next.is_none_or(|at| tokio::time::Instant::now() >= at)
+    }
+
+    /// A look for lapsed leases is done; `full`: it took as many as it could, so more may wait.
+    pub(crate) fn reclaimed(&self, full: bool) {
+        let next = (!full).then(|| tokio::time::Instant::now() + RECLAIM_EVERY);
+        *self.next_reclaim.lock().unwrap_or_else(|p| p.into_inner()) = next;
+    }
+
+    /// The lanes in the order this receive reads them: each in turn goes first, so a busy
+    /// lane does not keep the others waiting.
+    pub(crate) fn lanes_in_turn(&self, lanes: &[Arc<Lane>]) -> Vec<Arc<Lane>> {
+        let first = self
+            .next_lane
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            % lanes.len();
+        lanes[first..]
+            .iter()
+            .chain(&lanes[..first])
+            .cloned()
+            .collect()
     }
 
     fn lock_surplus(&self) -> std::sync::MutexGuard<'_, Vec<(Arc<Lane>, Entry)>> {

@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use ferriq::broker::{BrokerError, Delivery, DeliveryHandle};
+use ferriq::store::StoreError;
 use fred::prelude::{Client, Pool};
 use fred::types::scripts::Script;
 use fred::types::Value;
@@ -12,6 +13,7 @@ use fred::types::Value;
 use super::config::create_group;
 use super::lane::Lane;
 use super::scripts::StreamScripts;
+use crate::batch::Batcher;
 
 /// An entry as read: its id, its `data` field, and how many times it was delivered.
 #[derive(Debug)]
@@ -30,12 +32,54 @@ pub(crate) struct Held {
     pub(crate) count: u32,
 }
 
+/// Acks of one lane (entry id, delivery count → whether it was held), gathered into one
+/// script run while another is on the wire.
+pub(crate) type Acker = Batcher<(String, u32), bool>;
+
+/// At most this many acks in one script run.
+const MAX_ACKS: usize = 256;
+
+/// `lane`'s acker: a lone ack goes out from its caller's task, acks made while two are on the
+/// wire go out together.
+pub(crate) fn acker(
+    pool: &Pool,
+    script: &Script,
+    lane: &Arc<Lane>,
+    group: &str,
+    consumer: &str,
+) -> Acker {
+    let (pool, script, lane) = (pool.clone(), script.clone(), Arc::clone(lane));
+    let (group, consumer) = (Value::from(group), Value::from(consumer));
+    let (acker, _task) = Batcher::spawn(MAX_ACKS, 2, move |calls: Vec<(String, u32)>| {
+        let (pool, script) = (pool.clone(), script.clone());
+        let keys = vec![lane.stream.clone(), lane.leases.clone()];
+        let mut args = Vec::with_capacity(2 + 2 * calls.len());
+        args.extend([group.clone(), consumer.clone()]);
+        for (id, count) in calls {
+            args.extend([Value::from(id), Value::from(i64::from(count))]);
+        }
+        async move {
+            let reply = crate::scripts::call(&pool, &script, || (keys.clone(), args.clone()))
+                .await
+                .map_err(|e| StoreError::Unavailable(format!("{:?}: {}", e.kind(), e.details())))?;
+            Ok(reply
+                .into_array()
+                .into_iter()
+                .map(|held| Ok(held.as_i64() == Some(1)))
+                .collect())
+        }
+    });
+    acker
+}
+
 pub(crate) struct Shared {
     pub(crate) id: u64,
     pub(crate) pool: Pool,
     pub(crate) reader: Client,
     pub(crate) scripts: StreamScripts,
     pub(crate) lanes: Vec<Arc<Lane>>,
+    /// One per lane, in the same order.
+    pub(crate) ackers: Vec<Acker>,
     /// Streams only sent to (a `queue_name` label naming no lane), with their group made.
     pub(crate) others: tokio::sync::Mutex<std::collections::HashMap<String, Arc<Lane>>>,
     pub(crate) group: String,
@@ -101,6 +145,37 @@ impl Shared {
             )
             .await?;
         Ok(reply.as_i64().unwrap_or(0))
+    }
+
+    /// New entries of `lane`, up to `max`, read without waiting and leased in the same
+    /// script run.
+    pub(crate) async fn read_now(
+        &self,
+        lane: &Lane,
+        max: usize,
+    ) -> Result<Vec<Entry>, fred::error::Error> {
+        let reply = self
+            .call(
+                &self.scripts.read,
+                vec![lane.stream.clone(), lane.leases.clone()],
+                vec![
+                    self.group.as_str().into(),
+                    self.consumer.as_str().into(),
+                    (max as i64).into(),
+                    self.lease().into(),
+                ],
+            )
+            .await?;
+        Ok(reply
+            .into_array()
+            .into_iter()
+            .filter_map(|e| {
+                let mut p = e.into_array().into_iter();
+                let id = p.next()?.as_string()?;
+                let data = p.next()?.as_bytes().map(<[u8]>::to_vec).unwrap_or_default();
+                Some(Entry { id, data, count: 1 })
+            })
+            .collect())
     }
 
     pub(crate) async fn reclaim(
@@ -196,6 +271,19 @@ impl Shared {
                 count: entry.count,
             }),
         )
+    }
+
+    /// Acks a held entry (deleting it): `DeliveryLost` when it is not held any more.
+    pub(crate) async fn ack(&self, held: &Held) -> Result<(), BrokerError> {
+        let Some(at) = self.lanes.iter().position(|l| Arc::ptr_eq(l, &held.lane)) else {
+            return Err(BrokerError::ForeignHandle);
+        };
+        match self.ackers[at].call((held.id.clone(), held.count)).await {
+            Ok(true) => Ok(()),
+            Ok(false) => Err(BrokerError::DeliveryLost),
+            Err(StoreError::Unavailable(why)) => Err(BrokerError::Unavailable(why)),
+            Err(e) => Err(BrokerError::Unavailable(e.to_string())),
+        }
     }
 
     /// A held entry settled by `script` with `extra` arguments; `DeliveryLost` when it is not
