@@ -123,3 +123,40 @@ async fn turned_off_it_adds_nothing() {
         .unwrap();
     assert!(found.is_empty());
 }
+
+/// A worker holds finished tasks for the index only until a few thousand wait: they reach the
+/// store well before the next ten-second round, so a busy worker's memory stays small.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finished_tasks_go_to_the_index_once_a_few_thousand_wait() {
+    let env = TestEnv::new();
+    let worker = env.spawn_worker(
+        env.worker()
+            .registry(Registry::from_inventory().unwrap().only(&[ok::NAME]).unwrap()),
+    );
+    let started = tokio::time::Instant::now();
+    let mut handles = Vec::new();
+    for n in 0..2_100 {
+        handles.push(env.client.enqueue(ok::call(n)).await.unwrap());
+    }
+    for h in &handles {
+        h.wait(Duration::from_secs(10)).await.unwrap();
+    }
+    let deadline = started + Duration::from_secs(8);
+    loop {
+        let found = env
+            .store
+            .finished(ok::NAME, None, 0, u64::MAX, 5_000)
+            .await
+            .unwrap();
+        if found.len() >= 2_000 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} indexed within 8 s of the first enqueue (rounds are every 10 s)",
+            found.len()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    worker.stop().await;
+}

@@ -333,7 +333,7 @@ impl WorkerBuilder {
                 pending,
                 rng: Mutex::new(rng),
                 counters,
-                finished: Mutex::default(),
+                finished: Default::default(),
                 scheduler,
                 started_at_ms: Default::default(),
                 middleware: self.middleware,

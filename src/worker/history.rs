@@ -15,16 +15,45 @@ use super::Inner;
 use crate::store::{FinishedTask, MinuteStats};
 use crate::wire::TaskMessage;
 
-/// The most finished tasks a worker holds between two rounds: beyond it, the index misses
-/// some (the counts stay whole).
-const MAX_FINISHED: usize = 200_000;
+/// The most finished tasks a worker holds while the store does not take them: beyond it, the
+/// index misses some (the counts stay whole). About 150 bytes each.
+const MAX_FINISHED: usize = 50_000;
+
+/// A round starts early when this many finished tasks wait: at thousands of tasks a second, ten
+/// seconds' worth would otherwise be the largest thing in a worker's memory (tens of MiB).
+const ADD_AT: usize = 2_000;
+
+/// Finished tasks waiting to be added to the store's index.
+#[derive(Default)]
+pub(crate) struct FinishedTasks {
+    held: std::sync::Mutex<Vec<FinishedTask>>,
+    /// Woken when [`ADD_AT`] tasks wait.
+    filled: tokio::sync::Notify,
+}
+
+impl FinishedTasks {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<FinishedTask>> {
+        self.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn take(&self) -> Vec<FinishedTask> {
+        std::mem::take(&mut *self.lock())
+    }
+
+    /// Tasks the store did not take, back for the next round (within the bound).
+    fn put_back(&self, tasks: Vec<FinishedTask>) {
+        let mut held = self.lock();
+        let room = MAX_FINISHED.saturating_sub(held.len());
+        held.extend(tasks.into_iter().take(room));
+    }
+}
 
 /// Notes a task whose result this worker wrote, for the finished-task index.
 pub(super) fn note_finished(w: &Inner, msg: &TaskMessage, failed: bool) {
     if !w.config.history {
         return;
     }
-    let mut held = w.finished.lock().unwrap_or_else(|p| p.into_inner());
+    let mut held = w.finished.lock();
     if held.len() < MAX_FINISHED {
         held.push(FinishedTask::new(
             msg.task_id.clone(),
@@ -32,6 +61,9 @@ pub(super) fn note_finished(w: &Inner, msg: &TaskMessage, failed: bool) {
             failed,
             w.config.clock.now_unix_ms(),
         ));
+        if held.len() == ADD_AT {
+            w.finished.filled.notify_one();
+        }
     }
 }
 
@@ -68,7 +100,8 @@ fn gains(counters: &Counters, sent: &Sent, minute: u64) -> (Vec<MinuteStats>, Se
     (out, now)
 }
 
-/// Adds this worker's gains to the store every [`HISTORY_EVERY`], and once more when stopped.
+/// Adds this worker's gains to the store every [`HISTORY_EVERY`] (sooner when [`ADD_AT`]
+/// finished tasks wait), and once more when stopped.
 pub(crate) async fn run(inner: Arc<Inner>, stop: CancellationToken) {
     let mut sent = Sent::new();
     let mut tick = tokio::time::interval(HISTORY_EVERY);
@@ -78,6 +111,7 @@ pub(crate) async fn run(inner: Arc<Inner>, stop: CancellationToken) {
         let stopping = tokio::select! {
             _ = stop.cancelled() => true,
             _ = tick.tick() => false,
+            _ = inner.finished.filled.notified() => false,
         };
         let minute = inner.config.clock.now_unix_ms() / 60_000;
         let (stats, now) = gains(&inner.counters, &sent, minute);
@@ -90,15 +124,11 @@ pub(crate) async fn run(inner: Arc<Inner>, stop: CancellationToken) {
                 Err(e) => tracing::debug!(error = %e, "history not added"),
             }
         }
-        let finished =
-            std::mem::take(&mut *inner.finished.lock().unwrap_or_else(|p| p.into_inner()));
+        let finished = inner.finished.take();
         if !finished.is_empty() {
             if let Err(e) = inner.store.add_finished(&finished).await {
                 tracing::debug!(error = %e, "finished tasks not indexed");
-                // Back for the next round, within the bound.
-                let mut held = inner.finished.lock().unwrap_or_else(|p| p.into_inner());
-                let room = MAX_FINISHED.saturating_sub(held.len());
-                held.extend(finished.into_iter().take(room));
+                inner.finished.put_back(finished);
             }
         }
         if stopping {

@@ -80,7 +80,7 @@ pub(crate) struct Inner {
     rng: Mutex<SmallRng>,
     counters: Counters,
     /// Tasks whose results this worker wrote since history was last added (bounded).
-    finished: Mutex<Vec<crate::store::FinishedTask>>,
+    finished: history::FinishedTasks,
     scheduler: Option<crate::schedule::Scheduler>,
     /// When `run` started (unix ms).
     started_at_ms: std::sync::atomic::AtomicU64,
