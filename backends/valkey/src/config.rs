@@ -43,6 +43,9 @@ const DEFAULT_CLAIM_TTL: Duration = Duration::from_secs(15 * 24 * 3600);
 /// numbers a server's Lua (doubles, 64-bit `%d`) can no longer add exactly.
 const MAX_TTL: Duration = Duration::from_secs(10 * 365 * 86_400);
 
+/// Slots of the result subscriber's event channels (messages, reconnections).
+const SUBSCRIBER_EVENTS: usize = 4096;
+
 impl ValkeyStoreBuilder {
     pub(crate) fn new(url: impl Into<SecretUrl>) -> Self {
         ValkeyStoreBuilder {
@@ -193,6 +196,15 @@ impl ValkeyStoreBuilder {
         Ok(())
     }
 
+    /// The fred builder for this URL, for the client that subscribes to result notifications:
+    /// room for a burst of them while its reader is busy (a missed one is only a late wake-up,
+    /// but each costs a waiter a poll).
+    pub(crate) fn fred_subscriber_builder(&self) -> Result<Builder, ValkeyError> {
+        let mut builder = self.fred_builder()?;
+        builder.with_performance_config(|p| p.broadcast_channel_capacity = SUBSCRIBER_EVENTS);
+        Ok(builder)
+    }
+
     /// The fred builder for this URL, with timeouts and a reconnect policy that never gives up.
     pub(crate) fn fred_builder(&self) -> Result<Builder, ValkeyError> {
         let scheme = self.url.scheme();
@@ -258,7 +270,10 @@ impl ValkeyStoreBuilder {
             })
             .with_performance_config(|p| {
                 p.default_command_timeout = command;
-                p.broadcast_channel_capacity = 4096;
+                // Each client keeps seven event channels of this many slots: 4,096 cost ~2 MiB
+                // per client, most of an idle worker's memory. Only the result subscriber
+                // reads one that fills (see `SUBSCRIBER_EVENTS`); command clients read none.
+                p.broadcast_channel_capacity = 16;
             })
             .set_policy(ReconnectPolicy::new_exponential(0, 50, 2_000, 2));
         Ok(builder)

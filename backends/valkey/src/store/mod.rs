@@ -202,7 +202,10 @@ impl ValkeyStore {
             }
         };
         let pool = builder.build_pool(settings.pool_size).map_err(failed)?;
-        let subscriber = builder.build_subscriber_client().map_err(failed)?;
+        let subscriber = settings
+            .fred_subscriber_builder()?
+            .build_subscriber_client()
+            .map_err(failed)?;
         let (waiters, leaves) = Waiters::new(subscriber.clone());
         let waiters = Arc::new(waiters);
         let keys = Keys::new(&settings.prefix);
