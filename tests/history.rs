@@ -130,8 +130,12 @@ async fn turned_off_it_adds_nothing() {
 async fn finished_tasks_go_to_the_index_once_a_few_thousand_wait() {
     let env = TestEnv::new();
     let worker = env.spawn_worker(
-        env.worker()
-            .registry(Registry::from_inventory().unwrap().only(&[ok::NAME]).unwrap()),
+        env.worker().registry(
+            Registry::from_inventory()
+                .unwrap()
+                .only(&[ok::NAME])
+                .unwrap(),
+        ),
     );
     let started = tokio::time::Instant::now();
     let mut handles = Vec::new();

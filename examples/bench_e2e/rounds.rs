@@ -160,6 +160,13 @@ pub(super) async fn amqp_rounds(
         ],
     );
     let apart = |q| percentile(&raw_rtt_apart, q);
+    // The worker's own cost per task: what users pay on their pods.
+    let worker_cpu = meter
+        .names()
+        .iter()
+        .position(|name| *name == "worker")
+        .and_then(|at| column_medians(&cpu).get(at).copied())
+        .unwrap_or(f64::NAN);
     println!(
         "round trip p50 / p99: ferriq {:.2} / {:.2} ms, raw RabbitMQ (publish, confirm, deliver, ack) {:.2} / {:.2} ms, raw with the consumer on a connection of its own (as a worker is) {:.2} / {:.2} ms",
         p(50.0),
@@ -175,7 +182,7 @@ pub(super) async fn amqp_rounds(
         fmt_cost(&as_raw_client(raw_cost))
     );
     println!(
-        "median_e2e_tasks_per_s={:.0} median_ratio={:.3} min_ratio={:.3} max_ratio={:.3} median_ratio_pipelined={:.3} median_ratio_pipelined_floor={:.3} p50_ms={:.2} p99_ms={:.2} raw_rtt_p50_ms={:.2} rss_mib={rss:.1} cpu_us_per_task={:.1} raw_cpu_us_per_msg={:.1} floor_cpu_us_per_msg={:.1}",
+        "median_e2e_tasks_per_s={:.0} median_ratio={:.3} min_ratio={:.3} max_ratio={:.3} median_ratio_pipelined={:.3} median_ratio_pipelined_floor={:.3} p50_ms={:.2} p99_ms={:.2} raw_rtt_p50_ms={:.2} raw_apart_rtt_p50_ms={:.2} rss_mib={rss:.1} cpu_us_per_task={:.1} worker_cpu_us_per_task={worker_cpu:.1} raw_cpu_us_per_msg={:.1} floor_cpu_us_per_msg={:.1}",
         median(&mut e2e),
         median(&mut ratios),
         ratios[0],
@@ -185,6 +192,7 @@ pub(super) async fn amqp_rounds(
         p(50.0),
         p(99.0),
         raw_p(50.0),
+        apart(50.0),
         cpu_totals[0],
         cpu_totals[1],
         cpu_totals[2]
