@@ -62,6 +62,8 @@ use futures_util::StreamExt;
 mod load;
 mod modes;
 mod rounds;
+#[cfg(not(feature = "mimalloc"))]
+mod allocs;
 
 use load::{
     as_raw_client, bulk, bulk_of, drive, fmt_cost, fmt_cpu, fmt_runs, metered, raw_client_name,
@@ -210,6 +212,16 @@ async fn worker_process(kind: String, exchange: String, queue: String, prefix: S
     let _ = running.await;
 }
 
+/// `--features mimalloc`: the allocator a worker binary may choose instead of the system's.
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// The system's, counting allocations while the memory engine runs.
+#[cfg(not(feature = "mimalloc"))]
+#[global_allocator]
+static ALLOCATOR: allocs::Counting = allocs::Counting;
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     // `RUST_LOG=warn` (or any filter): both processes log to stderr (the worker's stderr is
     // the bench's).
@@ -272,7 +284,19 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
             return compare_middlewares(n, lat_n, arg("--rounds", "0").parse()?).await;
         }
         "memory" => {
+            #[cfg(not(feature = "mimalloc"))]
+            allocs::start();
             let figures = memory_round(n, lat_n, middlewares()).await?;
+            #[cfg(not(feature = "mimalloc"))]
+            println!(
+                "engine_allocs_per_task={:.1} (allocation calls in ferriq's run: client, broker, worker, store; ÷ {} tasks)",
+                allocs::stop() as f64 / (n as usize + lat_n) as f64,
+                n as usize + lat_n
+            );
+            if flag("--no-raw") {
+                // For `scripts/engine-cost.sh`: the whole run is ferriq's.
+                return Ok(());
+            }
             let cpu_before = cpu_seconds(std::process::id()).unwrap_or(f64::NAN);
             let raw = raw_memory(n, CONCURRENCY).await;
             let raw_cpu = cpu_seconds(std::process::id()).unwrap_or(f64::NAN) - cpu_before;
