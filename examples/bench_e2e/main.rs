@@ -59,11 +59,11 @@ use ferriq_sqs::SqsBroker;
 use ferriq_valkey::ValkeyStore;
 use futures_util::StreamExt;
 
+#[cfg(not(feature = "mimalloc"))]
+mod allocs;
 mod load;
 mod modes;
 mod rounds;
-#[cfg(not(feature = "mimalloc"))]
-mod allocs;
 
 use load::{
     as_raw_client, bulk, bulk_of, drive, fmt_cost, fmt_cpu, fmt_runs, metered, raw_client_name,
