@@ -97,7 +97,7 @@ return out
 
 /// KEYS: stream, leases. ARGV: group, consumer, count, lease ms. New entries read without
 /// waiting (no `BLOCK` in a script) and leased in the same run: a receive under load is one
-/// round trip. Returns `{id, data}` per entry.
+/// round trip. Returns `{id, data, 1}` per entry (a first delivery).
 const READ: &str = r#"
 local read = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', tonumber(ARGV[3]),
   'STREAMS', KEYS[1], '>')
@@ -106,7 +106,7 @@ if not read then return out end
 local until_ms = now_ms() + tonumber(ARGV[4])
 for _, e in ipairs(read[1][2]) do
   redis.call('ZADD', KEYS[2], until_ms, e[1])
-  out[#out + 1] = {e[1], data_of(e[2])}
+  out[#out + 1] = {e[1], data_of(e[2]), 1}
 end
 return out
 "#;

@@ -89,6 +89,25 @@ pub(crate) struct Shared {
     pub(crate) url: String,
 }
 
+/// The entries a script took, as `{id, data, delivery count}` each.
+fn entries_taken(reply: Value) -> Vec<Entry> {
+    reply
+        .into_array()
+        .into_iter()
+        .filter_map(|e| {
+            let mut p = e.into_array().into_iter();
+            let id = p.next()?.as_string()?;
+            let data = p.next()?.as_bytes().map(<[u8]>::to_vec).unwrap_or_default();
+            let count = p
+                .next()?
+                .as_i64()
+                .unwrap_or(1)
+                .clamp(1, i64::from(u32::MAX)) as u32;
+            Some(Entry { id, data, count })
+        })
+        .collect()
+}
+
 /// Who a script error or a lost connection hurts: the caller retries or the message comes
 /// back by itself.
 pub(crate) fn unavailable(e: fred::error::Error) -> BrokerError {
@@ -166,16 +185,7 @@ impl Shared {
                 ],
             )
             .await?;
-        Ok(reply
-            .into_array()
-            .into_iter()
-            .filter_map(|e| {
-                let mut p = e.into_array().into_iter();
-                let id = p.next()?.as_string()?;
-                let data = p.next()?.as_bytes().map(<[u8]>::to_vec).unwrap_or_default();
-                Some(Entry { id, data, count: 1 })
-            })
-            .collect())
+        Ok(entries_taken(reply))
     }
 
     pub(crate) async fn reclaim(
@@ -213,21 +223,7 @@ impl Shared {
             }
             other => other?,
         };
-        Ok(reply
-            .into_array()
-            .into_iter()
-            .filter_map(|e| {
-                let mut p = e.into_array().into_iter();
-                let id = p.next()?.as_string()?;
-                let data = p.next()?.as_bytes().map(<[u8]>::to_vec).unwrap_or_default();
-                let count = p
-                    .next()?
-                    .as_i64()
-                    .unwrap_or(1)
-                    .clamp(1, i64::from(u32::MAX)) as u32;
-                Some(Entry { id, data, count })
-            })
-            .collect())
+        Ok(entries_taken(reply))
     }
 
     /// The lane a message goes to: a lane, or another stream by name (its group made once).
