@@ -100,18 +100,25 @@ impl Broker for StreamBroker {
         }
         let mut out = Vec::new();
         if self.reads.reclaim_due() {
+            let mut next: Option<Duration> = None;
             for lane in &shared.lanes {
                 if out.len() >= max {
                     break;
                 }
                 match shared.reclaim(lane, max - out.len()).await {
-                    Ok(taken) => out.extend(taken.into_iter().map(|e| shared.delivery(lane, e))),
+                    Ok((taken, lane_next)) => {
+                        out.extend(taken.into_iter().map(|e| shared.delivery(lane, e)));
+                        next = match (next, lane_next) {
+                            (Some(a), Some(b)) => Some(a.min(b)),
+                            (a, b) => a.or(b),
+                        };
+                    }
                     // What earlier lanes gave is handed out, not left to its lease.
                     Err(_) if !out.is_empty() => break,
                     Err(e) => return Err(unavailable(e)),
                 }
             }
-            self.reads.reclaimed(out.len() >= max);
+            self.reads.reclaimed(out.len() >= max, next);
             if !out.is_empty() {
                 return Ok(out);
             }

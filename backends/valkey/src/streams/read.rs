@@ -24,8 +24,16 @@ pub(crate) struct Reads {
     surplus: std::sync::Mutex<Vec<(Arc<Lane>, Entry)>>,
     /// The lane the next read starts with (on a cluster, one lane per read).
     next_lane: std::sync::atomic::AtomicUsize,
-    /// When lapsed leases and due delayed messages are looked for next (`None`: now).
-    next_reclaim: std::sync::Mutex<Option<tokio::time::Instant>>,
+    /// When lapsed leases and due delayed messages are looked for next (`None`: now), and
+    /// when the next is due (a delayed message, a lease's end): a blocking read ends then.
+    next_reclaim: std::sync::Mutex<Reclaim>,
+}
+
+/// When the next look for lapsed leases and due messages may be, and when one is due.
+#[derive(Default, Clone, Copy)]
+struct Reclaim {
+    earliest: Option<tokio::time::Instant>,
+    due: Option<tokio::time::Instant>,
 }
 
 /// How often a receive looks for lapsed leases and due delayed messages, unless the last look
@@ -53,14 +61,24 @@ impl Reads {
 
     /// Whether this receive looks for lapsed leases and due delayed messages.
     pub(crate) fn reclaim_due(&self) -> bool {
-        let next = *self.next_reclaim.lock().unwrap_or_else(|p| p.into_inner());
-        next.is_none_or(|at| tokio::time::Instant::now() >= at)
+        let next = self.reclaim();
+        let now = tokio::time::Instant::now();
+        next.earliest.is_none_or(|at| now >= at) || next.due.is_some_and(|at| now >= at)
     }
 
-    /// A look for lapsed leases is done; `full`: it took as many as it could, so more may wait.
-    pub(crate) fn reclaimed(&self, full: bool) {
-        let next = (!full).then(|| tokio::time::Instant::now() + RECLAIM_EVERY);
-        *self.next_reclaim.lock().unwrap_or_else(|p| p.into_inner()) = next;
+    fn reclaim(&self) -> Reclaim {
+        *self.next_reclaim.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A look for lapsed leases is done; `full`: it took as many as it could, so more may wait;
+    /// `next`: how long until a delayed message is due or a lease ends.
+    pub(crate) fn reclaimed(&self, full: bool, next: Option<Duration>) {
+        let now = tokio::time::Instant::now();
+        let reclaim = Reclaim {
+            earliest: (!full).then(|| now + RECLAIM_EVERY),
+            due: next.map(|after| now + after),
+        };
+        *self.next_reclaim.lock().unwrap_or_else(|p| p.into_inner()) = reclaim;
     }
 
     /// The lanes in the order this receive reads them: each in turn goes first, so a busy
@@ -99,9 +117,15 @@ impl Reads {
             } else {
                 shared.lanes.clone()
             };
-            // A server-side block of at most 2 s: delays and lapsed leases are looked at by
-            // every receive, so a long block would hold them back.
-            let block = wait.min(Duration::from_secs(2));
+            // A server-side block of at most 2 s, and none past the next due delayed message
+            // or lease end: those are looked for by a receive, so a block would hold them back.
+            let until_due = self
+                .reclaim()
+                .due
+                .map(|at| at.saturating_duration_since(tokio::time::Instant::now()));
+            let block = wait
+                .min(Duration::from_secs(2))
+                .min(until_due.unwrap_or(Duration::MAX));
             *slot = Some(tokio::spawn(read_once(
                 Arc::clone(shared),
                 lanes,

@@ -50,8 +50,9 @@ return #ARGV / 3
 /// KEYS: stream, leases, delayed. ARGV: group, consumer, lease ms, max, orphan ms. Adds the
 /// due delayed messages to the stream, then takes over up to `max` entries whose lease ran
 /// out (released ones, or a dead worker's), and entries pending longer than `orphan ms` with
-/// no lease at all (a reader that died between its read and its lease). Returns
-/// `{id, data, delivery count}` per entry taken.
+/// no lease at all (a reader that died between its read and its lease). Returns the entries
+/// taken (`{id, data, delivery count}` each) and the ms until the next delayed message is due
+/// or the next lease ends (-1: neither).
 const RECLAIM: &str = r#"
 local now = now_ms()
 local due = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now, 'LIMIT', 0, 100)
@@ -92,7 +93,16 @@ for _ = 1, 10 do
   if #idle < 100 then break end
   from = '(' .. idle[#idle][1]
 end
-return out
+-- When to look again: the next delayed message's due time, or the next lease's end.
+local next_ms = -1
+for _, key in ipairs({KEYS[3], KEYS[2]}) do
+  local first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+  if first[2] then
+    local wait = math.max(0, tonumber(first[2]) - now)
+    if next_ms < 0 or wait < next_ms then next_ms = wait end
+  end
+end
+return {out, next_ms}
 "#;
 
 /// KEYS: stream, leases. ARGV: group, consumer, count, lease ms. New entries read without

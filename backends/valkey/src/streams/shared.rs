@@ -3,6 +3,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use ferriq::broker::{BrokerError, Delivery, DeliveryHandle};
 use ferriq::store::StoreError;
@@ -188,11 +189,13 @@ impl Shared {
         Ok(entries_taken(reply))
     }
 
+    /// Due delayed messages into the stream, then up to `max` entries whose lease ran out
+    /// (see the script), and how long until the next is due or the next lease ends.
     pub(crate) async fn reclaim(
         &self,
         lane: &Arc<Lane>,
         max: usize,
-    ) -> Result<Vec<Entry>, fred::error::Error> {
+    ) -> Result<(Vec<Entry>, Option<Duration>), fred::error::Error> {
         let lease = self.lease();
         let reply = self
             .call(
@@ -219,11 +222,18 @@ impl Shared {
             Err(e) if e.details().contains("NOGROUP") => {
                 tracing::warn!(lane = %lane.stream, "the lane's stream or consumer group was missing: made again");
                 create_group(self.pool.next(), &lane.stream, &self.group).await?;
-                return Ok(Vec::new());
+                return Ok((Vec::new(), None));
             }
             other => other?,
         };
-        Ok(entries_taken(reply))
+        let mut parts = reply.into_array().into_iter();
+        let taken = parts.next().map(entries_taken).unwrap_or_default();
+        let next = parts
+            .next()
+            .and_then(|ms| ms.as_i64())
+            .and_then(|ms| u64::try_from(ms).ok())
+            .map(Duration::from_millis);
+        Ok((taken, next))
     }
 
     /// The lane a message goes to: a lane, or another stream by name (its group made once).
