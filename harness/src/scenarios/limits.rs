@@ -126,9 +126,12 @@ pub(super) async fn slot_holder_sigkill(backend: Backend, size: Size, root: &Pat
         most <= LIMITED_SLOTS,
         format!("{most} runs at once over {LIMITED_SLOTS} slots"),
     );
-    // Within a lease and a second of its holder's last heartbeat, and a receive's time.
+    // Within a lease and a second of its holder's last heartbeat, and a receive's time. On SQS
+    // a waiting task is handed back for whole seconds (its visibility, rounded up to the
+    // slot's likely return): up to a second more there (3.6-3.7 s seen, once 4.1 s).
+    let handed_back_ms = if backend == Backend::Sqs { 1000 } else { 0 };
     j.row.check(
-        slowest.is_none_or(|ms| ms <= lease_ms + 2000),
+        slowest.is_none_or(|ms| ms <= lease_ms + 2000 + handed_back_ms),
         format!("a dead holder's slot stayed taken {slowest:?} ms"),
     );
     let row = j.row;
