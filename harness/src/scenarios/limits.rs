@@ -128,7 +128,7 @@ pub(super) async fn slot_holder_sigkill(backend: Backend, size: Size, root: &Pat
     );
     // Within a lease and a second of its holder's last heartbeat, and a receive's time. On SQS
     // a waiting task is handed back for whole seconds (its visibility, rounded up to the
-    // slot's likely return): up to a second more there (3.6-3.7 s seen, once 4.1 s).
+    // slot's likely return): up to a second more there (3.6-4.1 s over four runs).
     let handed_back_ms = if backend == Backend::Sqs { 1000 } else { 0 };
     j.row.check(
         slowest.is_none_or(|ms| ms <= lease_ms + 2000 + handed_back_ms),
