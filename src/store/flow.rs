@@ -449,6 +449,14 @@ pub(crate) struct RateState {
 #[cfg(feature = "memory")]
 const TURN_GRACE: f64 = 0.002;
 
+/// Late by more than this, a waiting task keeps no free slot for itself (the Valkey store's
+/// script holds the same figure). Hand-backs come back a little late (SQS rounds them up to
+/// whole seconds, a receive takes its time), so a slot is kept a while for the task whose
+/// turn it is; one that does not come back at all (its message purged, dead-lettered, or
+/// held by a worker that died) must not keep a slot from everyone else.
+#[cfg(feature = "memory")]
+const TURN_LATE: f64 = 1.0;
+
 #[cfg(feature = "memory")]
 impl RateState {
     pub(crate) fn admit(&mut self, id: &TaskId, rate: Rate, now: f64) -> RateDecision {
@@ -546,12 +554,13 @@ impl SlotState {
         // The waiting tasks before this one (all of them, for one not waiting yet): those due
         // back by now go first to a free slot; every one counts toward its turn.
         let before = |back: f64| mine.is_none_or(|m| back < m);
-        let (mut due, mut ahead) = (0, 0);
+        let (mut due, mut ahead, mut oldest_due) = (0, 0, f64::INFINITY);
         for (other, back) in &self.waiting {
             if other != id && before(*back) {
                 ahead += 1;
-                if *back <= now + TURN_GRACE {
+                if *back <= now + TURN_GRACE && *back > now - TURN_LATE {
                     due += 1;
+                    oldest_due = oldest_due.min(*back);
                 }
             }
         }
@@ -569,7 +578,12 @@ impl SlotState {
             .values()
             .map(|until| until - now)
             .fold(f64::INFINITY, f64::min);
-        let wait = slot_wait(ahead, limit, self.average_run).min((first_end + 0.05).max(0.25));
+        let mut wait = slot_wait(ahead, limit, self.average_run).min((first_end + 0.05).max(0.25));
+        if free > 0 {
+            // A slot is free but kept for tasks due back now: if they are not back in time,
+            // it is this one's turn.
+            wait = wait.min((oldest_due + TURN_LATE - now + 0.05).max(0.25));
+        }
         let back = now + wait;
         self.waiting.insert(id.clone(), back);
         SlotDecision::Wait(Duration::from_secs_f64(back - now))

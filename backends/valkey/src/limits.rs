@@ -141,14 +141,17 @@ local function acquire(held, waiting, stats, id, n, lease)
   local mine = redis.call('ZSCORE', waiting, id)
   -- The waiting tasks before this one (all of them, for one not waiting yet): those due back
   -- by now go first to a free slot; every one counts toward its turn.
+  -- One late by more than a second keeps no slot for itself (the core's TURN_LATE): it may
+  -- never come back (purged, dead-lettered).
+  local late = '(' .. fmt(now - 1000000)
   local due, ahead
   if mine then
     mine = tonumber(mine)
     if mine > now + grace then return {'wait', mine - now} end
-    due = redis.call('ZCOUNT', waiting, '-inf', '(' .. fmt(mine))
-    ahead = due
+    due = redis.call('ZCOUNT', waiting, late, '(' .. fmt(mine))
+    ahead = redis.call('ZCOUNT', waiting, '-inf', '(' .. fmt(mine))
   else
-    due = redis.call('ZCOUNT', waiting, '-inf', fmt(now + grace))
+    due = redis.call('ZCOUNT', waiting, late, fmt(now + grace))
     ahead = redis.call('ZCARD', waiting)
   end
   if due < free then
@@ -166,6 +169,14 @@ local function acquire(held, waiting, stats, id, n, lease)
   -- and lease at most.
   local first = redis.call('ZRANGE', held, 0, 0, 'WITHSCORES')
   if first[2] then wait = math.min(wait, math.max(tonumber(first[2]) - now + 50000, 250000)) end
+  -- A slot is free but kept for tasks due back now: if they are not back in time, it is this
+  -- one's turn.
+  if free > 0 then
+    local oldest = redis.call('ZRANGEBYSCORE', waiting, late, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+    if oldest[2] then
+      wait = math.min(wait, math.max(tonumber(oldest[2]) + 1000000 - now + 50000, 250000))
+    end
+  end
   redis.call('ZADD', waiting, fmt(now + wait), id)
   redis.call('PEXPIRE', waiting, ttl)
   expire()

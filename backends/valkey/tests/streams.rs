@@ -412,3 +412,89 @@ async fn a_delayed_message_comes_when_due_even_while_the_receive_waits() {
         assert!(sent.elapsed() < Duration::from_secs(5), "never delivered");
     }
 }
+
+/// What another process makes due soon — a hand-back, a short delay — comes when due, not at
+/// the end of the wait this worker's receive fell into: it is announced on the lane's wake-up
+/// channel, and the waiting receive returns to look for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_another_process_makes_due_soon_comes_when_due() {
+    let queue = format!("{}.wake", common::prefix());
+    let (worker, other) = (broker(&queue).await, broker(&queue).await);
+    let (handed_back, out) = message();
+    other.publish(vec![out]).await.unwrap();
+    let held = loop {
+        if let Some(d) = other
+            .receive(1, Duration::from_secs(1))
+            .await
+            .unwrap()
+            .pop()
+        {
+            break d;
+        }
+    };
+    // The worker receives with long waits (5 s) and records when each message came.
+    let (tx, mut arrived) = tokio::sync::mpsc::unbounded_channel();
+    let receiving = {
+        let worker = worker.clone();
+        tokio::spawn(async move {
+            loop {
+                for d in worker.receive(1, Duration::from_secs(5)).await.unwrap() {
+                    worker.ack(&d.handle).await.unwrap();
+                    let _ = tx.send((task_of(&d), tokio::time::Instant::now()));
+                }
+            }
+        })
+    };
+    // Once it has the first message, its receives have looked for due messages and wait
+    // (the next look is due at the end of the blocking read, 2 s on).
+    let (first, out) = message();
+    other.publish(vec![out]).await.unwrap();
+    let (id, _) = tokio::time::timeout(Duration::from_secs(10), arrived.recv())
+        .await
+        .expect("the first message never came")
+        .unwrap();
+    assert_eq!(id, Some(first));
+    // Both listen on the lane's wake-up channel (each started listening at its first receive).
+    let raw = common::raw_client(&common::url()).await;
+    let channel = format!("{{{queue}}}:ferriq:due");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while common::subscribers(&raw, &channel).await < 2 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "nobody listens on {channel}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let soon = Duration::from_millis(300);
+    let late = Duration::from_millis(1200);
+    let released = tokio::time::Instant::now();
+    other.release(&held.handle, soon).await.unwrap();
+    let (id, at) = tokio::time::timeout(Duration::from_secs(10), arrived.recv())
+        .await
+        .expect("the hand-back never came")
+        .unwrap();
+    assert_eq!(id, Some(handed_back));
+    let after = at - released;
+    assert!(
+        after >= soon && after < late,
+        "another process's hand-back came {after:?} after it (due after {soon:?})"
+    );
+    let (delayed, mut out) = message();
+    out.delay = Some(soon);
+    let sent = tokio::time::Instant::now();
+    other.publish(vec![out]).await.unwrap();
+    let (id, at) = tokio::time::timeout(Duration::from_secs(10), arrived.recv())
+        .await
+        .expect("the delayed message never came")
+        .unwrap();
+    assert_eq!(id, Some(delayed));
+    let after = at - sent;
+    assert!(
+        after >= soon - Duration::from_millis(20) && after < late,
+        "another process's delayed message came {after:?} after it (due after {soon:?})"
+    );
+    receiving.abort();
+    worker.close().await;
+    other.close().await;
+    let _ = fred::prelude::ClientLike::quit(&raw).await;
+}

@@ -14,7 +14,7 @@ use crate::wire::TaskId;
 
 /// Runs every flow check, each on a store from `new_store` (on a shared server, a key prefix
 /// of its own is enough: every check uses limiter names of its own). Panics naming the check
-/// and the rule it found broken. Takes about two seconds: slot leases run out in real time.
+/// and the rule it found broken. Takes about four seconds: slot leases and turns run out in real time.
 ///
 /// [`FlowStore`]: crate::store::FlowStore
 pub async fn flow_suite<F, Fut>(new_store: F)
@@ -25,6 +25,7 @@ where
     a_rate_admits_its_limit_per_window_and_no_more(new_store().await).await;
     a_slot_no_longer_renewed_frees_itself_within_its_lease(new_store().await).await;
     no_waiter_is_told_to_wait_past_the_first_lease_end(new_store().await).await;
+    a_waiter_that_never_comes_back_keeps_no_slot(new_store().await).await;
     limits_set_at_run_time_are_kept_and_listed_with_their_use(new_store().await).await;
 }
 
@@ -135,6 +136,50 @@ async fn no_waiter_is_told_to_wait_past_the_first_lease_end(store: Arc<dyn Store
             ),
             other => panic!("conformance {check}: one slot, held: waiter {n} got {other:?}"),
         }
+    }
+}
+
+async fn a_waiter_that_never_comes_back_keeps_no_slot(store: Arc<dyn Store>) {
+    let check = "a_waiter_that_never_comes_back_keeps_no_slot";
+    let name = limiter(check);
+    let lease = Duration::from_secs(1);
+    let (holder, gone, next) = (TaskId::random(), TaskId::random(), TaskId::random());
+    let acquire = |id: TaskId| {
+        let (store, name) = (Arc::clone(&store), name.clone());
+        async move { store.acquire_slot(&name, &id, 1, lease).await }
+    };
+    assert_eq!(
+        acquire(holder.clone()).await.expect("acquire_slot"),
+        SlotDecision::Held
+    );
+    let turn = match acquire(gone).await.expect("acquire_slot") {
+        SlotDecision::Wait(wait) => Instant::now() + wait,
+        other => panic!("conformance {check}: one slot, held: a waiter got {other:?}"),
+    };
+    store
+        .release_slot(&name, &holder, Duration::from_millis(100))
+        .await
+        .expect("release_slot");
+    // The waiter's turn comes and it never asks again (its message was purged): the free
+    // slot is kept for it a while, then taken by the next.
+    tokio::time::sleep_until(turn + Duration::from_millis(20)).await;
+    let first = acquire(next.clone()).await.expect("acquire_slot");
+    if Instant::now() < turn + Duration::from_millis(500) {
+        assert!(
+            matches!(first, SlotDecision::Wait(_)),
+            "conformance {check}: a free slot is kept for the waiter whose turn it is, got {first:?}"
+        );
+    }
+    let freed_by = turn + Duration::from_secs(3);
+    loop {
+        match acquire(next.clone()).await.expect("acquire_slot") {
+            SlotDecision::Held => break,
+            _ => assert!(
+                Instant::now() < freed_by,
+                "conformance {check}: a slot stayed kept for a waiter that never came back"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 

@@ -124,6 +124,7 @@ impl StreamBroker {
         let builder = conn.fred_builder()?;
         let pool = builder.build_pool(2).map_err(failed)?;
         let reader = builder.build().map_err(failed)?;
+        let wakes = builder.build_subscriber_client().map_err(failed)?;
         let limit = conn.connect_timeout.saturating_mul(2) + Duration::from_secs(1);
         let scripts = StreamScripts::new();
         // Each step's error names the step: a server that refuses one (an ACL without
@@ -192,6 +193,7 @@ impl StreamBroker {
         Ok(StreamBroker {
             shared: Arc::new(shared),
             reads: Arc::new(Reads::default()),
+            wakes: Arc::new(super::wake::Wakes::new(wakes)),
         })
     }
 }

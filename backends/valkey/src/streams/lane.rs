@@ -11,6 +11,8 @@ pub(crate) struct Lane {
     pub(crate) dead: String,
     /// Dead letters an operator holds (id → until, unix ms).
     pub(crate) dead_held: String,
+    /// The channel where what falls due soon is announced (see `wake`).
+    pub(crate) due: String,
 }
 
 impl Lane {
@@ -24,6 +26,7 @@ impl Lane {
             delayed: format!("{base}:ferriq:delayed"),
             dead: format!("{base}:ferriq:dead"),
             dead_held: format!("{base}:ferriq:dead_held"),
+            due: format!("{base}:ferriq:due"),
         })
     }
 }

@@ -16,6 +16,7 @@ mod lane;
 mod read;
 mod scripts;
 mod shared;
+mod wake;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -48,6 +49,7 @@ use shared::{unavailable, Held, Shared};
 pub struct StreamBroker {
     shared: Arc<Shared>,
     reads: Arc<Reads>,
+    wakes: Arc<wake::Wakes>,
 }
 
 impl std::fmt::Debug for StreamBroker {
@@ -60,39 +62,11 @@ impl std::fmt::Debug for StreamBroker {
     }
 }
 
-#[async_trait]
-impl Broker for StreamBroker {
-    async fn publish(&self, batch: Vec<OutgoingMessage>) -> Result<(), BrokerError> {
-        let mut by_lane: Vec<(Arc<Lane>, Vec<Value>)> = Vec::new();
-        for msg in batch {
-            let lane = self.shared.lane_for(msg.queue.as_deref()).await?;
-            let delay = msg.delay.map_or(0, |d| d.as_millis() as i64);
-            let args = [
-                Value::from(delay),
-                Value::from(uuid::Uuid::new_v4().simple().to_string()),
-                Value::Bytes(msg.body.into()),
-            ];
-            match by_lane.iter_mut().find(|(l, _)| Arc::ptr_eq(l, &lane)) {
-                Some((_, all)) => all.extend(args),
-                None => by_lane.push((lane, args.to_vec())),
-            }
-        }
-        for (lane, args) in by_lane {
-            self.shared
-                .call(
-                    &self.shared.scripts.publish,
-                    vec![lane.stream.clone(), lane.delayed.clone()],
-                    args,
-                )
-                .await
-                .map_err(unavailable)?;
-        }
-        Ok(())
-    }
-
-    async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>, BrokerError> {
+impl StreamBroker {
+    /// What a receive takes without waiting: what a read brought before, then (when a look is
+    /// due) lapsed leases and due messages, then new entries.
+    async fn receive_now(&self, max: usize) -> Result<Vec<Delivery>, BrokerError> {
         let shared = &self.shared;
-        let max = max.max(1);
         let delivery = |(lane, e): (Arc<Lane>, shared::Entry)| shared.delivery(&lane, e);
         let ready = self.reads.take_ready(max).await.map_err(unavailable)?;
         if !ready.is_empty() {
@@ -124,28 +98,89 @@ impl Broker for StreamBroker {
             }
         }
         // New entries without waiting, read and leased in one script run per lane: under load
-        // there are always some, and a receive is one round trip. Only an empty stream waits,
-        // on the reader's connection.
+        // there are always some, and a receive is one round trip.
         for lane in self.reads.lanes_in_turn(&shared.lanes) {
             if out.len() >= max {
                 break;
             }
             match shared.read_now(&lane, max - out.len()).await {
                 Ok(read) => out.extend(read.into_iter().map(|e| shared.delivery(&lane, e))),
-                // What earlier lanes gave is handed out; with nothing, the blocking read below
+                // What earlier lanes gave is handed out; with nothing, the blocking read
                 // meets the same fault and reports it.
                 Err(_) => break,
             }
         }
-        if !out.is_empty() {
-            return Ok(out);
+        Ok(out)
+    }
+}
+
+#[async_trait]
+impl Broker for StreamBroker {
+    async fn publish(&self, batch: Vec<OutgoingMessage>) -> Result<(), BrokerError> {
+        // Per lane: the script's arguments, and whether a delay in them is due soon.
+        let mut by_lane: Vec<(Arc<Lane>, Vec<Value>, bool)> = Vec::new();
+        for msg in batch {
+            let lane = self.shared.lane_for(msg.queue.as_deref()).await?;
+            let delay = msg.delay.map_or(0, |d| d.as_millis() as i64);
+            // The nonce keeps two delayed copies of one body apart in the delayed set.
+            let nonce = if delay > 0 {
+                Value::from(uuid::Uuid::new_v4().simple().to_string())
+            } else {
+                Value::from_static_str("")
+            };
+            let args = [Value::from(delay), nonce, Value::Bytes(msg.body.into())];
+            let soon = delay > 0 && delay < wake::ANNOUNCE_WITHIN_MS;
+            match by_lane.iter_mut().find(|(l, _, _)| Arc::ptr_eq(l, &lane)) {
+                Some((_, all, any_soon)) => {
+                    all.extend(args);
+                    *any_soon |= soon;
+                }
+                None => by_lane.push((lane, args.to_vec(), soon)),
+            }
         }
-        let read = self
-            .reads
-            .read(shared, max, wait)
-            .await
-            .map_err(unavailable)?;
-        Ok(read.into_iter().map(delivery).collect())
+        for (lane, args, soon) in by_lane {
+            let mut keys = vec![lane.stream.clone(), lane.delayed.clone()];
+            if soon {
+                keys.push(lane.due.clone());
+            }
+            self.shared
+                .call(&self.shared.scripts.publish, keys, args)
+                .await
+                .map_err(unavailable)?;
+        }
+        Ok(())
+    }
+
+    async fn receive(&self, max: usize, wait: Duration) -> Result<Vec<Delivery>, BrokerError> {
+        let max = max.max(1);
+        self.wakes.start(
+            self.shared.lanes.iter().map(|l| l.due.clone()).collect(),
+            Arc::downgrade(&self.reads),
+        );
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let got = self.receive_now(max).await?;
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if !got.is_empty() || left.is_zero() {
+                return Ok(got);
+            }
+            // Only an empty stream waits, on the reader's connection — until new entries
+            // come, or something falls due (then the loop looks for it), or the wait ends.
+            if let Some(read) = self
+                .reads
+                .read(&self.shared, max, left)
+                .await
+                .map_err(unavailable)?
+            {
+                if !read.is_empty() {
+                    let shared = &self.shared;
+                    return Ok(read
+                        .into_iter()
+                        .map(|(l, e)| shared.delivery(&l, e))
+                        .collect());
+                }
+            }
+        }
     }
 
     async fn ack(&self, delivery: &DeliveryHandle) -> Result<(), BrokerError> {
@@ -155,11 +190,17 @@ impl Broker for StreamBroker {
 
     async fn release(&self, delivery: &DeliveryHandle, after: Duration) -> Result<(), BrokerError> {
         let held = self.shared.held(delivery)?;
-        let keys = vec![held.lane.stream.clone(), held.lane.leases.clone()];
-        let after = Value::from(after.as_millis().min(i64::MAX as u128) as i64);
+        let mut keys = vec![held.lane.stream.clone(), held.lane.leases.clone()];
+        let ms = after.as_millis().min(i64::MAX as u128) as i64;
+        if ms < wake::ANNOUNCE_WITHIN_MS {
+            keys.push(held.lane.due.clone());
+        }
+        let after_ms = Value::from(ms);
         self.shared
-            .settle(&self.shared.scripts.release, held, keys, vec![after])
-            .await
+            .settle(&self.shared.scripts.release, held, keys, vec![after_ms])
+            .await?;
+        self.reads.due_in(after);
+        Ok(())
     }
 
     async fn extend(
@@ -289,6 +330,7 @@ impl Broker for StreamBroker {
     }
 
     async fn close(&self) {
+        self.wakes.stop().await;
         let _ = self.shared.reader.quit().await;
         let _ = self.shared.pool.quit().await;
     }
@@ -332,7 +374,7 @@ impl Broker for StreamBroker {
                 id: entry.id,
                 count: entry.count,
             };
-            let keys = vec![lane.stream.clone(), lane.leases.clone()];
+            let keys = vec![lane.stream.clone(), lane.leases.clone(), lane.due.clone()];
             let _ = self
                 .shared
                 .settle(

@@ -27,6 +27,9 @@ pub(crate) struct Reads {
     /// When lapsed leases and due delayed messages are looked for next (`None`: now), and
     /// when the next is due (a delayed message, a lease's end): a blocking read ends then.
     next_reclaim: std::sync::Mutex<Reclaim>,
+    /// Told when something falls due sooner than a waiting receive knew (this process handed
+    /// a delivery back): the receive returns, and the next one looks for it.
+    sooner: tokio::sync::Notify,
 }
 
 /// When the next look for lapsed leases and due messages may be, and when one is due.
@@ -81,6 +84,20 @@ impl Reads {
         *self.next_reclaim.lock().unwrap_or_else(|p| p.into_inner()) = reclaim;
     }
 
+    /// A delivery was handed back to fall due after `after`: a look for it is due then, and a
+    /// receive waiting past it returns. Without this, a hand-back this process made waited
+    /// for the next look — up to a receive's whole wait late (a task waiting for a
+    /// concurrency slot came back up to a second after the slot was free).
+    pub(crate) fn due_in(&self, after: Duration) {
+        let at = tokio::time::Instant::now() + after;
+        let mut next = self.next_reclaim.lock().unwrap_or_else(|p| p.into_inner());
+        if next.due.is_none_or(|due| at < due) {
+            next.due = Some(at);
+            drop(next);
+            self.sooner.notify_waiters();
+        }
+    }
+
     /// The lanes in the order this receive reads them: each in turn goes first, so a busy
     /// lane does not keep the others waiting.
     pub(crate) fn lanes_in_turn(&self, lanes: &[Arc<Lane>]) -> Vec<Arc<Lane>> {
@@ -99,14 +116,15 @@ impl Reads {
         self.surplus.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// New entries, up to `max`, waiting up to `wait`. A read still going when `wait` ends is
-    /// kept for the next call.
+    /// New entries, up to `max`, waiting up to `wait`: `None` when the wait ended first, or
+    /// something fell due in it (the caller looks for it). A read still going then is kept
+    /// for the next call.
     pub(crate) async fn read(
         &self,
         shared: &Arc<Shared>,
         max: usize,
         wait: Duration,
-    ) -> ReadResult {
+    ) -> Result<Option<Vec<(Arc<Lane>, Entry)>>, fred::error::Error> {
         let mut slot = self.in_flight.lock().await;
         if slot.is_none() {
             let lanes = if shared.clustered {
@@ -134,16 +152,24 @@ impl Reads {
             )));
         }
         let handle = slot.as_mut().expect("a read in flight");
-        match tokio::time::timeout(wait, handle).await {
-            Err(_) => Ok(Vec::new()),
-            Ok(done) => {
+        // Returns early when something falls due in the wait: the caller looks for it. The
+        // read goes on, kept for the next call.
+        let sooner = self.sooner.notified();
+        let until_due = self.reclaim().due.map_or(wait, |at| {
+            at.saturating_duration_since(tokio::time::Instant::now())
+        });
+        tokio::select! {
+            biased;
+            done = handle => {
                 *slot = None;
                 let mut entries = joined(done)?;
                 if entries.len() > max {
                     self.lock_surplus().extend(entries.split_off(max));
                 }
-                Ok(entries)
+                Ok(Some(entries))
             }
+            _ = sooner => Ok(None),
+            _ = tokio::time::sleep(wait.min(until_due)) => Ok(None),
         }
     }
 

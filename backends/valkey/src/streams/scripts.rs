@@ -30,20 +30,24 @@ local function data_of(fields)
 end
 "#;
 
-/// KEYS: stream, delayed. ARGV: per message, delay ms ('0': now) and body. Returns how many
-/// were added. Delayed messages wait in the delayed set (member `<nonce>|<body>`) until the
-/// receive that finds them due adds them to the stream.
+/// KEYS: stream, delayed, and the lane's wake-up channel when a delay is due soon. ARGV: per
+/// message, delay ms ('0': now), a nonce and body. Returns how many were added. Delayed
+/// messages wait in the delayed set (member `<nonce>|<body>`) until the receive that finds
+/// them due adds them to the stream; the soonest is announced on the channel (see `wake`).
 const PUBLISH: &str = r#"
 local now = nil
+local soonest = nil
 for i = 1, #ARGV, 3 do
   local delay = tonumber(ARGV[i])
   if delay > 0 then
     now = now or now_ms()
     redis.call('ZADD', KEYS[2], now + delay, ARGV[i + 1] .. '|' .. ARGV[i + 2])
+    if not soonest or delay < soonest then soonest = delay end
   else
     redis.call('XADD', KEYS[1], '*', 'data', ARGV[i + 2])
   end
 end
+if KEYS[3] and soonest then redis.call('PUBLISH', KEYS[3], soonest) end
 return #ARGV / 3
 "#;
 
@@ -173,11 +177,13 @@ end
 return out
 "#;
 
-/// KEYS: stream, leases. ARGV: group, consumer, id, count, after ms. A held entry's lease
-/// ends in `after ms`: the first receive after that takes it. Returns 1, or 0 when not held.
+/// KEYS: stream, leases, and the lane's wake-up channel when `after` is soon. ARGV: group,
+/// consumer, id, count, after ms. A held entry's lease ends in `after ms`: the first receive
+/// after that takes it; the channel is told (see `wake`). Returns 1, or 0 when not held.
 const RELEASE: &str = r#"
 if not held(KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4]) then return 0 end
 redis.call('ZADD', KEYS[2], now_ms() + tonumber(ARGV[5]), ARGV[3])
+if KEYS[3] then redis.call('PUBLISH', KEYS[3], ARGV[5]) end
 return 1
 "#;
 
