@@ -264,3 +264,33 @@ async fn the_streams_broker_follows_a_cluster_failover() {
     )
     .await;
 }
+
+/// On a cluster, the durability check asks the node that serves each lane — not any node:
+/// nodes may be set up apart, and only the lane's node can lose its tasks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_streams_broker_checks_the_node_serving_each_lane() {
+    let cluster = common::PrivateCluster::start(3).await;
+    let queue = format!("{}.durable", common::prefix());
+    let (serving, _) = cluster.master_and_replica_of(&queue, cluster.ports[0]);
+    // Every node keeps its data but the lane's.
+    for port in cluster.ports.iter().filter(|p| **p != serving) {
+        common::redis_cli(*port, &["CONFIG", "SET", "appendonly", "yes"]);
+    }
+    let connect = || {
+        ferriq_valkey::StreamBroker::builder(cluster.url())
+            .queues([queue.clone()])
+            .connect()
+    };
+    match connect().await {
+        Err(e @ ferriq_valkey::ValkeyError::NotDurable { .. }) => {
+            assert!(e.to_string().contains(&queue), "{e}");
+        }
+        Err(e) => panic!("refused for another reason: {e}"),
+        Ok(_) => panic!("a lane on a node without appendonly was taken"),
+    }
+    common::redis_cli(serving, &["CONFIG", "SET", "appendonly", "yes"]);
+    let broker = connect()
+        .await
+        .expect("every node serving a lane keeps its data now");
+    ferriq::broker::Broker::close(&broker).await;
+}

@@ -162,9 +162,24 @@ impl StreamBroker {
                 )))
             }
         }
-        check_durable(pool.next(), &url, settings.allow_volatile).await?;
-        static NEXT: AtomicU64 = AtomicU64::new(1);
+        // On a cluster, each node that serves a lane (nodes may be set up apart), named in
+        // the error.
         let clustered = conn.url.scheme().contains("cluster");
+        let mut checked: Vec<u16> = Vec::new();
+        for lane in &lanes {
+            let slot = fred::util::redis_keyslot(lane.stream.as_bytes());
+            if checked.contains(&slot) {
+                continue;
+            }
+            checked.push(slot);
+            let at = if clustered {
+                format!("{url} (the node serving the lane {:?})", lane.stream)
+            } else {
+                url.clone()
+            };
+            check_durable(pool.next(), &at, settings.allow_volatile, slot).await?;
+        }
+        static NEXT: AtomicU64 = AtomicU64::new(1);
         let consumer = format!("ferriq-{}", uuid::Uuid::new_v4().simple());
         let ackers = lanes
             .iter()
@@ -221,12 +236,14 @@ pub(crate) async fn create_group(
 /// Refuses (unless allowed) a server that can lose queued tasks: one that keeps its data in
 /// memory only (a restart loses everything), or one that evicts any key when full. A server
 /// that does not say (a managed one refusing `CONFIG`) is taken at its word, with a warning.
+/// On a cluster, the node serving `slot` is asked.
 pub(crate) async fn check_durable(
     client: &Client,
     url: &str,
     allow: bool,
+    slot: u16,
 ) -> Result<(), ValkeyError> {
-    let appendonly = config_get(client, "appendonly").await;
+    let appendonly = config_get(client, "appendonly", slot).await;
     let appendonly = appendonly
         .as_deref()
         .and_then(|found| setting(found, "appendonly"))
@@ -246,7 +263,7 @@ pub(crate) async fn check_durable(
         }
     }
     // `maxmemory*` rather than two names: Redis 6.2 takes one pattern per CONFIG GET.
-    let Some(memory) = config_get(client, "maxmemory*").await else {
+    let Some(memory) = config_get(client, "maxmemory*", slot).await else {
         tracing::warn!(%url, "cannot read the server's `maxmemory-policy`: make sure it is `noeviction`, or a full server may drop queued tasks");
         return Ok(());
     };
@@ -265,9 +282,10 @@ pub(crate) async fn check_durable(
     Ok(())
 }
 
-/// `CONFIG GET pattern` as name/value pairs, or `None` when the server refuses it.
-async fn config_get(client: &Client, pattern: &str) -> Option<Vec<(String, String)>> {
-    let command = CustomCommand::new_static("CONFIG", ClusterHash::Random, false);
+/// `CONFIG GET pattern` as name/value pairs (on a cluster, from the node serving `slot`), or
+/// `None` when the server refuses it.
+async fn config_get(client: &Client, pattern: &str, slot: u16) -> Option<Vec<(String, String)>> {
+    let command = CustomCommand::new_static("CONFIG", ClusterHash::Custom(slot), false);
     let reply = client
         .custom::<Value, _>(command, vec![Value::from("GET"), Value::from(pattern)])
         .await
