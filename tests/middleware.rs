@@ -270,8 +270,9 @@ async fn labels_set_on_send_reach_the_task_and_a_refused_message_is_not_publishe
         .await
         .unwrap();
     assert_eq!(chain.wait(WAIT).await.unwrap(), "globex>globex");
-    // Refused for a stored step too: nothing is written or published.
-    let before = env.broker.depth().await.unwrap();
+    // Refused for a stored step too: nothing is written or published. (The last step's ack
+    // may land after its result: the queue is read once the worker has settled everything.)
+    let before = settled(&env).await;
     let chain = Chain::new(whose::call()).then(Step::new(whose_after::NAME));
     assert!(matches!(
         client.enqueue_chain::<String>(chain).await,
@@ -280,7 +281,7 @@ async fn labels_set_on_send_reach_the_task_and_a_refused_message_is_not_publishe
     assert_eq!(before, env.broker.depth().await.unwrap());
 
     // Outside a tenant's scope: refused, with the middleware's reason, and nothing published.
-    let before = env.broker.depth().await.unwrap();
+    let before = settled(&env).await;
     match client.enqueue(whose::call()).await {
         Err(EnqueueError::Middleware { reason, .. }) => assert!(reason.contains("no tenant")),
         other => panic!("expected a refusal, got {other:?}"),
@@ -288,6 +289,22 @@ async fn labels_set_on_send_reach_the_task_and_a_refused_message_is_not_publishe
     let after = env.broker.depth().await.unwrap();
     assert_eq!(before, after, "nothing published");
     worker.stop().await;
+}
+
+/// The broker's depth once nothing is queued or held (polled, up to 10 s).
+async fn settled(env: &TestEnv) -> ferriq::broker::QueueDepth {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let depth = env.broker.depth().await.unwrap();
+        if depth.ready == 0 && depth.in_flight == 0 {
+            return depth;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the queue never settled: {depth:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 /// Fails or panics in every hook it has (but `before_send`, which would refuse the message).
