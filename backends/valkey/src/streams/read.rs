@@ -28,7 +28,7 @@ pub(crate) struct Reads {
     /// when the next is due (a delayed message, a lease's end): a blocking read ends then.
     next_reclaim: std::sync::Mutex<Reclaim>,
     /// Told when something falls due sooner than a waiting receive knew (this process handed
-    /// a delivery back): the receive returns, and the next one looks for it.
+    /// a delivery back, or another one announced it): the receive stops waiting and looks.
     sooner: tokio::sync::Notify,
 }
 
@@ -84,8 +84,8 @@ impl Reads {
         *self.next_reclaim.lock().unwrap_or_else(|p| p.into_inner()) = reclaim;
     }
 
-    /// A delivery was handed back to fall due after `after`: a look for it is due then, and a
-    /// receive waiting past it returns. Without this, a hand-back this process made waited
+    /// Something falls due after `after` (a hand-back, a delayed message): a look for it is
+    /// due then, and a receive waiting past it stops waiting then. Without this, a hand-back this process made waited
     /// for the next look — up to a receive's whole wait late (a task waiting for a
     /// concurrency slot came back up to a second after the slot was free).
     pub(crate) fn due_in(&self, after: Duration) {

@@ -7,8 +7,8 @@
 //!
 //! So the scripts that set something due soon (a delayed publish, a release) announce it on
 //! the lane's channel (`{<queue>}:ferriq:due`, the milliseconds until due), and each
-//! receiving broker listens there: its waiting receive returns when the announced time comes,
-//! and the next receive looks. A missed announcement (a reconnect, a lagging listener) only
+//! receiving broker listens there: its waiting receive looks for it when the announced time
+//! comes. A missed announcement (a reconnect, a lagging listener) only
 //! makes that message as late as it would be without it.
 
 use std::sync::{Mutex, Weak};
