@@ -113,21 +113,94 @@ impl TaskMessage {
     /// The task id of a body that may not be a valid message, when one can be read; used to
     /// answer the waiting caller of a malformed message.
     pub fn peek_task_id(body: &[u8]) -> Option<TaskId> {
-        let Ok(Value::Object(obj)) = serde_json::from_slice::<Value>(body) else {
-            return None;
-        };
-        obj.get("task_id")?
-            .as_str()
-            .and_then(|s| TaskId::parse(s).ok())
+        TaskId::parse(&Peek::of(body)?.task_id?).ok()
     }
 
     /// The task name of a body that may not be a valid message, when one can be read.
     pub fn peek_task_name(body: &[u8]) -> Option<String> {
-        let Ok(Value::Object(obj)) = serde_json::from_slice::<Value>(body) else {
-            return None;
-        };
-        obj.get("task_name")?.as_str().map(str::to_owned)
+        Peek::of(body)?.task_name.map(std::borrow::Cow::into_owned)
     }
+}
+
+/// A body's id and name, read without building the rest: every other field is skipped
+/// unread (the whole body used to be built as a JSON tree, once more per delivery on
+/// brokers that carry no id beside the body).
+#[derive(serde::Deserialize)]
+struct Peek<'a> {
+    #[serde(borrow, default, deserialize_with = "text_or_none")]
+    task_id: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow, default, deserialize_with = "text_or_none")]
+    task_name: Option<std::borrow::Cow<'a, str>>,
+}
+
+impl<'a> Peek<'a> {
+    /// The body's id and name when it is a JSON object (serde would also take an array).
+    fn of(body: &'a [u8]) -> Option<Self> {
+        let first = body.iter().find(|b| !b.is_ascii_whitespace())?;
+        if *first != b'{' {
+            return None;
+        }
+        serde_json::from_slice(body).ok()
+    }
+}
+
+/// A string, or `None` for any other JSON value (an id written as a number names no task).
+fn text_or_none<'de, D>(d: D) -> Result<Option<std::borrow::Cow<'de, str>>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    struct Text;
+    impl<'de> serde::de::Visitor<'de> for Text {
+        type Value = Option<std::borrow::Cow<'de, str>>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("any JSON value")
+        }
+        fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
+            Ok(Some(std::borrow::Cow::Borrowed(v)))
+        }
+        fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+            Ok(Some(std::borrow::Cow::Owned(v.to_owned())))
+        }
+        fn visit_string<E>(self, v: String) -> Result<Self::Value, E> {
+            Ok(Some(std::borrow::Cow::Owned(v)))
+        }
+        fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_unit<E>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_none<E>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(
+            self,
+            mut a: A,
+        ) -> Result<Self::Value, A::Error> {
+            while a.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+            Ok(None)
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(
+            self,
+            mut a: A,
+        ) -> Result<Self::Value, A::Error> {
+            while a
+                .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
+                .is_some()
+            {}
+            Ok(None)
+        }
+    }
+    d.deserialize_any(Text)
 }
 
 /// Arguments and label values are user data: `Debug` shows their shape, never their values,
@@ -153,6 +226,36 @@ mod tests {
 
     use super::*;
     use crate::wire::LabelValue;
+
+    #[test]
+    fn a_bodys_id_and_name_are_read_even_when_the_rest_is_not_a_message() {
+        let id = TaskId::random();
+        let body = format!(
+            r#"{{"labels": [1, {{"x": null}}], "task_name": "mail.send", "args": 5, "task_id": "{id}"}}"#
+        );
+        assert!(TaskMessage::from_json(body.as_bytes()).is_err());
+        assert_eq!(TaskMessage::peek_task_id(body.as_bytes()), Some(id.clone()));
+        assert_eq!(
+            TaskMessage::peek_task_name(body.as_bytes()).as_deref(),
+            Some("mail.send")
+        );
+        // Escaped text is read too.
+        let escaped = format!(r#"{{"task_name": "a\"b", "task_id": "{id}"}}"#);
+        assert_eq!(
+            TaskMessage::peek_task_name(escaped.as_bytes()).as_deref(),
+            Some("a\"b")
+        );
+        // What names no task: an id of another type, no object, not JSON.
+        for body in [
+            r#"{"task_id": 12, "task_name": ["x"]}"#.to_owned(),
+            format!(r#"["{id}", "mail.send"]"#),
+            "{not json".to_owned(),
+            String::new(),
+        ] {
+            assert_eq!(TaskMessage::peek_task_id(body.as_bytes()), None, "{body}");
+            assert_eq!(TaskMessage::peek_task_name(body.as_bytes()), None, "{body}");
+        }
+    }
 
     #[test]
     fn the_json_value_is_what_the_json_bytes_read_back_as() {
