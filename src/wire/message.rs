@@ -113,12 +113,15 @@ impl TaskMessage {
     /// The task id of a body that may not be a valid message, when one can be read; used to
     /// answer the waiting caller of a malformed message.
     pub fn peek_task_id(body: &[u8]) -> Option<TaskId> {
-        TaskId::parse(&Peek::of(body)?.task_id?).ok()
+        TaskId::parse(&Peek::of(body)?.task_id.text()?).ok()
     }
 
     /// The task name of a body that may not be a valid message, when one can be read.
     pub fn peek_task_name(body: &[u8]) -> Option<String> {
-        Peek::of(body)?.task_name.map(std::borrow::Cow::into_owned)
+        Peek::of(body)?
+            .task_name
+            .text()
+            .map(std::borrow::Cow::into_owned)
     }
 }
 
@@ -127,10 +130,30 @@ impl TaskMessage {
 /// brokers that carry no id beside the body).
 #[derive(serde::Deserialize)]
 struct Peek<'a> {
-    #[serde(borrow, default, deserialize_with = "text_or_none")]
-    task_id: Option<std::borrow::Cow<'a, str>>,
-    #[serde(borrow, default, deserialize_with = "text_or_none")]
-    task_name: Option<std::borrow::Cow<'a, str>>,
+    #[serde(borrow, default)]
+    task_id: Text<'a>,
+    #[serde(borrow, default)]
+    task_name: Text<'a>,
+}
+
+/// A string field, or any other JSON value (an id written as a number names no task).
+#[derive(serde::Deserialize, Default)]
+#[serde(untagged)]
+enum Text<'a> {
+    Str(#[serde(borrow)] std::borrow::Cow<'a, str>),
+    #[default]
+    #[serde(skip)]
+    Missing,
+    Other(serde::de::IgnoredAny),
+}
+
+impl<'a> Text<'a> {
+    fn text(self) -> Option<std::borrow::Cow<'a, str>> {
+        match self {
+            Text::Str(s) => Some(s),
+            Text::Missing | Text::Other(_) => None,
+        }
+    }
 }
 
 impl<'a> Peek<'a> {
@@ -142,65 +165,6 @@ impl<'a> Peek<'a> {
         }
         serde_json::from_slice(body).ok()
     }
-}
-
-/// A string, or `None` for any other JSON value (an id written as a number names no task).
-fn text_or_none<'de, D>(d: D) -> Result<Option<std::borrow::Cow<'de, str>>, D::Error>
-where
-    D: serde::Deserializer<'de>,
-{
-    struct Text;
-    impl<'de> serde::de::Visitor<'de> for Text {
-        type Value = Option<std::borrow::Cow<'de, str>>;
-        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.write_str("any JSON value")
-        }
-        fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
-            Ok(Some(std::borrow::Cow::Borrowed(v)))
-        }
-        fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
-            Ok(Some(std::borrow::Cow::Owned(v.to_owned())))
-        }
-        fn visit_string<E>(self, v: String) -> Result<Self::Value, E> {
-            Ok(Some(std::borrow::Cow::Owned(v)))
-        }
-        fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
-            Ok(None)
-        }
-        fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
-            Ok(None)
-        }
-        fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
-            Ok(None)
-        }
-        fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
-            Ok(None)
-        }
-        fn visit_unit<E>(self) -> Result<Self::Value, E> {
-            Ok(None)
-        }
-        fn visit_none<E>(self) -> Result<Self::Value, E> {
-            Ok(None)
-        }
-        fn visit_seq<A: serde::de::SeqAccess<'de>>(
-            self,
-            mut a: A,
-        ) -> Result<Self::Value, A::Error> {
-            while a.next_element::<serde::de::IgnoredAny>()?.is_some() {}
-            Ok(None)
-        }
-        fn visit_map<A: serde::de::MapAccess<'de>>(
-            self,
-            mut a: A,
-        ) -> Result<Self::Value, A::Error> {
-            while a
-                .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
-                .is_some()
-            {}
-            Ok(None)
-        }
-    }
-    d.deserialize_any(Text)
 }
 
 /// Arguments and label values are user data: `Debug` shows their shape, never their values,

@@ -143,7 +143,8 @@ local function acquire(held, waiting, stats, id, n, lease)
   -- by now go first to a free slot; every one counts toward its turn.
   -- One late by more than a second keeps no slot for itself (the core's TURN_LATE): it may
   -- never come back (purged, dead-lettered).
-  local late = '(' .. fmt(now - 1000000)
+  local late_us = 1000000
+  local late = '(' .. fmt(now - late_us)
   local due, ahead
   if mine then
     mine = tonumber(mine)
@@ -174,7 +175,7 @@ local function acquire(held, waiting, stats, id, n, lease)
   if free > 0 then
     local oldest = redis.call('ZRANGEBYSCORE', waiting, late, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
     if oldest[2] then
-      wait = math.min(wait, math.max(tonumber(oldest[2]) + 1000000 - now + 50000, 250000))
+      wait = math.min(wait, math.max(tonumber(oldest[2]) + late_us - now + 50000, 250000))
     end
   end
   redis.call('ZADD', waiting, fmt(now + wait), id)

@@ -469,32 +469,39 @@ async fn what_another_process_makes_due_soon_comes_when_due() {
     let late = Duration::from_millis(1200);
     let released = tokio::time::Instant::now();
     other.release(&held.handle, soon).await.unwrap();
-    let (id, at) = tokio::time::timeout(Duration::from_secs(10), arrived.recv())
-        .await
-        .expect("the hand-back never came")
-        .unwrap();
-    assert_eq!(id, Some(handed_back));
-    let after = at - released;
-    assert!(
-        after >= soon && after < late,
-        "another process's hand-back came {after:?} after it (due after {soon:?})"
-    );
+    let window = (soon, late);
+    next_arrival(&mut arrived, handed_back, released, window, "hand-back").await;
     let (delayed, mut out) = message();
     out.delay = Some(soon);
     let sent = tokio::time::Instant::now();
     other.publish(vec![out]).await.unwrap();
-    let (id, at) = tokio::time::timeout(Duration::from_secs(10), arrived.recv())
-        .await
-        .expect("the delayed message never came")
-        .unwrap();
-    assert_eq!(id, Some(delayed));
-    let after = at - sent;
-    assert!(
-        after >= soon - Duration::from_millis(20) && after < late,
-        "another process's delayed message came {after:?} after it (due after {soon:?})"
-    );
+    let window = (soon - Duration::from_millis(20), late);
+    next_arrival(&mut arrived, delayed, sent, window, "delayed message").await;
     receiving.abort();
     worker.close().await;
     other.close().await;
     let _ = fred::prelude::ClientLike::quit(&raw).await;
+}
+
+/// The next arrival the receiving loop reports: it must be `want`, within `window` after `from`.
+async fn next_arrival(
+    arrived: &mut tokio::sync::mpsc::UnboundedReceiver<(
+        Option<ferriq::wire::TaskId>,
+        tokio::time::Instant,
+    )>,
+    want: ferriq::wire::TaskId,
+    from: tokio::time::Instant,
+    (earliest, late): (Duration, Duration),
+    what: &str,
+) {
+    let (id, at) = tokio::time::timeout(Duration::from_secs(10), arrived.recv())
+        .await
+        .unwrap_or_else(|_| panic!("the {what} never came"))
+        .unwrap();
+    assert_eq!(id, Some(want), "{what}");
+    let after = at - from;
+    assert!(
+        after >= earliest && after < late,
+        "another process's {what} came {after:?} after it (due within {earliest:?}..{late:?})"
+    );
 }

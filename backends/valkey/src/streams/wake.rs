@@ -8,8 +8,8 @@
 //! So the scripts that set something due soon (a delayed publish, a release) announce it on
 //! the lane's channel (`{<queue>}:ferriq:due`, the milliseconds until due), and each
 //! receiving broker listens there: its waiting receive looks for it when the announced time
-//! comes. A missed announcement (a reconnect, a lagging listener) only
-//! makes that message as late as it would be without it.
+//! comes. A missed announcement (a reconnect, a lagging listener) only makes that message as
+//! late as it would be without it.
 
 use std::sync::{Mutex, Weak};
 use std::time::Duration;
@@ -30,21 +30,28 @@ pub(crate) const ANNOUNCE_WITHIN_MS: i64 = 3_000;
 /// keeps no connection for it; stopped at close or when the last clone is dropped.
 pub(crate) struct Wakes {
     subscriber: SubscriberClient,
-    tasks: Mutex<Option<Vec<JoinHandle<()>>>>,
+    listener: Mutex<Listener>,
+}
+
+/// Where the listener is: never started, listening, or stopped for good by a close.
+enum Listener {
+    NotStarted,
+    Listening(JoinHandle<()>),
+    Stopped,
 }
 
 impl Wakes {
     pub(crate) fn new(subscriber: SubscriberClient) -> Self {
         Wakes {
             subscriber,
-            tasks: Mutex::new(None),
+            listener: Mutex::new(Listener::NotStarted),
         }
     }
 
     /// Listens on `channels` (once; later calls do nothing), telling `reads` what falls due.
     pub(crate) fn start(&self, channels: Vec<String>, reads: Weak<Reads>) {
-        let mut tasks = self.tasks.lock().unwrap_or_else(|p| p.into_inner());
-        if tasks.is_some() {
+        let mut listener = self.listener.lock().unwrap_or_else(|p| p.into_inner());
+        if !matches!(*listener, Listener::NotStarted) {
             return;
         }
         let subscriber = self.subscriber.clone();
@@ -90,21 +97,17 @@ impl Wakes {
                 }
             }
         });
-        *tasks = Some(vec![listen]);
+        *listener = Listener::Listening(listen);
     }
 
     /// Stops listening (for good) and closes the connection.
     pub(crate) async fn stop(&self) {
-        let tasks = self
-            .tasks
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .replace(Vec::new())
-            .unwrap_or_default();
-        if !tasks.is_empty() {
+        let was = std::mem::replace(
+            &mut *self.listener.lock().unwrap_or_else(|p| p.into_inner()),
+            Listener::Stopped,
+        );
+        if let Listener::Listening(task) = was {
             let _ = self.subscriber.quit().await;
-        }
-        for task in tasks {
             task.abort();
         }
     }
@@ -112,8 +115,8 @@ impl Wakes {
 
 impl Drop for Wakes {
     fn drop(&mut self) {
-        let tasks = self.tasks.get_mut().unwrap_or_else(|p| p.into_inner());
-        for task in tasks.take().into_iter().flatten() {
+        let listener = self.listener.get_mut().unwrap_or_else(|p| p.into_inner());
+        if let Listener::Listening(task) = listener {
             task.abort();
         }
     }
