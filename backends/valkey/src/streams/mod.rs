@@ -73,7 +73,7 @@ impl StreamBroker {
             return Ok(ready.into_iter().map(delivery).collect());
         }
         let mut out = Vec::new();
-        if self.reads.reclaim_due() {
+        if self.reads.begin_look() {
             let mut next: Option<Duration> = None;
             for lane in &shared.lanes {
                 if out.len() >= max {

@@ -37,6 +37,9 @@ pub(crate) struct Reads {
 struct Reclaim {
     earliest: Option<tokio::time::Instant>,
     due: Option<tokio::time::Instant>,
+    /// The soonest due time told (`due_in`) since the last look began: that look's script may
+    /// have run before it was set, so the look's own answer must not replace it.
+    told_since_look: Option<tokio::time::Instant>,
 }
 
 /// How often a receive looks for lapsed leases and due delayed messages, unless the last look
@@ -62,11 +65,16 @@ impl Reads {
         Ok(surplus.drain(..n).collect())
     }
 
-    /// Whether this receive looks for lapsed leases and due delayed messages.
-    pub(crate) fn reclaim_due(&self) -> bool {
-        let next = self.reclaim();
+    /// Whether this receive looks for lapsed leases and due delayed messages now; if so, the
+    /// look begins (what is told due from now on is kept past its answer, see `reclaimed`).
+    pub(crate) fn begin_look(&self) -> bool {
+        let mut next = self.next_reclaim.lock().unwrap_or_else(|p| p.into_inner());
         let now = tokio::time::Instant::now();
-        next.earliest.is_none_or(|at| now >= at) || next.due.is_some_and(|at| now >= at)
+        let due = next.earliest.is_none_or(|at| now >= at) || next.due.is_some_and(|at| now >= at);
+        if due {
+            next.told_since_look = None;
+        }
+        due
     }
 
     fn reclaim(&self) -> Reclaim {
@@ -77,11 +85,19 @@ impl Reads {
     /// `next`: how long until a delayed message is due or a lease ends.
     pub(crate) fn reclaimed(&self, full: bool, next: Option<Duration>) {
         let now = tokio::time::Instant::now();
-        let reclaim = Reclaim {
-            earliest: (!full).then(|| now + RECLAIM_EVERY),
-            due: next.map(|after| now + after),
+        let mut reclaim = self.next_reclaim.lock().unwrap_or_else(|p| p.into_inner());
+        // A hand-back or an announcement told while the look ran may be missing from its
+        // answer (its script ran first): replacing it would leave that message to the end of
+        // the next wait, up to two seconds late.
+        let due = match (next.map(|after| now + after), reclaim.told_since_look) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
         };
-        *self.next_reclaim.lock().unwrap_or_else(|p| p.into_inner()) = reclaim;
+        *reclaim = Reclaim {
+            earliest: (!full).then(|| now + RECLAIM_EVERY),
+            due,
+            told_since_look: None,
+        };
     }
 
     /// Something falls due after `after` (a hand-back, a delayed message): a look for it is
@@ -91,6 +107,9 @@ impl Reads {
     pub(crate) fn due_in(&self, after: Duration) {
         let at = tokio::time::Instant::now() + after;
         let mut next = self.next_reclaim.lock().unwrap_or_else(|p| p.into_inner());
+        if next.told_since_look.is_none_or(|told| at < told) {
+            next.told_since_look = Some(at);
+        }
         if next.due.is_none_or(|due| at < due) {
             next.due = Some(at);
             drop(next);
@@ -289,4 +308,36 @@ pub(crate) async fn connect_reader(
     client: &Client,
 ) -> Result<fred::types::ConnectHandle, fred::error::Error> {
     client.init().await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A due time told while a look runs outlives the look's answer, which may predate it.
+    #[tokio::test(start_paused = true)]
+    async fn what_is_told_due_during_a_look_is_not_replaced_by_its_answer() {
+        let reads = Reads::default();
+        let start = tokio::time::Instant::now();
+        assert!(reads.begin_look());
+        // The look's script ran; then another process announced a message due in 300 ms;
+        // then the look's answer (nothing due) comes back.
+        reads.due_in(Duration::from_millis(300));
+        reads.reclaimed(false, None);
+        let at_300 = start + Duration::from_millis(300);
+        assert_eq!(reads.reclaim().due, Some(at_300));
+        // An answer with something sooner keeps the sooner.
+        reads.due_in(Duration::from_millis(300));
+        reads.reclaimed(false, Some(Duration::from_millis(100)));
+        assert_eq!(
+            reads.reclaim().due,
+            Some(start + Duration::from_millis(100))
+        );
+        // Told before a look began: that look sees it, and its answer stands.
+        tokio::time::advance(Duration::from_millis(150)).await;
+        reads.due_in(Duration::from_millis(500));
+        assert!(reads.begin_look());
+        reads.reclaimed(false, None);
+        assert_eq!(reads.reclaim().due, None);
+    }
 }
