@@ -96,6 +96,31 @@ fn taskiq_result_parses_and_round_trips() {
 }
 
 #[test]
+fn result_labels_are_written_as_plain_json_and_read_back() {
+    let labels: Labels = [
+        ("queue_name", LabelValue::from("q")),
+        ("max_retries", LabelValue::from(3)),
+        ("timeout", LabelValue::from(2.5)),
+        ("retry_on_error", LabelValue::from(true)),
+        ("custom", LabelValue::Any(json!({"a": [1, 2]}))),
+    ]
+    .into_iter()
+    .collect();
+    let result = TaskResult::success(json!(1), 0.5, labels);
+    let v = serde_json::to_value(&result).unwrap();
+    assert_eq!(
+        v["labels"],
+        json!({"queue_name": "q", "max_retries": 3, "timeout": 2.5, "retry_on_error": true, "custom": {"a": [1, 2]}})
+    );
+    let back: TaskResult = serde_json::from_value(v).unwrap();
+    assert_eq!(back, result);
+    // taskiq writers that leave labels out or null.
+    let raw = r#"{"is_err": false, "log": null, "return_value": 5, "execution_time": 0.0, "labels": null, "error": null}"#;
+    let read: TaskResult = serde_json::from_str(raw).unwrap();
+    assert!(read.labels.is_empty());
+}
+
+#[test]
 fn ferriq_errors_are_taskiq_exception_reprs() {
     let r = TaskResult::failure(
         ErrorKind::RetriesExhausted,
@@ -103,7 +128,7 @@ fn ferriq_errors_are_taskiq_exception_reprs() {
         true,
         3,
         1.5,
-        Map::new(),
+        Labels::new(),
     );
     let v = serde_json::to_value(&r).unwrap();
     let err = &v["error"];

@@ -11,7 +11,7 @@ use crate::connect::{
     ConnectOptions, Settings,
 };
 
-use serde_json::{Map, Value};
+use serde_json::Value;
 use thiserror::Error;
 
 use crate::broker::{Broker, BrokerError, OutgoingMessage};
@@ -530,7 +530,7 @@ impl Client {
             false,
             0,
             0.0,
-            Map::new(),
+            crate::wire::Labels::new(),
         );
         self.store.revoke(task_id, &result).await
     }

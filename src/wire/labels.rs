@@ -511,11 +511,13 @@ impl Labels {
     /// assert_eq!(labels.chain_step().map(|(_, step)| step), Some(2));
     /// ```
     pub fn from_json_map(map: &Map<String, Value>) -> Self {
+        Self::from_plain(map.clone())
+    }
+
+    /// [`from_json_map`](Self::from_json_map), taking the map.
+    pub(crate) fn from_plain(map: Map<String, Value>) -> Self {
         let none: &[(String, Value)] = &[];
-        Self::from_wire(
-            map.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
-            none,
-        )
+        Self::from_wire(map.into_iter().collect(), none)
     }
 
     /// Sets `queue_name`: the lane a message goes to (taskiq's routing label).

@@ -3,6 +3,8 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use super::Labels;
+
 /// A task's stored outcome: a taskiq `TaskiqResult`.
 ///
 /// ```
@@ -24,9 +26,10 @@ pub struct TaskResult {
     /// Seconds the run took.
     #[serde(default)]
     pub execution_time: f64,
-    /// The message's labels, as plain JSON.
-    #[serde(default)]
-    pub labels: Map<String, Value>,
+    /// The message's labels, written as plain JSON (numbers as numbers, taskiq's way for
+    /// results). Shared with the message they came from: a result costs no copy of them.
+    #[serde(default, with = "plain_labels")]
+    pub labels: Labels,
     /// The error, when `is_err`.
     #[serde(default)]
     pub error: Option<ExceptionRepr>,
@@ -134,7 +137,7 @@ pub struct TaskFailure {
 
 impl TaskResult {
     /// A successful result.
-    pub fn success(return_value: Value, execution_time: f64, labels: Map<String, Value>) -> Self {
+    pub fn success(return_value: Value, execution_time: f64, labels: Labels) -> Self {
         TaskResult {
             is_err: false,
             log: None,
@@ -152,7 +155,7 @@ impl TaskResult {
         retryable: bool,
         attempts: u32,
         execution_time: f64,
-        labels: Map<String, Value>,
+        labels: Labels,
     ) -> Self {
         let mut details = Map::new();
         details.insert("retryable".into(), Value::Bool(retryable));
@@ -210,5 +213,44 @@ impl TaskResult {
                 .map(|a| a.min(u64::from(u32::MAX)) as u32)
                 .unwrap_or(0),
         })
+    }
+}
+
+/// Result labels as taskiq writes them: a JSON object of plain values.
+mod plain_labels {
+    use serde::ser::SerializeMap;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+    use serde_json::{Map, Value};
+
+    use crate::wire::{LabelValue, Labels};
+
+    pub(super) fn serialize<S: Serializer>(labels: &Labels, s: S) -> Result<S::Ok, S::Error> {
+        let mut map = s.serialize_map(Some(labels.len()))?;
+        for (name, value) in labels.iter() {
+            map.serialize_entry(name, &Plain(value))?;
+        }
+        map.end()
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Labels, D::Error> {
+        // A null (some writers) reads as no labels, like a missing field.
+        let map = Option::<Map<String, Value>>::deserialize(d)?.unwrap_or_default();
+        Ok(Labels::from_plain(map))
+    }
+
+    /// One value as plain JSON, written without building a `Value` first.
+    struct Plain<'a>(&'a LabelValue);
+
+    impl Serialize for Plain<'_> {
+        fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            match self.0 {
+                LabelValue::Str(v) => s.serialize_str(v),
+                LabelValue::Int(v) => s.serialize_i64(*v),
+                LabelValue::Bool(v) => s.serialize_bool(*v),
+                LabelValue::Any(v) => v.serialize(s),
+                // Non-finite floats and bytes have no plain JSON form of their own.
+                other => other.to_json().serialize(s),
+            }
+        }
     }
 }

@@ -93,7 +93,7 @@ async fn expired(w: &Inner, d: &Delivery, msg: &TaskMessage, token: Token) -> Ou
         false,
         0,
         0.0,
-        msg.labels.to_json_map(),
+        msg.labels.clone(),
     );
     let settle = if tick {
         Settle::Ack

@@ -56,7 +56,7 @@ pub(super) async fn unknown_task(w: &Inner, d: &Delivery, msg: &TaskMessage) -> 
                 false,
                 0,
                 0.0,
-                msg.labels.to_json_map(),
+                msg.labels.clone(),
             );
             let why = DeadLetter::new(
                 DeadLetterReason::UnknownTask,

@@ -175,7 +175,7 @@ pub(super) async fn run(
         RunEnd::Value(value) => {
             let result = opts
                 .get_store_result()
-                .then(|| TaskResult::success(value, secs, msg.labels.to_json_map()));
+                .then(|| TaskResult::success(value, secs, msg.labels.clone()));
             let (outcome, written) =
                 write::finish_returning(w, d, &msg, token, result, Settle::Ack, Outcome::Succeeded)
                     .await;
@@ -277,7 +277,7 @@ async fn fail_for_good(
         error.is_retryable(),
         attempts,
         secs,
-        msg.labels.to_json_map(),
+        msg.labels.clone(),
     );
     let settle = if park {
         Settle::DeadLetter(DeadLetter::new(

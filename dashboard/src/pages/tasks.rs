@@ -123,11 +123,7 @@ pub(crate) fn status_text(s: &TaskStatus) -> String {
 
 /// The group or chain a finished task belongs to, as its result's labels name it, with the
 /// group's count or the chain's length (escaped HTML).
-async fn workflow(
-    state: &State,
-    labels: &serde_json::Map<String, serde_json::Value>,
-) -> Option<String> {
-    let labels = ferriq::wire::Labels::from_json_map(labels);
+async fn workflow(state: &State, labels: &ferriq::wire::Labels) -> Option<String> {
     let store = state.client.store();
     if let Some((group, index)) = labels.group_member() {
         let count = match store.group(&group).await {
@@ -222,7 +218,8 @@ pub(crate) async fn task(
                             rows.push(("workflow", w));
                         }
                         if !r.labels.is_empty() {
-                            let labels = serde_json::Value::Object(r.labels.clone()).to_string();
+                            let labels =
+                                serde_json::Value::Object(r.labels.to_json_map()).to_string();
                             rows.push((
                                 "labels",
                                 format!("<code>{}</code>", esc(&cut(&labels, 1000))),
