@@ -51,18 +51,18 @@ pub(super) fn dispatch(
         .num_workers()
         .max(1);
     let per_group = deliveries.len().div_ceil(threads).clamp(1, MAX_GROUP);
-    let mut deliveries = deliveries.into_iter().peekable();
-    while deliveries.peek().is_some() {
-        let group: Vec<_> = deliveries.by_ref().take(per_group).collect();
+    let mut deliveries = deliveries.into_iter();
+    while deliveries.len() > 0 {
         let inner = Arc::clone(inner);
-        if let [_] = group.as_slice() {
+        if deliveries.len().min(per_group) == 1 {
             // A lone delivery needs no set around it.
-            let first = group.into_iter().next().expect("one delivery");
+            let first = deliveries.next().expect("one delivery");
             tracker.spawn(process_in_turn(inner, first));
             continue;
         }
-        let runs: FuturesUnordered<_> = group
-            .into_iter()
+        let runs: FuturesUnordered<_> = deliveries
+            .by_ref()
+            .take(per_group)
             .map(|first| process_in_turn(Arc::clone(&inner), first))
             .collect();
         tracker.spawn(runs.for_each(|()| async {}));

@@ -25,7 +25,9 @@ pub(super) async fn until_drain(inner: &Arc<Inner>, shutdown: &Shutdown, tracker
         let Some(first) = first else {
             return;
         };
-        let mut permits = vec![first];
+        // Sized once: a batch's permits would otherwise grow the vector a few times.
+        let mut permits = Vec::with_capacity(slots.available_permits() + 1);
+        permits.push(first);
         while let Ok(p) = Arc::clone(&slots).try_acquire_owned() {
             permits.push(p);
         }
