@@ -89,16 +89,9 @@ async fn a_slot_no_longer_renewed_frees_itself_within_its_lease(store: Arc<dyn S
         .await
         .expect("renew_slots");
     let freed_by = Instant::now() + lease + Duration::from_millis(500);
-    loop {
-        match acquire(next.clone()).await.expect("acquire_slot") {
-            SlotDecision::Held => break,
-            _ => assert!(
-                Instant::now() < freed_by,
-                "conformance {check}: a slot no longer renewed was not freed within its lease"
-            ),
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let broken =
+        format!("conformance {check}: a slot no longer renewed was not freed within its lease");
+    held_by(&store, &name, &next, lease, freed_by, &broken).await;
     store
         .release_slot(&name, &next, Duration::from_millis(100))
         .await
@@ -171,13 +164,29 @@ async fn a_waiter_that_never_comes_back_keeps_no_slot(store: Arc<dyn Store>) {
         );
     }
     let freed_by = turn + Duration::from_secs(3);
+    let broken =
+        format!("conformance {check}: a slot stayed kept for a waiter that never came back");
+    held_by(&store, &name, &next, lease, freed_by, &broken).await;
+}
+
+/// Asks for the one slot of limiter `name` for `id` every 50 ms until it is held; panics with
+/// `broken` when it is not by `by`.
+async fn held_by(
+    store: &Arc<dyn Store>,
+    name: &str,
+    id: &TaskId,
+    lease: Duration,
+    by: Instant,
+    broken: &str,
+) {
     loop {
-        match acquire(next.clone()).await.expect("acquire_slot") {
-            SlotDecision::Held => break,
-            _ => assert!(
-                Instant::now() < freed_by,
-                "conformance {check}: a slot stayed kept for a waiter that never came back"
-            ),
+        match store
+            .acquire_slot(name, id, 1, lease)
+            .await
+            .expect("acquire_slot")
+        {
+            SlotDecision::Held => return,
+            _ => assert!(Instant::now() < by, "{broken}"),
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
