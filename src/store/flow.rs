@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::StoreError;
+use super::{ClaimAsk, Gated, LimitGate, StoreError};
 use crate::wire::TaskId;
 
 /// At most `limit` starts in any window of `period`, across every worker: `"50/s"`, `"300/m"`,
@@ -341,6 +341,22 @@ pub trait FlowStore: Send + Sync + 'static {
     ) -> Result<(), StoreError> {
         let _ = (limiter, id, held);
         Ok(())
+    }
+
+    /// The limit's decision for task `id` and, when it lets the task start, its claim (as
+    /// [`ClaimStore::claim`](super::ClaimStore::claim) answers), in one round trip: what a
+    /// limit that does not bind then costs is the limiter's steps in the store, not a round
+    /// trip of its own. `None`, the default: this store answers them apart (the worker asks
+    /// [`admit_rate`](Self::admit_rate) or [`acquire_slot`](Self::acquire_slot), then claims).
+    /// A store that answers must decide exactly as those two calls in turn would.
+    async fn claim_past_limit(
+        &self,
+        gate: LimitGate<'_>,
+        id: &TaskId,
+        claim: ClaimAsk<'_>,
+    ) -> Option<Result<Gated, StoreError>> {
+        let _ = (gate, id, claim);
+        None
     }
 
     /// Reserves deduplication `key` for task `id` for `ttl`: `None` when it is `id`'s now

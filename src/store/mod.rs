@@ -5,6 +5,7 @@
 
 mod dead_index;
 mod flow;
+mod gate;
 mod ops;
 pub(crate) mod schedule_spec;
 mod schedules;
@@ -18,6 +19,7 @@ pub use flow::{
 };
 #[cfg(feature = "memory")]
 pub(crate) use flow::{RateState, SlotState};
+pub use gate::{ClaimAsk, Gated, LimitGate};
 pub use ops::{
     FinishedTask, MinuteStats, OpsStore, RedriveReset, RunInfo, WorkerInfo, HISTORY_BUCKETS,
     HISTORY_KEPT,

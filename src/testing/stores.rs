@@ -422,6 +422,8 @@ macro_rules! forward_store_traits {
             }
         }
 
+        // `claim_past_limit` is not passed on: a wrapper's limiter decisions and claims are
+        // asked apart, so what it does to each (fail, count, delay) still happens.
         #[async_trait]
         impl<$($generics)*> crate::store::FlowStore for $ty {
             async fn admit_rate(

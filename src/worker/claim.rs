@@ -10,7 +10,7 @@ use super::running::Outcome;
 use super::settle::{self, Settle};
 use super::{run, workflow, write, Inner};
 use crate::broker::{DeadLetter, DeadLetterReason, Delivery};
-use crate::store::{ClaimOutcome, Token};
+use crate::store::{ClaimOutcome, StoreError, Token};
 use crate::wire::{names, ErrorKind, TaskId, TaskMessage, TaskResult};
 
 /// Claims the task and runs it (design §6, from the claim on).
@@ -21,8 +21,6 @@ pub(super) async fn claim_and_run(
     task: &'static crate::task::TaskRegistration,
 ) -> Outcome {
     let config = &w.config;
-    // Rare paths are boxed (`Box::pin`) throughout: a future is as large as its largest
-    // state, and this one is moved into its task on every delivery.
     let claim = w
         .store
         .claim(
@@ -33,26 +31,44 @@ pub(super) async fn claim_and_run(
         )
         .await;
     match claim {
-        Err(e) => {
-            // Release first: nothing to give back on the claim side, and the message must
-            // not wait on a store that may hang.
-            tracing::warn!(error = %e, "claim store unreachable: releasing the message");
-            settle::release(w, d, config.store_retry_after, Outcome::Released).await
-        }
-        Ok(ClaimOutcome::Done) => Box::pin(write::duplicate_of_finished(w, d, &msg)).await,
-        Ok(ClaimOutcome::Revoked) => Box::pin(workflow::revoked(w, d, &msg)).await,
-        Ok(ClaimOutcome::Defer { retry_after }) => {
+        Err(e) => unreachable(w, d, &e).await,
+        Ok(claim) => run_claimed(w, d, msg, task, claim).await,
+    }
+}
+
+/// The claim store could not answer: the message goes back for a later try. Released first:
+/// nothing to give back on the claim side, and the message must not wait on a store that may
+/// hang.
+pub(super) async fn unreachable(w: &Inner, d: &Delivery, e: &StoreError) -> Outcome {
+    tracing::warn!(error = %e, "claim store unreachable: releasing the message");
+    settle::release(w, d, w.config.store_retry_after, Outcome::Released).await
+}
+
+/// What the claim said, acted on: the run, or what becomes of a delivery that may not run.
+pub(super) async fn run_claimed(
+    w: &Inner,
+    d: &Delivery,
+    msg: TaskMessage,
+    task: &'static crate::task::TaskRegistration,
+    claim: ClaimOutcome,
+) -> Outcome {
+    // Rare paths are boxed (`Box::pin`) throughout: a future is as large as its largest
+    // state, and this one is moved into its task on every delivery.
+    match claim {
+        ClaimOutcome::Done => Box::pin(write::duplicate_of_finished(w, d, &msg)).await,
+        ClaimOutcome::Revoked => Box::pin(workflow::revoked(w, d, &msg)).await,
+        ClaimOutcome::Defer { retry_after } => {
             w.counters.claim(task.name, false);
             settle::release(w, d, retry_after, Outcome::Deferred).await
         }
-        Ok(ClaimOutcome::Expired { token }) => Box::pin(expired(w, d, &msg, token)).await,
-        Ok(ClaimOutcome::Run {
+        ClaimOutcome::Expired { token } => Box::pin(expired(w, d, &msg, token)).await,
+        ClaimOutcome::Run {
             token,
             failures,
             takeovers,
             took_over,
             ..
-        }) => {
+        } => {
             if took_over {
                 w.counters.claim(task.name, true);
             }

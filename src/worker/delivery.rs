@@ -91,25 +91,33 @@ async fn stages(w: &Inner, d: &Delivery, served: &mut Option<&'static str>) -> O
         }
     }
 
-    // Over its rate limit: its turn comes later (before the claim, so no attempt is spent
-    // and no claim taken while it waits).
+    // Over its rate limit, or every slot taken: its turn comes later. Decided before the
+    // claim (with it, where the store answers both at once), so no attempt is spent and no
+    // claim taken while it waits. A slot taken is held while the delivery is settled,
+    // whatever the outcome.
     let options = task.options();
-    if let Some((limiter, rate)) = limits::rate_limiter(w, options, &msg) {
+    let rate = limits::rate_limiter(w, options, &msg);
+    let Some((limiter, limit)) = limits::concurrency_limiter(w, options, &msg) else {
+        return match rate {
+            None => claim::claim_and_run(w, d, msg, task).await,
+            Some((limiter, rate)) => {
+                match Box::pin(limits::claim_in_turn(w, d, &msg, &limiter, rate)).await {
+                    Ok(claim) => Box::pin(claim::run_claimed(w, d, msg, task, claim)).await,
+                    Err(outcome) => outcome,
+                }
+            }
+        };
+    };
+    if let Some((limiter, rate)) = rate {
         if let Some(outcome) = Box::pin(limits::wait_for_turn(w, d, &msg, &limiter, rate)).await {
             return outcome;
         }
     }
-
-    // Every slot taken: its turn comes later (before the claim too). A slot taken is held
-    // while the delivery is settled, whatever the outcome.
-    let Some((limiter, limit)) = limits::concurrency_limiter(w, options, &msg) else {
-        return claim::claim_and_run(w, d, msg, task).await;
-    };
-    if let Err(outcome) = Box::pin(limits::take_slot(w, d, &msg, &limiter, limit)).await {
-        return outcome;
-    }
     let id = msg.task_id.clone();
-    let outcome = Box::pin(claim::claim_and_run(w, d, msg, task)).await;
+    let outcome = match Box::pin(limits::claim_with_slot(w, d, &msg, &limiter, limit)).await {
+        Ok(claim) => Box::pin(claim::run_claimed(w, d, msg, task, claim)).await,
+        Err(outcome) => outcome,
+    };
     limits::give_slot_back(w, &limiter, &id).await;
     outcome
 }

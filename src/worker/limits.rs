@@ -11,7 +11,10 @@ use tokio::time::Instant;
 use super::running::Outcome;
 use super::{settle, Inner};
 use crate::broker::{Delivery, HOLD_WINDOW};
-use crate::store::{LimitOverride, LimiterKind, LimiterSeen, RateDecision, SlotDecision};
+use crate::store::{
+    ClaimAsk, ClaimOutcome, Gated, LimitGate, LimitOverride, LimiterKind, LimiterSeen,
+    RateDecision, SlotDecision, StoreError,
+};
 use crate::task::{Rate, TaskOptions};
 use crate::wire::{TaskId, TaskMessage};
 
@@ -173,33 +176,131 @@ pub(super) async fn wait_for_turn(
             Ok(RateDecision::Wait(wait)) if wait < HOLD_FOR_TURN => {
                 tokio::time::sleep(wait).await;
             }
-            Ok(RateDecision::Wait(wait)) => {
-                tracing::debug!(turn_in = ?wait, "over its rate limit: handed back until its turn");
-                // Under a second: exactly (a broker that cannot wait that little comes back
-                // later, never sooner); else whole seconds, so it comes back early rather
-                // than late, then is held.
-                let back_in = if wait < HOLD_WINDOW {
-                    wait
-                } else {
-                    Duration::from_secs(wait.as_secs())
-                };
-                return Some(settle::release_after(w, d, back_in, Outcome::RateLimited).await);
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "rate limiter unreachable: releasing the message");
-                return Some(
-                    settle::release(w, d, w.config.store_retry_after, Outcome::Released).await,
-                );
-            }
+            Ok(RateDecision::Wait(wait)) => return Some(hand_back_until_turn(w, d, wait).await),
+            Err(e) => return Some(limiter_unreachable(w, d, &e).await),
         }
     }
     Some(settle::release(w, d, w.config.min_defer, Outcome::RateLimited).await)
 }
 
+/// The task's claim once its turn under `limiter` came (its start counted), or what became of
+/// the delivery (`Err`: handed back until its turn, or released). The rate decision and the
+/// claim go out together where the store can answer both at once.
+pub(super) async fn claim_in_turn(
+    w: &Inner,
+    d: &Delivery,
+    msg: &TaskMessage,
+    limiter: &str,
+    rate: Rate,
+) -> Result<ClaimOutcome, Outcome> {
+    let gate = LimitGate::Rate {
+        limiter,
+        rate: guarded(rate),
+    };
+    for _ in 0..MAX_HOLDS {
+        let Some(answer) = w
+            .store
+            .claim_past_limit(gate, &msg.task_id, ask(w, msg))
+            .await
+        else {
+            // A store that answers them apart: the turn, then the claim.
+            if let Some(outcome) = wait_for_turn(w, d, msg, limiter, rate).await {
+                return Err(outcome);
+            }
+            return claim(w, d, msg).await;
+        };
+        match answer {
+            Ok(Gated::Claimed(claim)) => return Ok(claim),
+            Ok(Gated::Wait(wait)) if wait < HOLD_FOR_TURN => tokio::time::sleep(wait).await,
+            Ok(Gated::Wait(wait)) => return Err(hand_back_until_turn(w, d, wait).await),
+            Err(e) => return Err(limiter_unreachable(w, d, &e).await),
+        }
+    }
+    Err(settle::release(w, d, w.config.min_defer, Outcome::RateLimited).await)
+}
+
+/// A turn `wait` away, too far to hold the task for here: handed back until then.
+async fn hand_back_until_turn(w: &Inner, d: &Delivery, wait: Duration) -> Outcome {
+    tracing::debug!(turn_in = ?wait, "over its rate limit: handed back until its turn");
+    // Under a second: exactly (a broker that cannot wait that little comes back later, never
+    // sooner); else whole seconds, so it comes back early rather than late, then is held.
+    let back_in = if wait < HOLD_WINDOW {
+        wait
+    } else {
+        Duration::from_secs(wait.as_secs())
+    };
+    settle::release_after(w, d, back_in, Outcome::RateLimited).await
+}
+
+async fn limiter_unreachable(w: &Inner, d: &Delivery, e: &StoreError) -> Outcome {
+    tracing::warn!(error = %e, "limiter unreachable: releasing the message");
+    settle::release(w, d, w.config.store_retry_after, Outcome::Released).await
+}
+
+/// The claim this worker asks for `msg`.
+fn ask<'a>(w: &'a Inner, msg: &TaskMessage) -> ClaimAsk<'a> {
+    ClaimAsk {
+        worker: &w.config.worker_id,
+        lease: w.config.lease,
+        deadline_at: msg.labels.deadline_at(),
+    }
+}
+
+/// The claim alone (its limit passed), or the delivery released when the store is
+/// unreachable.
+async fn claim(w: &Inner, d: &Delivery, msg: &TaskMessage) -> Result<ClaimOutcome, Outcome> {
+    let ask = ask(w, msg);
+    match w
+        .store
+        .claim(&msg.task_id, ask.worker, ask.lease, ask.deadline_at)
+        .await
+    {
+        Ok(claim) => Ok(claim),
+        Err(e) => Err(super::claim::unreachable(w, d, &e).await),
+    }
+}
+
+/// Takes a slot of `limiter` for the message's run and claims the task (`Err`: what became
+/// of the delivery — handed back until its turn among the waiting, or released). The slot
+/// and the claim go out together where the store can answer both at once. A slot taken is
+/// held whatever the claim said, renewed with the claims' heartbeats until
+/// [`give_slot_back`], once the delivery is settled.
+pub(super) async fn claim_with_slot(
+    w: &Inner,
+    d: &Delivery,
+    msg: &TaskMessage,
+    limiter: &str,
+    limit: u32,
+) -> Result<ClaimOutcome, Outcome> {
+    let gate = LimitGate::Slot {
+        limiter,
+        limit,
+        lease: w.config.lease,
+    };
+    let decision = match w
+        .store
+        .claim_past_limit(gate, &msg.task_id, ask(w, msg))
+        .await
+    {
+        None => {
+            take_slot(w, d, msg, limiter, limit).await?;
+            return claim(w, d, msg).await;
+        }
+        Some(answer) => answer,
+    };
+    match decision {
+        Ok(Gated::Claimed(claim)) => {
+            note_held(w, msg, limiter);
+            Ok(claim)
+        }
+        Ok(Gated::Wait(wait)) => Err(every_slot_taken(w, d, wait).await),
+        Err(e) => Err(limiter_unreachable(w, d, &e).await),
+    }
+}
+
 /// Takes a slot of `limiter` for the message's run, or hands the message back until its
-/// turn among the waiting (`Err`: what became of it). The slot is renewed with the claims'
-/// heartbeats until [`give_slot_back`].
-pub(super) async fn take_slot(
+/// turn among the waiting (`Err`: what became of it).
+async fn take_slot(
     w: &Inner,
     d: &Delivery,
     msg: &TaskMessage,
@@ -212,28 +313,35 @@ pub(super) async fn take_slot(
         .await
     {
         Ok(SlotDecision::Held) => {
-            w.slots
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(msg.task_id.clone(), (limiter.to_owned(), Instant::now()));
+            note_held(w, msg, limiter);
             Ok(())
         }
-        Ok(SlotDecision::Wait(wait)) => {
-            tracing::debug!(turn_in = ?wait, "every slot of its concurrency limit is taken: handed back");
-            Err(settle::release(w, d, wait, Outcome::ConcurrencyLimited).await)
-        }
-        Err(e) => {
-            tracing::warn!(error = %e, "concurrency limiter unreachable: releasing the message");
-            Err(settle::release(w, d, w.config.store_retry_after, Outcome::Released).await)
-        }
+        Ok(SlotDecision::Wait(wait)) => Err(every_slot_taken(w, d, wait).await),
+        Err(e) => Err(limiter_unreachable(w, d, &e).await),
     }
 }
 
-/// Frees the run's slot (it is settled). A slot that cannot be freed now runs out with its
-/// lease, no longer renewed.
+/// The run holds a slot of `limiter`: renewed with the claims' heartbeats from now on.
+fn note_held(w: &Inner, msg: &TaskMessage, limiter: &str) {
+    w.slots
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(msg.task_id.clone(), (limiter.to_owned(), Instant::now()));
+}
+
+async fn every_slot_taken(w: &Inner, d: &Delivery, wait: Duration) -> Outcome {
+    tracing::debug!(turn_in = ?wait, "every slot of its concurrency limit is taken: handed back");
+    settle::release(w, d, wait, Outcome::ConcurrencyLimited).await
+}
+
+/// Frees the run's slot (it is settled), if it took one. A slot that cannot be freed now runs
+/// out with its lease, no longer renewed (as does one a store took but could not say so).
 pub(super) async fn give_slot_back(w: &Inner, limiter: &str, id: &TaskId) {
     let taken = w.slots.lock().unwrap_or_else(|p| p.into_inner()).remove(id);
-    let held = taken.map_or(Duration::ZERO, |(_, at)| at.elapsed());
+    let Some((_, at)) = taken else {
+        return;
+    };
+    let held = at.elapsed();
     if let Err(e) = w.store.release_slot(limiter, id, held).await {
         tracing::warn!(error = %e, "could not free a concurrency slot; it frees itself within a lease");
     }

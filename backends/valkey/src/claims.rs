@@ -270,7 +270,7 @@ impl Core {
     }
 }
 
-fn parse_claim(reply: Vec<Value>) -> Result<ClaimOutcome, StoreError> {
+pub(crate) fn parse_claim(reply: Vec<Value>) -> Result<ClaimOutcome, StoreError> {
     let token = |i| int(&reply, i).map(|t| Token(t.max(0) as u64));
     Ok(match reply.first().and_then(Value::as_string).as_deref() {
         Some("run") => ClaimOutcome::Run {

@@ -4,14 +4,16 @@
 
 use async_trait::async_trait;
 use ferriq::store::{
-    DebounceTurn, Debounced, FlowStore, LimitOverride, LimiterSeen, LimiterUsage, RateDecision,
-    SlotDecision, StoreError,
+    ClaimAsk, DebounceTurn, Debounced, FlowStore, Gated, LimitGate, LimitOverride, LimiterSeen,
+    LimiterUsage, RateDecision, SlotDecision, StoreError,
 };
 use ferriq::task::Rate;
 use ferriq::wire::TaskId;
 use fred::types::scripts::Script;
 
+use crate::claims::ClaimCall;
 use crate::error::store_error;
+use crate::gate::GatedCall;
 use crate::scripts;
 use crate::ValkeyStore;
 
@@ -60,6 +62,47 @@ impl FlowStore for ValkeyStore {
         lease: std::time::Duration,
     ) -> Result<SlotDecision, StoreError> {
         self.acquire(limiter, id, limit, lease).await
+    }
+
+    async fn claim_past_limit(
+        &self,
+        gate: LimitGate<'_>,
+        id: &TaskId,
+        claim: ClaimAsk<'_>,
+    ) -> Option<Result<Gated, StoreError>> {
+        let batchers = self.flow_batchers()?;
+        let claim = ClaimCall {
+            id: id.clone(),
+            worker: claim.worker.to_owned(),
+            lease: claim.lease,
+            deadline_at: claim.deadline_at,
+        };
+        Some(match gate {
+            LimitGate::Rate { limiter, rate } => {
+                let call = GatedCall {
+                    limiter_keys: self.limiter_keys(limiter),
+                    limit: rate.limit(),
+                    span: rate.period(),
+                    claim,
+                };
+                batchers.admit_claims.call(call).await
+            }
+            LimitGate::Slot {
+                limiter,
+                limit,
+                lease,
+            } => {
+                let call = GatedCall {
+                    limiter_keys: self.slot_keys(limiter),
+                    limit,
+                    span: lease,
+                    claim,
+                };
+                batchers.acquire_claims.call(call).await
+            }
+            // A gate this store does not know: asked apart.
+            _ => return None,
+        })
     }
 
     async fn renew_slots(

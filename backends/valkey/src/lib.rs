@@ -59,6 +59,7 @@ mod debounce;
 mod error;
 mod flow;
 mod from_url;
+mod gate;
 mod history;
 mod keys;
 mod limits;

@@ -18,20 +18,27 @@ use crate::scripts;
 use crate::ValkeyStore;
 
 /// Early by this much (µs) still counts as a task's turn (a broker rounds times).
-const GRACE_US: &str = "2000";
+pub(crate) const GRACE_US: &str = "2000";
 
 /// Per decision, KEYS: the limiter's granted starts (list, newest first), its turns handed
 /// out (list, newest first) and its reserved turns (sorted set of task ids by turn); ARGV
 /// (after the grace µs): task id, limit, period µs. Returns per decision {'run'} or
 /// {'wait', µs}. Times are written with `%d`: Lua prints large numbers in exponent form
 /// otherwise.
-static ADMIT: LazyLock<Script> = LazyLock::new(|| {
-    Script::from_lua(
-        r#"
+static ADMIT: LazyLock<Script> =
+    LazyLock::new(|| Script::from_lua(format!("{LIMITER_HEAD}{ADMIT_STEPS}{ADMIT_LOOP}")));
+
+/// What every limiter script starts with: the server's time (`now`, µs), the grace (µs, the
+/// first argument) and `fmt`.
+pub(crate) const LIMITER_HEAD: &str = r#"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local grace = tonumber(ARGV[1])
 local function fmt(x) return string.format('%d', x) end
+"#;
+
+/// One rate decision's steps: `admit(started, turns, reserved, id, limit, period µs)`.
+pub(crate) const ADMIT_STEPS: &str = r#"
 -- The lists are trimmed to the limit only once they outgrow it by a margin, and their time to
 -- live is renewed only once half of it has passed: each is one call fewer per decision, and
 -- decisions are the hot path of every limited task. (Entries past the limit are never read.)
@@ -90,28 +97,27 @@ local function admit(started, turns, reserved, id, n, period)
   expire()
   return {'wait', turn - now}
 end
+"#;
+
+const ADMIT_LOOP: &str = r#"
 local out = {}
 for i = 0, #KEYS / 3 - 1 do
   out[#out + 1] = admit(KEYS[3 * i + 1], KEYS[3 * i + 2], KEYS[3 * i + 3],
     ARGV[3 * i + 2], tonumber(ARGV[3 * i + 3]), tonumber(ARGV[3 * i + 4]))
 end
 return out
-"#,
-    )
-});
+"#;
 
 /// Per decision, KEYS: a concurrency limiter's held slots (sorted set: task id by lease end),
 /// its waiting tasks (sorted set: task id by when it was told to come back) and its statistics
 /// (hash: `avg`, how long a run holds a slot on average, µs); ARGV (after the grace µs):
 /// task id, limit, lease µs. Returns per decision {'held'} or {'wait', µs}. The same steps as
 /// the core's `SlotState`.
-static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
-    Script::from_lua(
-        r#"
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local grace = tonumber(ARGV[1])
-local function fmt(x) return string.format('%d', x) end
+static ACQUIRE: LazyLock<Script> =
+    LazyLock::new(|| Script::from_lua(format!("{LIMITER_HEAD}{ACQUIRE_STEPS}{ACQUIRE_LOOP}")));
+
+/// One concurrency decision's steps: `acquire(held, waiting, stats, id, limit, lease µs)`.
+pub(crate) const ACQUIRE_STEPS: &str = r#"
 local function acquire(held, waiting, stats, id, n, lease)
   local ttl = math.floor(lease / 1000) + 3600000
   -- Their time to live is renewed once half of it has passed (one call, not four, per
@@ -183,15 +189,16 @@ local function acquire(held, waiting, stats, id, n, lease)
   expire()
   return {'wait', wait}
 end
+"#;
+
+const ACQUIRE_LOOP: &str = r#"
 local out = {}
 for i = 0, #KEYS / 3 - 1 do
   out[#out + 1] = acquire(KEYS[3 * i + 1], KEYS[3 * i + 2], KEYS[3 * i + 3],
     ARGV[3 * i + 2], tonumber(ARGV[3 * i + 3]), tonumber(ARGV[3 * i + 4]))
 end
 return out
-"#,
-    )
-});
+"#;
 
 /// Per slot, KEYS: held slots, statistics; ARGV (after the lease µs): task id. Extends the
 /// run's slot. A slot missing while the limiter has no statistics either was lost with the

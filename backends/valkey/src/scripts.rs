@@ -21,7 +21,7 @@ use fred::types::scripts::Script;
 use fred::types::Value;
 
 /// Helpers shared by every script: the server clock and the claim record.
-const PRELUDE: &str = r#"
+pub(crate) const PRELUDE: &str = r#"
 local function now_us()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -58,6 +58,20 @@ end
 /// takeovers, took_over (1/0)} | {'expired', token} | {'defer', µs left} | {'done'} | {'revoked'} |
 /// {'err', message} (that task only; the others are answered).
 const CLAIM: &str = r#"
+local now = now_us()
+local out = {}
+for i = 1, #KEYS / 2 do
+  local a = 2 + (i - 1) * 3
+  local ok, res = pcall(claim, KEYS[2 * i - 1], KEYS[2 * i], ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[1], now)
+  if ok then out[i] = res else out[i] = {'err', tostring(res)} end
+end
+return out
+"#;
+
+/// One claim's steps (the claim scripts' and the limited claims' of `gate`): `ck`, `rk` its
+/// claim and result keys; the lease and the claim's time to live in ms; the deadline in unix
+/// seconds or ''; `now` in server µs. Returns the claim's answer as `CLAIM` lists them.
+pub(crate) const CLAIM_STEPS: &str = r#"
 local function claim(ck, rk, worker, lease_ms, deadline, ttl, now)
   local lease = now + tonumber(lease_ms) * 1000
   local px = string.format('%d', tonumber(ttl) + tonumber(lease_ms))
@@ -96,14 +110,6 @@ local function claim(ck, rk, worker, lease_ms, deadline, ttl, now)
   if expired then return {'expired', r.token} end
   return {'run', r.token, r.failures, starts, r.takeovers, took_over}
 end
-local now = now_us()
-local out = {}
-for i = 1, #KEYS / 2 do
-  local a = 2 + (i - 1) * 3
-  local ok, res = pcall(claim, KEYS[2 * i - 1], KEYS[2 * i], ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[1], now)
-  if ok then out[i] = res else out[i] = {'err', tostring(res)} end
-end
-return out
 "#;
 
 /// KEYS: claims. ARGV: lease ms, claim ttl ms, then one token per key. Returns 1 (kept), 0
@@ -336,7 +342,7 @@ impl Scripts {
     pub(crate) fn new() -> Self {
         let script = |body: &str| Script::from_lua(format!("{PRELUDE}{body}"));
         Scripts {
-            claim: script(CLAIM),
+            claim: script(&format!("{CLAIM_STEPS}{CLAIM}")),
             heartbeat: script(HEARTBEAT),
             release: script(RELEASE),
             record_failure: script(RECORD_FAILURE),

@@ -27,10 +27,11 @@ where
     no_waiter_is_told_to_wait_past_the_first_lease_end(new_store().await).await;
     a_waiter_that_never_comes_back_keeps_no_slot(new_store().await).await;
     limits_set_at_run_time_are_kept_and_listed_with_their_use(new_store().await).await;
+    super::gate::a_claim_past_a_limit_is_the_limit_then_the_claim(new_store().await).await;
 }
 
 /// A limiter name no other check (or earlier run on a shared server) uses.
-fn limiter(check: &str) -> String {
+pub(super) fn limiter(check: &str) -> String {
     format!("conformance.{check}.{}", TaskId::random())
 }
 

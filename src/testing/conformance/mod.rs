@@ -40,6 +40,7 @@
 mod broker;
 pub mod exactly_once;
 mod flow;
+mod gate;
 pub mod operations;
 mod store;
 pub mod workflows;

@@ -1,7 +1,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ferriq::store::{ClaimOutcome, CompleteOutcome, RateDecision, SlotDecision, StoreError};
+use ferriq::store::{ClaimOutcome, CompleteOutcome, Gated, RateDecision, SlotDecision, StoreError};
 use ferriq::wire::TaskId;
 use fred::clients::SubscriberClient;
 use fred::prelude::{ClientLike, ClientState, Pool, PubsubInterface};
@@ -11,6 +11,7 @@ use tokio::task::JoinHandle;
 use crate::batch::Batcher;
 use crate::claims::{ClaimCall, CompleteCall, Core};
 use crate::error::store_error;
+use crate::gate::{GateKind, GatedCall};
 use crate::keys::Keys;
 use crate::limits::{AdmitCall, KeyCache, ReleaseCall, SlotCall};
 use crate::scripts::{self, Scripts};
@@ -55,6 +56,10 @@ pub(crate) struct FlowBatchers {
     pub(crate) admits: Batcher<AdmitCall, RateDecision>,
     pub(crate) acquires: Batcher<SlotCall, SlotDecision>,
     pub(crate) releases: Batcher<ReleaseCall, ()>,
+    /// Claims behind a rate limit (`crate::gate`).
+    pub(crate) admit_claims: Batcher<GatedCall, Gated>,
+    /// Claims behind a concurrency limit.
+    pub(crate) acquire_claims: Batcher<GatedCall, Gated>,
 }
 
 /// After a failed connect: closes the clients that are not disconnected. `quit` on a client
@@ -310,11 +315,28 @@ impl ValkeyStore {
                 let c = Arc::clone(&c);
                 async move { c.release_many(calls).await }
             });
-            background.extend([admit_task, acquire_task, release_task]);
+            let gated = |kind| {
+                let c = Arc::clone(&core);
+                Batcher::spawn(MAX_BATCH, parallel, move |calls| {
+                    let c = Arc::clone(&c);
+                    async move { c.gated_many(kind, calls).await }
+                })
+            };
+            let (admit_claims, admit_claim_task) = gated(GateKind::Rate);
+            let (acquire_claims, acquire_claim_task) = gated(GateKind::Slot);
+            background.extend([
+                admit_task,
+                acquire_task,
+                release_task,
+                admit_claim_task,
+                acquire_claim_task,
+            ]);
             Some(FlowBatchers {
                 admits,
                 acquires,
                 releases,
+                admit_claims,
+                acquire_claims,
             })
         };
         Ok(ValkeyStore {

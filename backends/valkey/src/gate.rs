@@ -1,0 +1,116 @@
+//! Claims behind a limit, on a single server: the limiter's steps and the claim's in one
+//! script run, so a limit that does not bind costs its steps in the server, not a round trip
+//! of its own and a wake-up of the worker (`FlowStore::claim_past_limit`). In a cluster the
+//! limiter's keys and the task's claim sit in different slots, and the worker asks them apart.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use ferriq::store::{Gated, StoreError};
+use fred::types::scripts::Script;
+use fred::types::Value;
+
+use crate::claims::{ms, parse_claim, ClaimCall, Core};
+use crate::error::store_error;
+use crate::limits::{ACQUIRE_STEPS, ADMIT_STEPS, GRACE_US, LIMITER_HEAD};
+use crate::scripts::{self, CLAIM_STEPS, PRELUDE};
+
+/// Per call, KEYS: the limiter's three keys (as `ADMIT` or `ACQUIRE` take them), then the
+/// task's claim and result; ARGV (after the grace µs and the claim's time to live ms): task
+/// id, limit, period or lease µs, worker, claim lease ms, deadline. Returns per call
+/// {'limit', µs} (over the limit: nothing claimed), else the claim's answer (as `CLAIM`'s).
+/// `GATE` is `admit` or `acquire`.
+const GATED_LOOP: &str = r#"
+local claim_ttl = ARGV[2]
+local function gated(k, a)
+  local d = GATE(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], ARGV[a + 1], tonumber(ARGV[a + 2]),
+    tonumber(ARGV[a + 3]))
+  if d[1] == 'wait' then return {'limit', d[2]} end
+  return claim(KEYS[k + 4], KEYS[k + 5], ARGV[a + 4], ARGV[a + 5], ARGV[a + 6], claim_ttl, now)
+end
+local out = {}
+for i = 0, #KEYS / 5 - 1 do
+  local ok, res = pcall(gated, 5 * i, 2 + 6 * i)
+  if ok then out[i + 1] = res else out[i + 1] = {'err', tostring(res)} end
+end
+return out
+"#;
+
+fn gated_script(steps: &str, gate: &str) -> Script {
+    let body = GATED_LOOP.replace("GATE(", &format!("{gate}("));
+    Script::from_lua(format!("{PRELUDE}{LIMITER_HEAD}{steps}{CLAIM_STEPS}{body}"))
+}
+
+/// A rate decision, and the claim when it says run.
+static ADMIT_CLAIM: LazyLock<Script> = LazyLock::new(|| gated_script(ADMIT_STEPS, "admit"));
+
+/// A concurrency decision, and the claim when the slot is held.
+static ACQUIRE_CLAIM: LazyLock<Script> = LazyLock::new(|| gated_script(ACQUIRE_STEPS, "acquire"));
+
+/// Which limiter a gated claim passes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum GateKind {
+    Rate,
+    Slot,
+}
+
+/// One claim behind a limit: the limiter's keys, its limit and its period (rate) or lease
+/// (slot), and the claim.
+pub(crate) struct GatedCall {
+    pub(crate) limiter_keys: Vec<String>,
+    pub(crate) limit: u32,
+    pub(crate) span: Duration,
+    pub(crate) claim: ClaimCall,
+}
+
+impl Core {
+    /// Gated claims of one kind, in one script run; one call's error does not fail the others.
+    pub(crate) async fn gated_many(
+        &self,
+        kind: GateKind,
+        calls: Vec<GatedCall>,
+    ) -> Result<Vec<Result<Gated, StoreError>>, StoreError> {
+        let script = match kind {
+            GateKind::Rate => &*ADMIT_CLAIM,
+            GateKind::Slot => &*ACQUIRE_CLAIM,
+        };
+        let build = || {
+            let mut keys = Vec::with_capacity(calls.len() * 5);
+            let mut argv = Vec::with_capacity(2 + calls.len() * 6);
+            argv.push(GRACE_US.to_owned());
+            argv.push(ms(self.settings.claim_ttl));
+            for c in &calls {
+                keys.extend(c.limiter_keys.iter().cloned());
+                keys.push(self.keys.claim(&c.claim.id));
+                keys.push(self.keys.result(&c.claim.id));
+                argv.push(c.claim.id.to_string());
+                argv.push(c.limit.to_string());
+                argv.push(c.span.as_micros().to_string());
+                argv.push(c.claim.worker.clone());
+                argv.push(ms(c.claim.lease));
+                argv.push(
+                    c.claim
+                        .deadline_at
+                        .filter(|d| d.is_finite())
+                        .map(|d| format!("{d:.3}"))
+                        .unwrap_or_default(),
+                );
+            }
+            (keys, argv)
+        };
+        let reply = scripts::call(&self.pool, script, build)
+            .await
+            .map_err(store_error)?
+            .into_array();
+        Ok(reply.into_iter().map(parse_gated).collect())
+    }
+}
+
+fn parse_gated(answer: Value) -> Result<Gated, StoreError> {
+    let parts = answer.into_array();
+    if parts.first().and_then(Value::as_str).as_deref() == Some("limit") {
+        let us = parts.get(1).and_then(Value::as_u64).unwrap_or(0);
+        return Ok(Gated::Wait(Duration::from_micros(us)));
+    }
+    parse_claim(parts).map(Gated::Claimed)
+}

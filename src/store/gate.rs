@@ -1,0 +1,97 @@
+//! A claim behind a limit: the limiter's decision and, when it lets the task start, the claim,
+//! asked for together so a store that keeps both answers them in one round trip
+//! ([`FlowStore::claim_past_limit`](super::FlowStore::claim_past_limit)).
+//!
+//! A limited task asked the limiter, then the claim store: two round trips per task where an
+//! unlimited one makes one, and on a worker's pod each answer is a wake-up of the runtime. A
+//! limit that does not bind is the common case (a rate set for a partner API's worst hour), so
+//! it should cost a few operations in the store's script, not a round trip.
+
+use std::time::Duration;
+
+use super::ClaimOutcome;
+use super::Rate;
+
+/// The limit a claim passes first.
+///
+/// ```
+/// use std::time::Duration;
+/// use ferriq::store::LimitGate;
+/// use ferriq::task::Rate;
+/// let gate = LimitGate::Rate { limiter: "partner-api", rate: Rate::parse("50/s").unwrap() };
+/// assert!(matches!(gate, LimitGate::Rate { limiter: "partner-api", .. }));
+/// let slots = LimitGate::Slot { limiter: "db", limit: 4, lease: Duration::from_secs(30) };
+/// assert!(matches!(slots, LimitGate::Slot { limit: 4, .. }));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LimitGate<'a> {
+    /// A start counted against rate limiter `limiter`
+    /// ([`FlowStore::admit_rate`](super::FlowStore::admit_rate)).
+    Rate {
+        /// The limiter's name (its task, or its task and key).
+        limiter: &'a str,
+        /// Its rate.
+        rate: Rate,
+    },
+    /// One of `limit` slots of concurrency limiter `limiter`, held for `lease`
+    /// ([`FlowStore::acquire_slot`](super::FlowStore::acquire_slot)).
+    Slot {
+        /// The limiter's name.
+        limiter: &'a str,
+        /// Its number of slots.
+        limit: u32,
+        /// How long the slot is held unless renewed.
+        lease: Duration,
+    },
+}
+
+/// The claim a worker asks for once the limit lets the task start: its worker id, the lease
+/// and the task's deadline, as [`ClaimStore::claim`](super::ClaimStore::claim) takes them.
+///
+/// ```
+/// use std::time::Duration;
+/// use ferriq::store::ClaimAsk;
+/// let ask = ClaimAsk { worker: "worker-1", lease: Duration::from_secs(30), deadline_at: None };
+/// assert_eq!(ask.lease, Duration::from_secs(30));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ClaimAsk<'a> {
+    /// The worker asking.
+    pub worker: &'a str,
+    /// The claim's lease.
+    pub lease: Duration,
+    /// The task's deadline (unix seconds): a late claim is `Expired`.
+    pub deadline_at: Option<f64>,
+}
+
+/// What a claim behind a limit came to.
+///
+/// ```
+/// use std::time::Duration;
+/// use ferriq::store::{ClaimOutcome, Gated};
+/// let over = Gated::Wait(Duration::from_millis(20));
+/// assert_eq!(over.claim(), None);
+/// assert_eq!(Gated::Claimed(ClaimOutcome::Done).claim(), Some(ClaimOutcome::Done));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Gated {
+    /// Over the limit: nothing was claimed and no start counted; the task's turn comes after
+    /// this long (as [`RateDecision::Wait`](super::RateDecision::Wait) and
+    /// [`SlotDecision::Wait`](super::SlotDecision::Wait) say).
+    Wait(Duration),
+    /// Within the limit (the start counted, or the slot held — give it back when the run
+    /// ends, whatever the claim said), then the claim's answer.
+    Claimed(ClaimOutcome),
+}
+
+impl Gated {
+    /// The claim's answer, if the limit let the task that far.
+    pub fn claim(self) -> Option<ClaimOutcome> {
+        match self {
+            Gated::Claimed(claim) => Some(claim),
+            Gated::Wait(_) => None,
+        }
+    }
+}

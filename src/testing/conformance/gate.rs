@@ -1,0 +1,110 @@
+//! The flow suite's check of claims behind a limit
+//! ([`FlowStore::claim_past_limit`](crate::store::FlowStore::claim_past_limit)): a store that
+//! answers the limit and the claim at once decides exactly as the two calls in turn would.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::store::{ClaimAsk, ClaimOutcome, Gated, LimitGate, Rate, SlotDecision, Store};
+use crate::wire::TaskId;
+
+const LEASE: Duration = Duration::from_secs(30);
+
+fn ask(worker: &str) -> ClaimAsk<'_> {
+    ClaimAsk {
+        worker,
+        lease: LEASE,
+        deadline_at: None,
+    }
+}
+
+/// A task never claimed: its first plain claim runs it as its first start.
+async fn never_claimed(store: &Arc<dyn Store>, id: &TaskId, broken: &str) {
+    match store.claim(id, "conformance-check", LEASE, None).await {
+        Ok(ClaimOutcome::Run { starts: 0, .. }) => {}
+        other => panic!("{broken}: {other:?}"),
+    }
+}
+
+pub(super) async fn a_claim_past_a_limit_is_the_limit_then_the_claim(store: Arc<dyn Store>) {
+    let check = "a_claim_past_a_limit_is_the_limit_then_the_claim";
+    let name = super::flow::limiter(check);
+    let rate = Rate::new(2, Duration::from_secs(60));
+    let gate = LimitGate::Rate {
+        limiter: &name,
+        rate,
+    };
+    let (first, second, third) = (TaskId::random(), TaskId::random(), TaskId::random());
+    let Some(answer) = store.claim_past_limit(gate, &first, ask("w1")).await else {
+        // This store answers them apart: the worker asks each, checked by the other checks.
+        return;
+    };
+    assert!(
+        matches!(
+            answer.expect("claim_past_limit"),
+            Gated::Claimed(ClaimOutcome::Run { starts: 0, .. })
+        ),
+        "conformance {check}: a start within the rate is counted and the task claimed"
+    );
+    // A task another worker holds: its start counts, and the claim says so.
+    let held = store
+        .claim_past_limit(gate, &first, ask("w2"))
+        .await
+        .expect("claim_past_limit answered once, so always")
+        .expect("claim_past_limit");
+    assert!(
+        matches!(held, Gated::Claimed(ClaimOutcome::Defer { .. })),
+        "conformance {check}: a task held by another worker is deferred, got {held:?}"
+    );
+    match store.claim_past_limit(gate, &second, ask("w1")).await {
+        Some(Ok(Gated::Wait(wait))) => assert!(
+            wait > Duration::ZERO && wait <= Duration::from_secs(61),
+            "conformance {check}: a third start in the window waits for it, not {wait:?}"
+        ),
+        other => panic!(
+            "conformance {check}: a third start of a 2/min rate must wait (the deferred claim \
+             counted its start), got {other:?}"
+        ),
+    }
+    never_claimed(
+        &store,
+        &second,
+        &format!("conformance {check}: a task over its rate must not be claimed"),
+    )
+    .await;
+
+    let name = super::flow::limiter(check);
+    let gate = LimitGate::Slot {
+        limiter: &name,
+        limit: 1,
+        lease: LEASE,
+    };
+    let claimed = store
+        .claim_past_limit(gate, &third, ask("w1"))
+        .await
+        .expect("claim_past_limit answered once, so always")
+        .expect("claim_past_limit");
+    assert!(
+        matches!(claimed, Gated::Claimed(ClaimOutcome::Run { .. })),
+        "conformance {check}: a free slot is taken and the task claimed, got {claimed:?}"
+    );
+    let other = TaskId::random();
+    assert!(
+        matches!(
+            store.acquire_slot(&name, &other, 1, LEASE).await,
+            Ok(SlotDecision::Wait(_))
+        ),
+        "conformance {check}: the slot a claim past the limit took is held"
+    );
+    let later = TaskId::random();
+    match store.claim_past_limit(gate, &later, ask("w1")).await {
+        Some(Ok(Gated::Wait(_))) => {}
+        other => panic!("conformance {check}: every slot taken must wait, got {other:?}"),
+    }
+    never_claimed(
+        &store,
+        &later,
+        &format!("conformance {check}: a task waiting for a slot must not be claimed"),
+    )
+    .await;
+}
