@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::{ClaimAsk, Gated, LimitGate, StoreError};
-use crate::wire::TaskId;
+use super::{ClaimAsk, CompleteOutcome, Gated, HeldSlot, LimitGate, StoreError, Token};
+use crate::wire::{TaskId, TaskResult};
 
 /// At most `limit` starts in any window of `period`, across every worker: `"50/s"`, `"300/m"`,
 /// `"1000/h"`. Starts over it are not run, failed or counted as attempts: they wait, each for
@@ -356,6 +356,21 @@ pub trait FlowStore: Send + Sync + 'static {
         claim: ClaimAsk<'_>,
     ) -> Option<Result<Gated, StoreError>> {
         let _ = (gate, id, claim);
+        None
+    }
+
+    /// [`ResultStore::complete`](super::ResultStore::complete), and the run's concurrency
+    /// `slot` freed (as [`release_slot`](Self::release_slot) would, whatever the write
+    /// answered), in one round trip. `None`, the default: this store does them apart.
+    async fn complete_freeing_slot(
+        &self,
+        id: &TaskId,
+        token: Token,
+        result: Option<&TaskResult>,
+        reply_to: Option<&str>,
+        slot: HeldSlot<'_>,
+    ) -> Option<Result<CompleteOutcome, StoreError>> {
+        let _ = (id, token, result, reply_to, slot);
         None
     }
 

@@ -1,6 +1,8 @@
 //! A claim behind a limit: the limiter's decision and, when it lets the task start, the claim,
 //! asked for together so a store that keeps both answers them in one round trip
-//! ([`FlowStore::claim_past_limit`](super::FlowStore::claim_past_limit)).
+//! ([`FlowStore::claim_past_limit`](super::FlowStore::claim_past_limit)); and at the run's end
+//! its result written and its slot freed together
+//! ([`FlowStore::complete_freeing_slot`](super::FlowStore::complete_freeing_slot)).
 //!
 //! A limited task asked the limiter, then the claim store: two round trips per task where an
 //! unlimited one makes one, and on a worker's pod each answer is a wake-up of the runtime. A
@@ -94,4 +96,22 @@ impl Gated {
             Gated::Wait(_) => None,
         }
     }
+}
+
+/// The concurrency slot a run held, freed with its result
+/// ([`FlowStore::complete_freeing_slot`](super::FlowStore::complete_freeing_slot)).
+///
+/// ```
+/// use std::time::Duration;
+/// use ferriq::store::HeldSlot;
+/// let slot = HeldSlot { limiter: "db", held: Duration::from_millis(120) };
+/// assert_eq!(slot.limiter, "db");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeldSlot<'a> {
+    /// The concurrency limiter.
+    pub limiter: &'a str,
+    /// How long the run held the slot (folded into the limiter's average run, as
+    /// [`FlowStore::release_slot`](super::FlowStore::release_slot) does).
+    pub held: Duration,
 }

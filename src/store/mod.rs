@@ -19,7 +19,7 @@ pub use flow::{
 };
 #[cfg(feature = "memory")]
 pub(crate) use flow::{RateState, SlotState};
-pub use gate::{ClaimAsk, Gated, LimitGate};
+pub use gate::{ClaimAsk, Gated, HeldSlot, LimitGate};
 pub use ops::{
     FinishedTask, MinuteStats, OpsStore, RedriveReset, RunInfo, WorkerInfo, HISTORY_BUCKETS,
     HISTORY_KEPT,

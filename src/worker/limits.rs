@@ -12,11 +12,11 @@ use super::running::Outcome;
 use super::{settle, Inner};
 use crate::broker::{Delivery, HOLD_WINDOW};
 use crate::store::{
-    ClaimAsk, ClaimOutcome, Gated, LimitGate, LimitOverride, LimiterKind, LimiterSeen,
-    RateDecision, SlotDecision, StoreError,
+    ClaimAsk, ClaimOutcome, CompleteOutcome, Gated, HeldSlot, LimitGate, LimitOverride,
+    LimiterKind, LimiterSeen, RateDecision, SlotDecision, StoreError, Token,
 };
 use crate::task::{Rate, TaskOptions};
-use crate::wire::{TaskId, TaskMessage};
+use crate::wire::{TaskId, TaskMessage, TaskResult};
 
 /// The limits operators set at run time, as this worker last read them, and the limiters it
 /// used since it last noted them in the store.
@@ -332,6 +332,41 @@ fn note_held(w: &Inner, msg: &TaskMessage, limiter: &str) {
 async fn every_slot_taken(w: &Inner, d: &Delivery, wait: Duration) -> Outcome {
     tracing::debug!(turn_in = ?wait, "every slot of its concurrency limit is taken: handed back");
     settle::release(w, d, wait, Outcome::ConcurrencyLimited).await
+}
+
+/// Writes the run's result ([`crate::store::ResultStore::complete`]); a run that holds a
+/// concurrency slot frees it in the same round trip where the store can (the run has ended:
+/// the slot is not kept while the delivery is settled).
+pub(super) async fn complete(
+    w: &Inner,
+    id: &TaskId,
+    token: Token,
+    result: Option<&TaskResult>,
+    reply_to: Option<&str>,
+) -> Result<CompleteOutcome, StoreError> {
+    let held = {
+        let slots = w.slots.lock().unwrap_or_else(|p| p.into_inner());
+        slots
+            .get(id)
+            .map(|(limiter, at)| (limiter.clone(), at.elapsed()))
+    };
+    if let Some((limiter, held)) = held {
+        let slot = HeldSlot {
+            limiter: &limiter,
+            held,
+        };
+        let written = w
+            .store
+            .complete_freeing_slot(id, token, result, reply_to, slot)
+            .await;
+        if let Some(written) = written {
+            if written.is_ok() {
+                w.slots.lock().unwrap_or_else(|p| p.into_inner()).remove(id);
+            }
+            return written;
+        }
+    }
+    w.store.complete(id, token, result, reply_to).await
 }
 
 /// Frees the run's slot (it is settled), if it took one. A slot that cannot be freed now runs

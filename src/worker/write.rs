@@ -9,7 +9,7 @@ use tokio::time::Instant;
 use super::pending::PendingResult;
 use super::running::Outcome;
 use super::settle::{self, Settle};
-use super::{claim, history, workflow, Inner};
+use super::{claim, history, limits, workflow, Inner};
 use crate::broker::{DeadLetter, DeadLetterReason, Delivery};
 use crate::store::{ClaimOutcome, CompleteOutcome, ResultStatus, StoreError, Token};
 use crate::wire::{ErrorKind, TaskId, TaskMessage, TaskResult};
@@ -56,11 +56,7 @@ pub(super) async fn finish_returning(
     // its wait returns sends a new task. (If the write is then fenced off or fails, the task
     // runs on with its key free: a second enqueue meanwhile sends a second task.)
     release_dedup(w, msg).await;
-    match w
-        .store
-        .complete(&msg.task_id, token, result.as_ref(), reply_to)
-        .await
-    {
+    match limits::complete(w, &msg.task_id, token, result.as_ref(), reply_to).await {
         Ok(written @ (CompleteOutcome::Stored | CompleteOutcome::AlreadyStored)) => {
             if let (CompleteOutcome::Stored, Some(r)) = (written, &result) {
                 w.counters.result_written(&msg.task_name, r.is_err);

@@ -138,17 +138,12 @@ impl Core {
     ) -> Result<Vec<Result<CompleteOutcome, StoreError>>, StoreError> {
         let build = || {
             let mut keys = Vec::with_capacity(calls.len() * 2);
-            let mut args = Vec::with_capacity(2 + calls.len() * 5);
-            args.push(self.result_ttl());
-            args.push(self.claim_ttl());
+            let mut args = self.complete_ttls();
+            args.reserve(calls.len() * 5);
             for c in &calls {
                 keys.push(self.keys.claim(&c.id));
                 keys.push(self.keys.result(&c.id));
-                args.push(c.token.0.to_string());
-                args.push(if c.result.is_some() { "1" } else { "0" }.to_owned());
-                args.push(c.result.clone().unwrap_or_default());
-                args.push(c.channel.clone());
-                args.push(c.id.to_string());
+                Self::complete_args(c, &mut args);
             }
             (keys, args)
         };
@@ -156,19 +151,23 @@ impl Core {
             .await
             .map_err(store_error)?
             .into_array();
-        Ok(reply
-            .into_iter()
-            .map(|v| match v.as_string().as_deref() {
-                Some("stored") => Ok(CompleteOutcome::Stored),
-                Some("already") => Ok(CompleteOutcome::AlreadyStored),
-                Some("stale") => Ok(CompleteOutcome::Stale),
-                Some("revoked") => Ok(CompleteOutcome::Revoked),
-                Some(other) if other.starts_with("err") => Err(StoreError::Unavailable(format!(
-                    "valkey failed this completion: {other}"
-                ))),
-                _ => Err(unexpected("complete", v)),
-            })
-            .collect())
+        Ok(reply.into_iter().map(parse_complete).collect())
+    }
+
+    /// A completion's arguments after the two ttls: token, store ('1'/'0'), result JSON,
+    /// channel, task id.
+    pub(crate) fn complete_args(c: &CompleteCall, args: &mut Vec<String>) {
+        args.push(c.token.0.to_string());
+        args.push(if c.result.is_some() { "1" } else { "0" }.to_owned());
+        args.push(c.result.clone().unwrap_or_default());
+        args.push(c.channel.clone());
+        args.push(c.id.to_string());
+    }
+
+    /// What every completion script starts its arguments with: the result's and the claim's
+    /// time to live.
+    pub(crate) fn complete_ttls(&self) -> Vec<String> {
+        vec![self.result_ttl(), self.claim_ttl()]
     }
 
     /// Extends the leases of claims that share a cluster slot (or any claims off-cluster).
@@ -267,6 +266,20 @@ impl Core {
             .await
             .map_err(store_error)?;
         Ok(v.as_i64() == Some(1))
+    }
+}
+
+/// One completion's answer (`COMPLETE`'s).
+pub(crate) fn parse_complete(v: Value) -> Result<CompleteOutcome, StoreError> {
+    match v.as_string().as_deref() {
+        Some("stored") => Ok(CompleteOutcome::Stored),
+        Some("already") => Ok(CompleteOutcome::AlreadyStored),
+        Some("stale") => Ok(CompleteOutcome::Stale),
+        Some("revoked") => Ok(CompleteOutcome::Revoked),
+        Some(other) if other.starts_with("err") => Err(StoreError::Unavailable(format!(
+            "valkey failed this completion: {other}"
+        ))),
+        _ => Err(unexpected("complete", v)),
     }
 }
 

@@ -4,16 +4,16 @@
 
 use async_trait::async_trait;
 use ferriq::store::{
-    ClaimAsk, DebounceTurn, Debounced, FlowStore, Gated, LimitGate, LimitOverride, LimiterSeen,
-    LimiterUsage, RateDecision, SlotDecision, StoreError,
+    ClaimAsk, CompleteOutcome, DebounceTurn, Debounced, FlowStore, Gated, HeldSlot, LimitGate,
+    LimitOverride, LimiterSeen, LimiterUsage, RateDecision, SlotDecision, StoreError, Token,
 };
 use ferriq::task::Rate;
-use ferriq::wire::TaskId;
+use ferriq::wire::{TaskId, TaskResult};
 use fred::types::scripts::Script;
 
 use crate::claims::ClaimCall;
 use crate::error::store_error;
-use crate::gate::GatedCall;
+use crate::gate::{CompleteFreeingCall, GatedCall};
 use crate::scripts;
 use crate::ValkeyStore;
 
@@ -103,6 +103,27 @@ impl FlowStore for ValkeyStore {
             // A gate this store does not know: asked apart.
             _ => return None,
         })
+    }
+
+    async fn complete_freeing_slot(
+        &self,
+        id: &TaskId,
+        token: Token,
+        result: Option<&TaskResult>,
+        reply_to: Option<&str>,
+        slot: HeldSlot<'_>,
+    ) -> Option<Result<CompleteOutcome, StoreError>> {
+        let batchers = self.flow_batchers()?;
+        let complete = match self.complete_call(id, token, result, reply_to) {
+            Ok(call) => call,
+            Err(e) => return Some(Err(e)),
+        };
+        let call = CompleteFreeingCall {
+            complete,
+            slot_keys: self.held_slot_keys(slot.limiter),
+            held: slot.held,
+        };
+        Some(batchers.complete_freeings.call(call).await)
     }
 
     async fn renew_slots(

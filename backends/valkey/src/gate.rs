@@ -1,19 +1,20 @@
 //! Claims behind a limit, on a single server: the limiter's steps and the claim's in one
 //! script run, so a limit that does not bind costs its steps in the server, not a round trip
-//! of its own and a wake-up of the worker (`FlowStore::claim_past_limit`). In a cluster the
-//! limiter's keys and the task's claim sit in different slots, and the worker asks them apart.
+//! of its own and a wake-up of the worker (`FlowStore::claim_past_limit`); and a run's result
+//! written with its concurrency slot freed (`FlowStore::complete_freeing_slot`). In a cluster
+//! the limiter's keys and the task's sit in different slots, and the worker asks them apart.
 
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use ferriq::store::{Gated, StoreError};
+use ferriq::store::{CompleteOutcome, Gated, StoreError};
 use fred::types::scripts::Script;
 use fred::types::Value;
 
-use crate::claims::{ms, parse_claim, ClaimCall, Core};
+use crate::claims::{ms, parse_claim, parse_complete, ClaimCall, CompleteCall, Core};
 use crate::error::store_error;
-use crate::limits::{ACQUIRE_STEPS, ADMIT_STEPS, GRACE_US, LIMITER_HEAD};
-use crate::scripts::{self, CLAIM_STEPS, PRELUDE};
+use crate::limits::{ACQUIRE_STEPS, ADMIT_STEPS, GRACE_US, LIMITER_HEAD, RELEASE_STEPS};
+use crate::scripts::{self, ANNOUNCE, CLAIM_STEPS, COMPLETE_STEPS, PRELUDE};
 
 /// Per call, KEYS: the limiter's three keys (as `ADMIT` or `ACQUIRE` take them), then the
 /// task's claim and result; ARGV (after the grace µs and the claim's time to live ms): task
@@ -46,6 +47,37 @@ static ADMIT_CLAIM: LazyLock<Script> = LazyLock::new(|| gated_script(ADMIT_STEPS
 
 /// A concurrency decision, and the claim when the slot is held.
 static ACQUIRE_CLAIM: LazyLock<Script> = LazyLock::new(|| gated_script(ACQUIRE_STEPS, "acquire"));
+
+/// Per call, KEYS: the task's claim and result, then its limiter's held slots and statistics;
+/// ARGV (after the result's and the claim's time to live ms): token, store, result JSON,
+/// channel, task id (as `COMPLETE` takes them), then how long the run held its slot µs.
+/// Returns per call the completion's answer; the slot is freed whatever it says (the run
+/// ended), as the worker would free it apart.
+const COMPLETE_FREEING_LOOP: &str = r#"
+local out = {}
+for i = 0, #KEYS / 4 - 1 do
+  local k, a = 4 * i, 3 + 6 * i
+  local ok, res = pcall(complete, KEYS[k + 1], KEYS[k + 2], ARGV[a], ARGV[a + 1], ARGV[a + 2],
+    ARGV[a + 3], ARGV[a + 4], ARGV[1], ARGV[2])
+  if ok then out[i + 1] = res else out[i + 1] = 'err ' .. tostring(res) end
+  pcall(free_slot, KEYS[k + 3], KEYS[k + 4], ARGV[a + 4], tonumber(ARGV[a + 5]))
+end
+"#;
+
+/// A result written and the run's slot freed.
+static COMPLETE_FREEING: LazyLock<Script> = LazyLock::new(|| {
+    Script::from_lua(format!(
+        "{PRELUDE}{COMPLETE_STEPS}{RELEASE_STEPS}{COMPLETE_FREEING_LOOP}{ANNOUNCE}return out\n"
+    ))
+});
+
+/// A completion, and the slot its run held: the limiter's held and statistics keys and how
+/// long the run held it.
+pub(crate) struct CompleteFreeingCall {
+    pub(crate) complete: CompleteCall,
+    pub(crate) slot_keys: Vec<String>,
+    pub(crate) held: Duration,
+}
 
 /// Which limiter a gated claim passes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,6 +135,34 @@ impl Core {
             .map_err(store_error)?
             .into_array();
         Ok(reply.into_iter().map(parse_gated).collect())
+    }
+}
+
+impl Core {
+    /// Completions freeing their runs' slots, in one script run; one call's error does not
+    /// fail the others.
+    pub(crate) async fn complete_freeing_many(
+        &self,
+        calls: Vec<CompleteFreeingCall>,
+    ) -> Result<Vec<Result<CompleteOutcome, StoreError>>, StoreError> {
+        let build = || {
+            let mut keys = Vec::with_capacity(calls.len() * 4);
+            let mut argv = self.complete_ttls();
+            argv.reserve(calls.len() * 6);
+            for c in &calls {
+                keys.push(self.keys.claim(&c.complete.id));
+                keys.push(self.keys.result(&c.complete.id));
+                keys.extend(c.slot_keys.iter().cloned());
+                Self::complete_args(&c.complete, &mut argv);
+                argv.push(c.held.as_micros().to_string());
+            }
+            (keys, argv)
+        };
+        let reply = scripts::call(&self.pool, &COMPLETE_FREEING, build)
+            .await
+            .map_err(store_error)?
+            .into_array();
+        Ok(reply.into_iter().map(parse_complete).collect())
     }
 }
 

@@ -224,11 +224,20 @@ return 1
 /// Per slot, KEYS: held slots, statistics; ARGV: task id, how long its run held the slot µs.
 /// Frees the slot and folds the time into the average.
 static RELEASE: LazyLock<Script> = LazyLock::new(|| {
-    Script::from_lua(
+    Script::from_lua(format!(
+        "{RELEASE_STEPS}{}",
         r#"
 for i = 0, #KEYS / 2 - 1 do
-  local held, stats = KEYS[2 * i + 1], KEYS[2 * i + 2]
-  local id, ran = ARGV[2 * i + 1], tonumber(ARGV[2 * i + 2])
+  free_slot(KEYS[2 * i + 1], KEYS[2 * i + 2], ARGV[2 * i + 1], tonumber(ARGV[2 * i + 2]))
+end
+return {}
+"#
+    ))
+});
+
+/// One slot's freeing: `free_slot(held, stats, id, ran µs)`.
+pub(crate) const RELEASE_STEPS: &str = r#"
+local function free_slot(held, stats, id, ran)
   if redis.call('ZREM', held, id) == 1 then
     local avg = redis.call('HGET', stats, 'avg')
     if avg then avg = tonumber(avg) * 0.8 + ran * 0.2 else avg = ran end
@@ -237,10 +246,7 @@ for i = 0, #KEYS / 2 - 1 do
     if redis.call('PTTL', stats) < 0 then redis.call('PEXPIRE', stats, 3600000) end
   end
 end
-return {}
-"#,
-    )
-});
+"#;
 
 /// One rate decision: the limiter's keys, the task, the rate.
 pub(crate) struct AdmitCall {
@@ -399,6 +405,14 @@ impl ValkeyStore {
         })
     }
 
+    /// The keys a held slot is renewed and freed with: held and statistics (not the waiting
+    /// set).
+    pub(crate) fn held_slot_keys(&self, limiter: &str) -> Vec<String> {
+        let mut keys = self.slot_keys(limiter);
+        keys.remove(1);
+        keys
+    }
+
     /// A rate limiter's keys, hash-tagged on a digest of its name.
     pub(crate) fn limiter_keys(&self, limiter: &str) -> Vec<String> {
         self.flow_keys().get(false, limiter, || {
@@ -465,10 +479,8 @@ impl ValkeyStore {
         id: &TaskId,
         held: Duration,
     ) -> Result<(), StoreError> {
-        let mut keys = self.slot_keys(limiter);
-        keys.remove(1); // not the waiting set
         let call = ReleaseCall {
-            keys,
+            keys: self.held_slot_keys(limiter),
             id: id.clone(),
             held,
         };
@@ -488,9 +500,7 @@ impl ValkeyStore {
             let mut keys = Vec::with_capacity(slots.len() * 2);
             let mut argv = vec![lease.as_micros().to_string()];
             for (limiter, id) in slots {
-                let mut k = self.slot_keys(limiter);
-                k.remove(1); // not the waiting set
-                keys.extend(k);
+                keys.extend(self.held_slot_keys(limiter));
                 argv.push(id.to_string());
             }
             self.core().many(&RENEW, keys, argv)

@@ -163,7 +163,7 @@ return r.failures
 /// per batch, a line per task (each `PUBLISH` costs the server a write to every subscriber, so
 /// one per task was an eighth of the batch's cost): the task id, then a tab and the result JSON
 /// when this call stored it (the waiter then has it without reading it back).
-const COMPLETE: &str = r#"
+pub(crate) const COMPLETE_STEPS: &str = r#"
 local channels, announced = {}, {}
 local function complete(ck, rk, tok, store, json, channel, id, result_ttl, claim_ttl)
   local raw = redis.call('GET', ck)
@@ -207,17 +207,24 @@ local function complete(ck, rk, tok, store, json, channel, id, result_ttl, claim
   end
   return outcome
 end
+"#;
+
+/// The loop of `COMPLETE` (after `COMPLETE_STEPS`; `ANNOUNCE` and `return out` follow).
+const COMPLETE: &str = r#"
 local out = {}
 for i = 1, #KEYS / 2 do
   local a = 3 + (i - 1) * 5
   local ok, res = pcall(complete, KEYS[2 * i - 1], KEYS[2 * i], ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[1], ARGV[2])
   if ok then out[i] = res else out[i] = 'err ' .. tostring(res) end
 end
--- The results are written either way; a lost announcement only delays waiters to a re-read.
+"#;
+
+/// The completions `COMPLETE_STEPS` gathered, announced (one `PUBLISH` per channel). The
+/// results are written either way; a lost announcement only delays waiters to a re-read.
+pub(crate) const ANNOUNCE: &str = r#"
 for _, channel in ipairs(channels) do
   pcall(redis.call, 'PUBLISH', channel, table.concat(announced[channel]))
 end
-return out
 "#;
 
 /// KEYS: claim, result. ARGV: result JSON, result ttl ms ('0' = none), claim ttl ms, channel,
@@ -346,7 +353,7 @@ impl Scripts {
             heartbeat: script(HEARTBEAT),
             release: script(RELEASE),
             record_failure: script(RECORD_FAILURE),
-            complete: script(COMPLETE),
+            complete: script(&format!("{COMPLETE_STEPS}{COMPLETE}{ANNOUNCE}return out\n")),
             revoke: script(REVOKE),
             store_once: script(STORE_ONCE),
             create_group: script(CREATE_GROUP),

@@ -1,12 +1,16 @@
 //! The flow suite's check of claims behind a limit
 //! ([`FlowStore::claim_past_limit`](crate::store::FlowStore::claim_past_limit)): a store that
-//! answers the limit and the claim at once decides exactly as the two calls in turn would.
+//! answers the limit and the claim at once decides exactly as the two calls in turn would, and
+//! one that writes a result with its run's slot freed does both.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::store::{ClaimAsk, ClaimOutcome, Gated, LimitGate, Rate, SlotDecision, Store};
-use crate::wire::TaskId;
+use crate::store::{
+    ClaimAsk, ClaimOutcome, CompleteOutcome, Gated, HeldSlot, LimitGate, Rate, ResultStatus,
+    SlotDecision, Store,
+};
+use crate::wire::{Labels, TaskId, TaskResult};
 
 const LEASE: Duration = Duration::from_secs(30);
 
@@ -84,10 +88,9 @@ pub(super) async fn a_claim_past_a_limit_is_the_limit_then_the_claim(store: Arc<
         .await
         .expect("claim_past_limit answered once, so always")
         .expect("claim_past_limit");
-    assert!(
-        matches!(claimed, Gated::Claimed(ClaimOutcome::Run { .. })),
-        "conformance {check}: a free slot is taken and the task claimed, got {claimed:?}"
-    );
+    let Gated::Claimed(ClaimOutcome::Run { token, .. }) = claimed else {
+        panic!("conformance {check}: a free slot is taken and the task claimed, got {claimed:?}")
+    };
     let other = TaskId::random();
     assert!(
         matches!(
@@ -107,4 +110,35 @@ pub(super) async fn a_claim_past_a_limit_is_the_limit_then_the_claim(store: Arc<
         &format!("conformance {check}: a task waiting for a slot must not be claimed"),
     )
     .await;
+
+    // The run ends: its result written and its slot freed, together where the store can.
+    let result = TaskResult::success(serde_json::json!(1), 0.1, Labels::default());
+    let slot = HeldSlot {
+        limiter: &name,
+        held: Duration::from_millis(100),
+    };
+    let Some(written) = store
+        .complete_freeing_slot(&third, token, Some(&result), None, slot)
+        .await
+    else {
+        return;
+    };
+    assert_eq!(
+        written.expect("complete_freeing_slot"),
+        CompleteOutcome::Stored,
+        "conformance {check}: the run's result is written"
+    );
+    assert!(
+        matches!(store.get(&third).await, Ok(ResultStatus::Ready(_))),
+        "conformance {check}: the result written with the slot freed is read back"
+    );
+    // (A task not told to come back later: those waiting keep their turns.)
+    assert_eq!(
+        store
+            .acquire_slot(&name, &TaskId::random(), 1, LEASE)
+            .await
+            .ok(),
+        Some(SlotDecision::Held),
+        "conformance {check}: the slot freed with the result is free at once"
+    );
 }

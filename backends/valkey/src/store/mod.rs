@@ -11,7 +11,7 @@ use tokio::task::JoinHandle;
 use crate::batch::Batcher;
 use crate::claims::{ClaimCall, CompleteCall, Core};
 use crate::error::store_error;
-use crate::gate::{GateKind, GatedCall};
+use crate::gate::{CompleteFreeingCall, GateKind, GatedCall};
 use crate::keys::Keys;
 use crate::limits::{AdmitCall, KeyCache, ReleaseCall, SlotCall};
 use crate::scripts::{self, Scripts};
@@ -60,6 +60,8 @@ pub(crate) struct FlowBatchers {
     pub(crate) admit_claims: Batcher<GatedCall, Gated>,
     /// Claims behind a concurrency limit.
     pub(crate) acquire_claims: Batcher<GatedCall, Gated>,
+    /// Results written with their runs' slots freed.
+    pub(crate) complete_freeings: Batcher<CompleteFreeingCall, CompleteOutcome>,
 }
 
 /// After a failed connect: closes the clients that are not disconnected. `quit` on a client
@@ -324,12 +326,19 @@ impl ValkeyStore {
             };
             let (admit_claims, admit_claim_task) = gated(GateKind::Rate);
             let (acquire_claims, acquire_claim_task) = gated(GateKind::Slot);
+            let c = Arc::clone(&core);
+            let (complete_freeings, complete_freeing_task) =
+                Batcher::spawn(MAX_BATCH, parallel, move |calls| {
+                    let c = Arc::clone(&c);
+                    async move { c.complete_freeing_many(calls).await }
+                });
             background.extend([
                 admit_task,
                 acquire_task,
                 release_task,
                 admit_claim_task,
                 acquire_claim_task,
+                complete_freeing_task,
             ]);
             Some(FlowBatchers {
                 admits,
@@ -337,6 +346,7 @@ impl ValkeyStore {
                 releases,
                 admit_claims,
                 acquire_claims,
+                complete_freeings,
             })
         };
         Ok(ValkeyStore {

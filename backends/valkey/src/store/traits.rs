@@ -110,15 +110,16 @@ fn single<T>(answers: Result<Vec<Result<T, StoreError>>, StoreError>) -> Result<
         .unwrap_or_else(|| Err(StoreError::Unavailable("valkey answered no result".into())))
 }
 
-#[async_trait]
-impl ResultStore for ValkeyStore {
-    async fn complete(
+impl ValkeyStore {
+    /// A completion's call: the result as JSON, announced on `reply_to` or the task's own
+    /// channel.
+    pub(crate) fn complete_call(
         &self,
         id: &TaskId,
         token: Token,
         result: Option<&TaskResult>,
         reply_to: Option<&str>,
-    ) -> Result<CompleteOutcome, StoreError> {
+    ) -> Result<CompleteCall, StoreError> {
         let result =
             result
                 .map(serde_json::to_string)
@@ -130,12 +131,25 @@ impl ResultStore for ValkeyStore {
         let channel = reply_to
             .map(str::to_owned)
             .unwrap_or_else(|| self.inner.core.keys.done_channel(id));
-        let call = CompleteCall {
+        Ok(CompleteCall {
             id: id.clone(),
             token,
             result,
             channel,
-        };
+        })
+    }
+}
+
+#[async_trait]
+impl ResultStore for ValkeyStore {
+    async fn complete(
+        &self,
+        id: &TaskId,
+        token: Token,
+        result: Option<&TaskResult>,
+        reply_to: Option<&str>,
+    ) -> Result<CompleteOutcome, StoreError> {
+        let call = self.complete_call(id, token, result, reply_to)?;
         match &self.inner.completes {
             Some(batcher) => batcher.call(call).await,
             None => single(self.inner.core.complete_many(vec![call]).await),
