@@ -93,8 +93,8 @@ async fn stages(w: &Inner, d: &Delivery, served: &mut Option<&'static str>) -> O
 
     // Over its rate limit, or every slot taken: its turn comes later. Decided before the
     // claim (with it, where the store answers both at once), so no attempt is spent and no
-    // claim taken while it waits. A slot taken is held while the delivery is settled,
-    // whatever the outcome.
+    // claim taken while it waits. A slot taken is freed with the result's write, or else
+    // once the delivery is settled, whatever the outcome.
     let options = task.options();
     let rate = limits::rate_limiter(w, options, &msg);
     let Some((limiter, limit)) = limits::concurrency_limiter(w, options, &msg) else {

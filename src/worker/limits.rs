@@ -233,7 +233,7 @@ async fn hand_back_until_turn(w: &Inner, d: &Delivery, wait: Duration) -> Outcom
 }
 
 async fn limiter_unreachable(w: &Inner, d: &Delivery, e: &StoreError) -> Outcome {
-    tracing::warn!(error = %e, "limiter unreachable: releasing the message");
+    tracing::warn!(error = %e, "the store's limiter is unreachable: releasing the message");
     settle::release(w, d, w.config.store_retry_after, Outcome::Released).await
 }
 
@@ -263,8 +263,8 @@ async fn claim(w: &Inner, d: &Delivery, msg: &TaskMessage) -> Result<ClaimOutcom
 /// Takes a slot of `limiter` for the message's run and claims the task (`Err`: what became
 /// of the delivery — handed back until its turn among the waiting, or released). The slot
 /// and the claim go out together where the store can answer both at once. A slot taken is
-/// held whatever the claim said, renewed with the claims' heartbeats until
-/// [`give_slot_back`], once the delivery is settled.
+/// held whatever the claim said, renewed with the claims' heartbeats until it is freed: with
+/// the run's result ([`complete`]), or by [`give_slot_back`] once the delivery is settled.
 pub(super) async fn claim_with_slot(
     w: &Inner,
     d: &Delivery,
