@@ -13,47 +13,34 @@ use crate::broker::{DeadLetter, DeadLetterReason, Delivery};
 use crate::store::{ClaimOutcome, StoreError, Token};
 use crate::wire::{names, ErrorKind, TaskId, TaskMessage, TaskResult};
 
-/// Claims the task and runs it (design §6, from the claim on).
+/// Claims the task and runs it (design §6, from the claim on). `claimed`: the claim's answer
+/// when it was asked for already (with the task's limit, in one round trip).
 pub(super) async fn claim_and_run(
     w: &Inner,
     d: &Delivery,
     msg: TaskMessage,
     task: &'static crate::task::TaskRegistration,
+    claimed: Option<ClaimOutcome>,
 ) -> Outcome {
     let config = &w.config;
-    let claim = w
-        .store
-        .claim(
-            &msg.task_id,
-            &config.worker_id,
-            config.lease,
-            msg.labels.deadline_at(),
-        )
-        .await;
-    match claim {
-        Err(e) => unreachable(w, d, &e).await,
-        Ok(claim) => run_claimed(w, d, msg, task, claim).await,
-    }
-}
-
-/// The claim store could not answer: the message goes back for a later try. Released first:
-/// nothing to give back on the claim side, and the message must not wait on a store that may
-/// hang.
-pub(super) async fn unreachable(w: &Inner, d: &Delivery, e: &StoreError) -> Outcome {
-    tracing::warn!(error = %e, "claim store unreachable: releasing the message");
-    settle::release(w, d, w.config.store_retry_after, Outcome::Released).await
-}
-
-/// What the claim said, acted on: the run, or what becomes of a delivery that may not run.
-pub(super) async fn run_claimed(
-    w: &Inner,
-    d: &Delivery,
-    msg: TaskMessage,
-    task: &'static crate::task::TaskRegistration,
-    claim: ClaimOutcome,
-) -> Outcome {
+    let claim = match claimed {
+        Some(claim) => claim,
+        None => {
+            let claim = w.store.claim(
+                &msg.task_id,
+                &config.worker_id,
+                config.lease,
+                msg.labels.deadline_at(),
+            );
+            match claim.await {
+                Ok(claim) => claim,
+                Err(e) => return unreachable(w, d, &e).await,
+            }
+        }
+    };
     // Rare paths are boxed (`Box::pin`) throughout: a future is as large as its largest
-    // state, and this one is moved into its task on every delivery.
+    // state, and this one is moved into its task on every delivery. (One future for the
+    // claim and what follows: a second, nested one cost a copy of the message per task.)
     match claim {
         ClaimOutcome::Done => Box::pin(write::duplicate_of_finished(w, d, &msg)).await,
         ClaimOutcome::Revoked => Box::pin(workflow::revoked(w, d, &msg)).await,
@@ -75,6 +62,14 @@ pub(super) async fn run_claimed(
             run::run(w, d, msg, task, token, failures, takeovers).await
         }
     }
+}
+
+/// The claim store could not answer: the message goes back for a later try. Released first:
+/// nothing to give back on the claim side, and the message must not wait on a store that may
+/// hang.
+pub(super) async fn unreachable(w: &Inner, d: &Delivery, e: &StoreError) -> Outcome {
+    tracing::warn!(error = %e, "claim store unreachable: releasing the message");
+    settle::release(w, d, w.config.store_retry_after, Outcome::Released).await
 }
 
 /// Its deadline passed before it could start: it never runs. Loud and recoverable —

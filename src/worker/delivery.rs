@@ -14,7 +14,8 @@ use super::decode::{self, Decoded};
 use super::running::Outcome;
 use super::{claim, due, limits, pending, route, settle, write, Inner};
 use crate::broker::Delivery;
-use crate::wire::ErrorKind;
+use crate::task::{Rate, TaskRegistration};
+use crate::wire::{ErrorKind, TaskMessage};
 
 /// Takes one delivery through the stages, inside a span that records the task and the
 /// outcome, and counts the outcome.
@@ -93,29 +94,44 @@ async fn stages(w: &Inner, d: &Delivery, served: &mut Option<&'static str>) -> O
 
     // Over its rate limit, or every slot taken: its turn comes later. Decided before the
     // claim (with it, where the store answers both at once), so no attempt is spent and no
-    // claim taken while it waits. A slot taken is freed with the result's write, or else
-    // once the delivery is settled, whatever the outcome.
+    // claim taken while it waits.
     let options = task.options();
     let rate = limits::rate_limiter(w, options, &msg);
-    let Some((limiter, limit)) = limits::concurrency_limiter(w, options, &msg) else {
-        return match rate {
-            None => claim::claim_and_run(w, d, msg, task).await,
-            Some((limiter, rate)) => {
-                match Box::pin(limits::claim_in_turn(w, d, &msg, &limiter, rate)).await {
-                    Ok(claim) => Box::pin(claim::run_claimed(w, d, msg, task, claim)).await,
-                    Err(outcome) => outcome,
-                }
-            }
+    let slots = limits::concurrency_limiter(w, options, &msg);
+    if rate.is_none() && slots.is_none() {
+        return claim::claim_and_run(w, d, msg, task, None).await;
+    }
+    Box::pin(limited(w, d, msg, task, rate, slots)).await
+}
+
+/// A task under a rate limit, a concurrency limit or both: its turn, its slot, then its run.
+/// A slot taken is freed with the result's write, or else once the delivery is settled,
+/// whatever the outcome.
+async fn limited(
+    w: &Inner,
+    d: &Delivery,
+    msg: TaskMessage,
+    task: &'static TaskRegistration,
+    rate: Option<(String, Rate)>,
+    slots: Option<(String, u32)>,
+) -> Outcome {
+    let Some((limiter, limit)) = slots else {
+        let Some((limiter, rate)) = rate else {
+            return claim::claim_and_run(w, d, msg, task, None).await;
+        };
+        return match limits::claim_in_turn(w, d, &msg, &limiter, rate).await {
+            Ok(claim) => claim::claim_and_run(w, d, msg, task, Some(claim)).await,
+            Err(outcome) => outcome,
         };
     };
     if let Some((limiter, rate)) = rate {
-        if let Some(outcome) = Box::pin(limits::wait_for_turn(w, d, &msg, &limiter, rate)).await {
+        if let Some(outcome) = limits::wait_for_turn(w, d, &msg, &limiter, rate).await {
             return outcome;
         }
     }
     let id = msg.task_id.clone();
-    let outcome = match Box::pin(limits::claim_with_slot(w, d, &msg, &limiter, limit)).await {
-        Ok(claim) => Box::pin(claim::run_claimed(w, d, msg, task, claim)).await,
+    let outcome = match limits::claim_with_slot(w, d, &msg, &limiter, limit).await {
+        Ok(claim) => claim::claim_and_run(w, d, msg, task, Some(claim)).await,
         Err(outcome) => outcome,
     };
     limits::give_slot_back(w, &limiter, &id).await;

@@ -264,7 +264,7 @@ async fn claim(w: &Inner, d: &Delivery, msg: &TaskMessage) -> Result<ClaimOutcom
 /// of the delivery — handed back until its turn among the waiting, or released). The slot
 /// and the claim go out together where the store can answer both at once. A slot taken is
 /// held whatever the claim said, renewed with the claims' heartbeats until it is freed: with
-/// the run's result ([`complete`]), or by [`give_slot_back`] once the delivery is settled.
+/// the run's result ([`complete_freeing`]), or by [`give_slot_back`] once the delivery is settled.
 pub(super) async fn claim_with_slot(
     w: &Inner,
     d: &Delivery,
@@ -334,39 +334,47 @@ async fn every_slot_taken(w: &Inner, d: &Delivery, wait: Duration) -> Outcome {
     settle::release(w, d, wait, Outcome::ConcurrencyLimited).await
 }
 
-/// Writes the run's result ([`crate::store::ResultStore::complete`]); a run that holds a
-/// concurrency slot frees it in the same round trip where the store can (the run has ended:
-/// the slot is not kept while the delivery is settled).
-pub(super) async fn complete(
+/// The slot this run holds, if any: its limiter and how long it has held it.
+pub(super) fn held_slot(w: &Inner, id: &TaskId) -> Option<(String, Duration)> {
+    let slots = w.slots.lock().unwrap_or_else(|p| p.into_inner());
+    // Most workers hold no slot: the id is not hashed then.
+    if slots.is_empty() {
+        return None;
+    }
+    slots
+        .get(id)
+        .map(|(limiter, at)| (limiter.clone(), at.elapsed()))
+}
+
+/// Writes the result of a run that holds a slot of `limiter`
+/// ([`crate::store::ResultStore::complete`]), and frees the slot in the same round trip where
+/// the store can: the run has ended, and the slot is not kept while the delivery is settled.
+pub(super) async fn complete_freeing(
     w: &Inner,
     id: &TaskId,
     token: Token,
     result: Option<&TaskResult>,
     reply_to: Option<&str>,
+    (limiter, held): (String, Duration),
 ) -> Result<CompleteOutcome, StoreError> {
-    let held = {
-        let slots = w.slots.lock().unwrap_or_else(|p| p.into_inner());
-        slots
-            .get(id)
-            .map(|(limiter, at)| (limiter.clone(), at.elapsed()))
+    let slot = HeldSlot {
+        limiter: &limiter,
+        held,
     };
-    if let Some((limiter, held)) = held {
-        let slot = HeldSlot {
-            limiter: &limiter,
-            held,
-        };
-        let written = w
-            .store
-            .complete_freeing_slot(id, token, result, reply_to, slot)
-            .await;
-        if let Some(written) = written {
+    let written = w
+        .store
+        .complete_freeing_slot(id, token, result, reply_to, slot)
+        .await;
+    match written {
+        Some(written) => {
             if written.is_ok() {
                 w.slots.lock().unwrap_or_else(|p| p.into_inner()).remove(id);
             }
-            return written;
+            written
         }
+        // A store that does them apart: the slot is freed once the delivery is settled.
+        None => w.store.complete(id, token, result, reply_to).await,
     }
-    w.store.complete(id, token, result, reply_to).await
 }
 
 /// Frees the run's slot (it is settled), if it took one. A slot that cannot be freed now runs

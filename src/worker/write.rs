@@ -56,7 +56,26 @@ pub(super) async fn finish_returning(
     // its wait returns sends a new task. (If the write is then fenced off or fails, the task
     // runs on with its key free: a second enqueue meanwhile sends a second task.)
     release_dedup(w, msg).await;
-    match limits::complete(w, &msg.task_id, token, result.as_ref(), reply_to).await {
+    let written = match limits::held_slot(w, &msg.task_id) {
+        None => {
+            w.store
+                .complete(&msg.task_id, token, result.as_ref(), reply_to)
+                .await
+        }
+        Some(slot) => {
+            let id = &msg.task_id;
+            Box::pin(limits::complete_freeing(
+                w,
+                id,
+                token,
+                result.as_ref(),
+                reply_to,
+                slot,
+            ))
+            .await
+        }
+    };
+    match written {
         Ok(written @ (CompleteOutcome::Stored | CompleteOutcome::AlreadyStored)) => {
             if let (CompleteOutcome::Stored, Some(r)) = (written, &result) {
                 w.counters.result_written(&msg.task_name, r.is_err);
