@@ -21,6 +21,21 @@ pub(crate) struct ClaimCall {
     pub(crate) deadline_at: Option<f64>,
 }
 
+impl ClaimCall {
+    /// The claim's arguments, as `CLAIM_STEPS` takes them: worker, lease ms, deadline (unix
+    /// seconds, or '').
+    pub(crate) fn push_args(&self, args: &mut Vec<String>) {
+        args.push(self.worker.clone());
+        args.push(ms(self.lease));
+        args.push(
+            self.deadline_at
+                .filter(|d| d.is_finite())
+                .map(|d| format!("{d:.3}"))
+                .unwrap_or_default(),
+        );
+    }
+}
+
 /// A complete call.
 pub(crate) struct CompleteCall {
     pub(crate) id: TaskId,
@@ -110,14 +125,7 @@ impl Core {
             for c in &calls {
                 keys.push(self.keys.claim(&c.id));
                 keys.push(self.keys.result(&c.id));
-                args.push(c.worker.clone());
-                args.push(ms(c.lease));
-                args.push(
-                    c.deadline_at
-                        .filter(|d| d.is_finite())
-                        .map(|d| format!("{d:.3}"))
-                        .unwrap_or_default(),
-                );
+                c.push_args(&mut args);
             }
             (keys, args)
         };

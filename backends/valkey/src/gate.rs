@@ -118,15 +118,7 @@ impl Core {
                 argv.push(c.claim.id.to_string());
                 argv.push(c.limit.to_string());
                 argv.push(c.span.as_micros().to_string());
-                argv.push(c.claim.worker.clone());
-                argv.push(ms(c.claim.lease));
-                argv.push(
-                    c.claim
-                        .deadline_at
-                        .filter(|d| d.is_finite())
-                        .map(|d| format!("{d:.3}"))
-                        .unwrap_or_default(),
-                );
+                c.claim.push_args(&mut argv);
             }
             (keys, argv)
         };
@@ -136,9 +128,7 @@ impl Core {
             .into_array();
         Ok(reply.into_iter().map(parse_gated).collect())
     }
-}
 
-impl Core {
     /// Completions freeing their runs' slots, in one script run; one call's error does not
     /// fail the others.
     pub(crate) async fn complete_freeing_many(
