@@ -42,6 +42,19 @@ pub(crate) const ADMIT_STEPS: &str = r#"
 -- The lists are trimmed to the limit only once they outgrow it by a margin, and their time to
 -- live is renewed only once half of it has passed: each is one call fewer per decision, and
 -- decisions are the hot path of every limited task. (Entries past the limit are never read.)
+-- The helpers are defined once per script run, not per decision: a closure made for every
+-- decision is garbage the server collects on the hot path.
+local function admit_push(list, at, n)
+  if redis.call('LPUSH', list, at) > n + 32 then redis.call('LTRIM', list, 0, n - 1) end
+end
+local function admit_expire(started, turns, reserved, ttl)
+  if redis.call('PTTL', started) < ttl / 2 then
+    redis.call('PEXPIRE', started, ttl)
+    redis.call('PEXPIRE', turns, ttl)
+    redis.call('PEXPIRE', reserved, ttl)
+  end
+end
+local now_text = fmt(now)
 local function admit(started, turns, reserved, id, n, period)
   local keep = math.max(period * 10, 60000000)
   local ttl = math.floor((period + keep) / 1000) + 1000
@@ -53,25 +66,12 @@ local function admit(started, turns, reserved, id, n, period)
   local free_at = now
   local oldest = redis.call('LINDEX', started, n - 1)
   if oldest and tonumber(oldest) > now - period then free_at = tonumber(oldest) + period end
-  local function expire()
-    if redis.call('PTTL', started) < ttl / 2 then
-      redis.call('PEXPIRE', started, ttl)
-      redis.call('PEXPIRE', turns, ttl)
-      redis.call('PEXPIRE', reserved, ttl)
-    end
-  end
-  local function push(list, at)
-    if redis.call('LPUSH', list, fmt(at)) > n + 32 then redis.call('LTRIM', list, 0, n - 1) end
-  end
-  local function start()
-    push(started, now)
-    expire()
-    return {'run'}
-  end
   -- Nobody waits and the window has room: its turn is now (every turn handed out is past).
   if not waiting and free_at <= now then
-    push(turns, now)
-    return start()
+    admit_push(turns, now_text, n)
+    admit_push(started, now_text, n)
+    admit_expire(started, turns, reserved, ttl)
+    return {'run'}
   end
   local turn = waiting and redis.call('ZSCORE', reserved, id)
   if turn then
@@ -79,22 +79,28 @@ local function admit(started, turns, reserved, id, n, period)
     if turn > now + grace then return {'wait', turn - now} end
     if free_at > now then
       redis.call('ZADD', reserved, fmt(free_at), id)
-      expire()
+      admit_expire(started, turns, reserved, ttl)
       return {'wait', free_at - now}
     end
     redis.call('ZREM', reserved, id)
-    return start()
+    admit_push(started, now_text, n)
+    admit_expire(started, turns, reserved, ttl)
+    return {'run'}
   end
   turn = math.max(now, free_at)
   local newest = redis.call('LINDEX', turns, 0)
   if newest then turn = math.max(turn, tonumber(newest)) end
   local nth = redis.call('LINDEX', turns, n - 1)
   if nth then turn = math.max(turn, tonumber(nth) + period) end
-  push(turns, turn)
-  if turn <= now + grace and free_at <= now then return start() end
+  admit_push(turns, fmt(turn), n)
+  if turn <= now + grace and free_at <= now then
+    admit_push(started, now_text, n)
+    admit_expire(started, turns, reserved, ttl)
+    return {'run'}
+  end
   redis.call('ZADD', reserved, fmt(turn), id)
   if not waiting then redis.call('PEXPIRE', reserved, ttl) end
-  expire()
+  admit_expire(started, turns, reserved, ttl)
   return {'wait', turn - now}
 end
 "#;
@@ -118,29 +124,29 @@ static ACQUIRE: LazyLock<Script> =
 
 /// One concurrency decision's steps: `acquire(held, waiting, stats, id, limit, lease µs)`.
 pub(crate) const ACQUIRE_STEPS: &str = r#"
+-- Their time to live is renewed once half of it has passed (one call, not four, per
+-- decision on the hot path). Defined once per script run, not per decision.
+local function acquire_expire(held, waiting, stats, ttl)
+  if redis.call('PTTL', held) < ttl / 2 then
+    redis.call('PEXPIRE', held, ttl)
+    redis.call('PEXPIRE', waiting, ttl)
+    redis.call('PEXPIRE', stats, ttl)
+  end
+end
 local function acquire(held, waiting, stats, id, n, lease)
   local ttl = math.floor(lease / 1000) + 3600000
-  -- Their time to live is renewed once half of it has passed (one call, not four, per
-  -- decision on the hot path).
-  local function expire()
-    if redis.call('PTTL', held) < ttl / 2 then
-      redis.call('PEXPIRE', held, ttl)
-      redis.call('PEXPIRE', waiting, ttl)
-      redis.call('PEXPIRE', stats, ttl)
-    end
-  end
   -- Nobody waits and a slot is free (counting slots whose lease ran out as taken: they are
   -- swept when the slots run short): take it.
   if redis.call('ZCARD', waiting) == 0 and redis.call('ZCARD', held) < n then
     redis.call('ZADD', held, fmt(now + lease), id)
-    expire()
+    acquire_expire(held, waiting, stats, ttl)
     return {'held'}
   end
   redis.call('ZREMRANGEBYSCORE', held, '-inf', fmt(now))
   redis.call('ZREMRANGEBYSCORE', waiting, '-inf', fmt(now - 3600000000))
   if redis.call('ZSCORE', held, id) then
     redis.call('ZADD', held, fmt(now + lease), id)
-    expire()
+    acquire_expire(held, waiting, stats, ttl)
     return {'held'}
   end
   local free = n - redis.call('ZCARD', held)
@@ -164,7 +170,7 @@ local function acquire(held, waiting, stats, id, n, lease)
   if due < free then
     redis.call('ZREM', waiting, id)
     redis.call('ZADD', held, fmt(now + lease), id)
-    expire()
+    acquire_expire(held, waiting, stats, ttl)
     return {'held'}
   end
   local avg = tonumber(redis.call('HGET', stats, 'avg') or '1000000')
@@ -186,7 +192,7 @@ local function acquire(held, waiting, stats, id, n, lease)
   end
   redis.call('ZADD', waiting, fmt(now + wait), id)
   redis.call('PEXPIRE', waiting, ttl)
-  expire()
+  acquire_expire(held, waiting, stats, ttl)
   return {'wait', wait}
 end
 "#;
@@ -222,7 +228,7 @@ return 1
 });
 
 /// Per slot, KEYS: held slots, statistics; ARGV: task id, how long its run held the slot µs.
-/// Frees the slot and folds the time into the average.
+/// Frees the slot and folds the time into the average (one release in four; see `RELEASE_STEPS`).
 static RELEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::from_lua(format!(
         "{RELEASE_STEPS}{}",
@@ -237,13 +243,20 @@ return {}
 
 /// One slot's freeing: `free_slot(held, stats, id, ran µs)`.
 pub(crate) const RELEASE_STEPS: &str = r#"
+-- The average is folded from one release in four (picked by the task id's last byte: random
+-- ids end in any of the 16 hex digits alike). It only times waiting tasks' returns, and
+-- reading and writing it on every release was two of the four calls a freed slot cost. The
+-- first release always writes it: its presence tells a slot released from one lost with the
+-- store's data (see RENEW).
 local function free_slot(held, stats, id, ran)
   if redis.call('ZREM', held, id) == 1 then
-    local avg = redis.call('HGET', stats, 'avg')
-    if avg then avg = tonumber(avg) * 0.8 + ran * 0.2 else avg = ran end
-    redis.call('HSET', stats, 'avg', string.format('%d', avg))
-    -- A limiter used once is forgotten like any other (an hour past its last use).
-    if redis.call('PTTL', stats) < 0 then redis.call('PEXPIRE', stats, 3600000) end
+    if redis.call('HSETNX', stats, 'avg', string.format('%d', ran)) == 1 then
+      -- A limiter used once is forgotten like any other (an hour past its last use).
+      redis.call('PEXPIRE', stats, 3600000)
+    elseif string.byte(id, -1) % 4 == 0 then
+      local avg = tonumber(redis.call('HGET', stats, 'avg')) * 0.8 + ran * 0.2
+      redis.call('HSET', stats, 'avg', string.format('%d', avg))
+    end
   end
 end
 "#;
