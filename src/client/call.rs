@@ -69,10 +69,10 @@ impl<T> Call<T> {
     ) -> Self {
         let mut labels = Labels::new();
         if let Some(t) = options.get_timeout() {
-            labels.insert(names::TIMEOUT, t.as_secs_f64());
+            labels.insert_named(names::TIMEOUT, t.as_secs_f64());
         }
         if let Some(q) = options.get_queue() {
-            labels.insert(names::QUEUE_NAME, q);
+            labels.insert_named(names::QUEUE_NAME, q);
         }
         Call {
             name,
@@ -193,14 +193,14 @@ impl<T> Call<T> {
         }
         if let Some(due) = due.filter(|due| *due > now) {
             // Milliseconds are plenty, and keep the label short.
-            labels.insert(names::DUE_AT, (due * 1000.0).ceil() / 1000.0);
+            labels.insert_named(names::DUE_AT, (due * 1000.0).ceil() / 1000.0);
             // taskiq's own label, for its tools and middlewares; workers go by `due_at`.
-            labels.insert(names::DELAY, ((due - now) * 1000.0).round() / 1000.0);
+            labels.insert_named(names::DELAY, ((due - now) * 1000.0).round() / 1000.0);
         }
         if let Some(within) = self.deadline {
             let from = due.unwrap_or(now).max(now);
             // Whole seconds keep the label readable by Python as an int.
-            labels.insert(
+            labels.insert_named(
                 names::DEADLINE_AT,
                 (from + within.as_secs_f64()).ceil().min(i64::MAX as f64) as i64,
             );
@@ -230,10 +230,11 @@ impl<T> Call<T> {
                     TaskId::derived(&["ferriq-dedup", self.name, &call]).to_string()
                 }
             };
-            msg.labels.insert(names::DEDUP_KEY, key);
+            msg.labels.insert_named(names::DEDUP_KEY, key);
             msg.labels
-                .insert(names::DEDUP_FOR, dedup.window.as_secs_f64().max(0.001));
-            msg.labels.insert(names::DEDUP_MODE, dedup.mode.as_str());
+                .insert_named(names::DEDUP_FOR, dedup.window.as_secs_f64().max(0.001));
+            msg.labels
+                .insert_named(names::DEDUP_MODE, dedup.mode.as_str());
         }
         Ok(msg)
     }

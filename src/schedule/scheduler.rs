@@ -399,12 +399,12 @@ impl Scheduler {
             let mut labels = Labels::new();
             // Always: this scheduler's clock may be ahead of the workers'; they hold the tick
             // until it is due by theirs.
-            labels.insert(names::DUE_AT, *tick as f64);
-            labels.insert(names::DEADLINE_AT, tick + TICK_DEADLINE_SECS);
-            labels.insert(names::SCHEDULE, spec.id.as_str());
-            labels.insert(names::TICK, *tick);
+            labels.insert_named(names::DUE_AT, *tick as f64);
+            labels.insert_named(names::DEADLINE_AT, tick + TICK_DEADLINE_SECS);
+            labels.insert_named(names::SCHEDULE, spec.id.as_str());
+            labels.insert_named(names::TICK, *tick);
             if let Some(q) = &spec.queue {
-                labels.insert(names::QUEUE_NAME, q.as_str());
+                labels.insert_named(names::QUEUE_NAME, q.as_str());
             }
             let msg = TaskMessage {
                 task_id: spec.tick_id(*tick),

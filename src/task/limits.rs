@@ -178,8 +178,8 @@ mod tests {
         let rate = Rate::new(5, Duration::from_secs(1));
         let (limiter, r) = rate_limiter(Some(rate), Some(by_arg), &msg).unwrap();
         assert_eq!((limiter.as_str(), r), ("api.call\n42", rate));
-        msg.labels.insert(names::RATE, "9/m");
-        msg.labels.insert(names::RATE_KEY, "k");
+        msg.labels.insert_named(names::RATE, "9/m");
+        msg.labels.insert_named(names::RATE_KEY, "k");
         let (limiter, r) = rate_limiter(None, None, &msg).unwrap();
         assert_eq!(
             (limiter.as_str(), r.to_string().as_str()),

@@ -1,5 +1,7 @@
 //! Float labels as text, the way taskiq carries them.
 
+use std::fmt::{self, Write as _};
+
 /// A float as a label's text: the shortest string that parses back to the same value (what
 /// Python's `float()` reads too), always with a dot so it reads as a float.
 ///
@@ -7,55 +9,90 @@
 /// millisecond, durations) are written from their integer milliseconds: the same text, without
 /// the general shortest-digits search, which was the largest single cost of building a message.
 pub(super) fn format_float(f: f64) -> String {
-    if let Some(s) = from_millis(f) {
-        return s;
-    }
-    if f.is_nan() {
-        "nan".into()
-    } else if f.is_infinite() {
-        if f > 0.0 { "inf" } else { "-inf" }.into()
-    } else {
-        let s = f.to_string();
-        if s.contains(['.', 'e', 'E']) {
-            s
+    FloatText(f).to_string()
+}
+
+/// A float written as [`format_float`] writes it, through `Display`: a message's float labels
+/// (its enqueue time, its due time) are serialized without a `String` built for each.
+pub(super) struct FloatText(pub(super) f64);
+
+impl fmt::Display for FloatText {
+    fn fmt(&self, out: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let f = self.0;
+        if let Some(millis) = Millis::of(f) {
+            return millis.fmt(out);
+        }
+        if f.is_nan() {
+            out.write_str("nan")
+        } else if f.is_infinite() {
+            out.write_str(if f > 0.0 { "inf" } else { "-inf" })
         } else {
-            format!("{s}.0")
+            let s = f.to_string();
+            out.write_str(&s)?;
+            if s.contains(['.', 'e', 'E']) {
+                Ok(())
+            } else {
+                out.write_str(".0")
+            }
         }
     }
 }
 
-/// `f` written from its milliseconds, when it is exactly the double nearest a decimal with at
-/// most three decimals and at most 15 significant digits. Decimals of at most 15 significant
-/// digits survive a round trip through a double (DBL_DIG is 15), so two of them never share one
-/// and no shorter string parses back to `f`: this decimal, trailing
-/// zeros dropped, is the shortest one.
+/// `f` as a decimal with at most three decimals, when it is exactly the double nearest one
+/// with at most 15 significant digits. Decimals of at most 15 significant digits survive a
+/// round trip through a double (DBL_DIG is 15), so two of them never share one and no shorter
+/// string parses back to `f`: this decimal, trailing zeros dropped, is the shortest one.
+struct Millis {
+    negative: bool,
+    whole: u64,
+    /// The three decimals, as ASCII digits.
+    frac: [u8; 3],
+    /// How many of them are written (trailing zeros dropped, at least one).
+    keep: usize,
+}
+
+impl Millis {
+    fn of(f: f64) -> Option<Millis> {
+        // Zero is left to the general path (it keeps the sign of -0.0).
+        if f.is_nan() || f.abs() >= 1e12 || f == 0.0 {
+            return None;
+        }
+        let millis = (f * 1000.0).round();
+        // `millis` is an integer below 2^53, so the division is the nearest double to the
+        // decimal.
+        if millis / 1000.0 != f {
+            return None;
+        }
+        let millis = millis as i64;
+        let (whole, frac) = (millis.unsigned_abs() / 1000, millis.unsigned_abs() % 1000);
+        let frac = [frac / 100, frac / 10 % 10, frac % 10].map(|d| b'0' + d as u8);
+        let keep = frac
+            .iter()
+            .rposition(|&d| d != b'0')
+            .map_or(1, |last| last + 1);
+        Some(Millis {
+            negative: millis < 0,
+            whole,
+            frac,
+            keep,
+        })
+    }
+
+    fn fmt(&self, out: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.negative {
+            out.write_char('-')?;
+        }
+        out.write_str(itoa::Buffer::new().format(self.whole))?;
+        out.write_char('.')?;
+        // ASCII digits only: always valid UTF-8.
+        out.write_str(std::str::from_utf8(&self.frac[..self.keep]).unwrap_or("0"))
+    }
+}
+
+/// `f` written from its milliseconds (see [`Millis`]), when it is such a decimal.
+#[cfg(test)]
 fn from_millis(f: f64) -> Option<String> {
-    // Zero is left to the general path (it keeps the sign of -0.0).
-    if f.is_nan() || f.abs() >= 1e12 || f == 0.0 {
-        return None;
-    }
-    let millis = (f * 1000.0).round();
-    // `millis` is an integer below 2^53, so the division is the nearest double to the decimal.
-    if millis / 1000.0 != f {
-        return None;
-    }
-    let millis = millis as i64;
-    let (whole, frac) = (millis.unsigned_abs() / 1000, millis.unsigned_abs() % 1000);
-    let mut digits = itoa::Buffer::new();
-    let mut s = String::with_capacity(24);
-    if millis < 0 {
-        s.push('-');
-    }
-    s.push_str(digits.format(whole));
-    s.push('.');
-    // Three digits with their leading zeros, trailing zeros dropped (at least one digit).
-    let frac = [frac / 100, frac / 10 % 10, frac % 10].map(|d| b'0' + d as u8);
-    let keep = frac
-        .iter()
-        .rposition(|&d| d != b'0')
-        .map_or(1, |last| last + 1);
-    s.extend(frac[..keep].iter().map(|&d| char::from(d)));
-    Some(s)
+    Millis::of(f).map(|_| FloatText(f).to_string())
 }
 
 #[cfg(test)]

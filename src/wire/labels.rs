@@ -268,8 +268,47 @@ impl From<Vec<u8>> for LabelValue {
 pub struct Labels(
     // Shared, copied on write: a run's context and its message hold the same labels without
     // a copy of every name and value per delivery.
-    Arc<BTreeMap<String, LabelValue>>,
+    Arc<BTreeMap<Name, LabelValue>>,
 );
+
+/// A label's name: a well-known one's static text (no copy), or a copy of the message's own.
+type Name = Cow<'static, str>;
+
+/// `name` as a [`Name`]: the names ferriq and taskiq write on every message are not copied
+/// for each message read or built.
+fn name_of(name: impl AsRef<str> + Into<String>) -> Name {
+    match known(name.as_ref()) {
+        Some(known) => Cow::Borrowed(known),
+        None => Cow::Owned(name.into()),
+    }
+}
+
+/// The well-known name `name` is, if it is one.
+fn known(name: &str) -> Option<&'static str> {
+    use names::*;
+    let known = match name {
+        TIMEOUT => TIMEOUT,
+        MAX_RETRIES => MAX_RETRIES,
+        RETRY_ON_ERROR => RETRY_ON_ERROR,
+        RETRIES => RETRIES,
+        DELAY => DELAY,
+        PRIORITY => PRIORITY,
+        QUEUE_NAME => QUEUE_NAME,
+        DEADLINE_AT => DEADLINE_AT,
+        DUE_AT => DUE_AT,
+        ENQUEUED_AT => ENQUEUED_AT,
+        WIRE => WIRE,
+        REPLY_TO => REPLY_TO,
+        GROUP => GROUP,
+        GROUP_INDEX => GROUP_INDEX,
+        CHAIN => CHAIN,
+        CHAIN_STEP => CHAIN_STEP,
+        SCHEDULE => SCHEDULE,
+        TICK => TICK,
+        _ => return None,
+    };
+    Some(known)
+}
 
 /// Well-known label names.
 pub mod names {
@@ -333,7 +372,12 @@ impl Labels {
 
     /// Sets a label, replacing any earlier value.
     pub fn insert(&mut self, name: impl Into<String>, value: impl Into<LabelValue>) {
-        Arc::make_mut(&mut self.0).insert(name.into(), value.into());
+        Arc::make_mut(&mut self.0).insert(name_of(name.into()), value.into());
+    }
+
+    /// [`insert`](Self::insert) for one of the [`names`]: its name is not copied.
+    pub(crate) fn insert_named(&mut self, name: &'static str, value: impl Into<LabelValue>) {
+        Arc::make_mut(&mut self.0).insert(Cow::Borrowed(name), value.into());
     }
 
     /// Removes a label.
@@ -351,7 +395,7 @@ impl Labels {
 
     /// Every label, in name order.
     pub fn iter(&self) -> impl Iterator<Item = (&str, &LabelValue)> {
-        self.0.iter().map(|(k, v)| (k.as_str(), v))
+        self.0.iter().map(|(k, v)| (k.as_ref(), v))
     }
 
     /// Number of labels.
@@ -469,7 +513,7 @@ impl Labels {
 
     /// Reads `labels` and `labels_types` as taskiq writes them (a name written twice keeps
     /// its last value and its last type, as a JSON object read into a map does).
-    pub(crate) fn from_wire<N: Into<String>, K: AsRef<str>>(
+    pub(crate) fn from_wire<N: AsRef<str> + Into<String>, K: AsRef<str>>(
         labels: Vec<(N, Value)>,
         types: &[(K, Value)],
     ) -> Self {
@@ -495,9 +539,8 @@ impl Labels {
         };
         let mut out = BTreeMap::new();
         for (name, raw) in labels {
-            let name = name.into();
-            let code = code_of(&name);
-            out.insert(name, LabelValue::from_typed(raw, code));
+            let code = code_of(name.as_ref());
+            out.insert(name_of(name), LabelValue::from_typed(raw, code));
         }
         Labels(Arc::new(out))
     }
@@ -522,14 +565,14 @@ impl Labels {
 
     /// Sets `queue_name`: the lane a message goes to (taskiq's routing label).
     pub fn set_queue_name(&mut self, queue: impl Into<String>) {
-        self.insert(names::QUEUE_NAME, queue.into());
+        self.insert_named(names::QUEUE_NAME, queue.into());
     }
 
     /// The labels as plain JSON values, as taskiq copies them into a result.
     pub fn to_json_map(&self) -> Map<String, Value> {
         self.0
             .iter()
-            .map(|(k, v)| (k.clone(), v.to_json()))
+            .map(|(k, v)| (k.to_string(), v.to_json()))
             .collect()
     }
 }
@@ -547,7 +590,7 @@ impl<K: Into<String>, V: Into<LabelValue>> FromIterator<(K, V)> for Labels {
     fn from_iter<I: IntoIterator<Item = (K, V)>>(iter: I) -> Self {
         Labels(Arc::new(
             iter.into_iter()
-                .map(|(k, v)| (k.into(), v.into()))
+                .map(|(k, v)| (name_of(k.into()), v.into()))
                 .collect(),
         ))
     }

@@ -1,6 +1,7 @@
 //! Labels written the taskiq way (`labels` with string values and the matching
 //! `labels_types`), serialized straight from the message's labels.
 
+use super::float::FloatText;
 use super::labels::python_bool;
 use super::{LabelValue, Labels};
 
@@ -21,9 +22,8 @@ impl serde::Serialize for TypedLabels<'_> {
                 LabelValue::Int(i) => map.serialize_entry(name, &AsString(i))?,
                 LabelValue::Bool(b) => map.serialize_entry(name, python_bool(*b))?,
                 LabelValue::Any(v) => map.serialize_entry(name, v)?,
-                LabelValue::Float(_) | LabelValue::Bytes(_) => {
-                    map.serialize_entry(name, &value.to_typed().0)?
-                }
+                LabelValue::Float(f) => map.serialize_entry(name, &AsString(FloatText(*f)))?,
+                LabelValue::Bytes(_) => map.serialize_entry(name, &value.to_typed().0)?,
             }
         }
         map.end()

@@ -156,10 +156,10 @@ impl Client {
         }
         let steps = messages.len() as u32;
         for (i, msg) in messages.iter_mut().enumerate() {
-            msg.labels.insert(names::CHAIN, id.as_str());
-            msg.labels.insert(names::CHAIN_STEP, i as i64);
+            msg.labels.insert_named(names::CHAIN, id.as_str());
+            msg.labels.insert_named(names::CHAIN_STEP, i as i64);
             if let Some(channel) = &reply_to {
-                msg.labels.insert(names::REPLY_TO, channel.as_str());
+                msg.labels.insert_named(names::REPLY_TO, channel.as_str());
             }
         }
         // Every step through the middleware, in order (a refusal of any writes nothing), then

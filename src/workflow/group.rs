@@ -289,9 +289,11 @@ impl Client {
             // Sent when the last member finishes, however long that takes.
             .with_deadline(None)
             .into_message_at(self.clock())?;
-        message.labels.insert(names::GROUP_RESULTS, id.as_str());
+        message
+            .labels
+            .insert_named(names::GROUP_RESULTS, id.as_str());
         if let Some(channel) = self.store().reply_channel() {
-            message.labels.insert(names::REPLY_TO, channel);
+            message.labels.insert_named(names::REPLY_TO, channel);
         }
         self.before_send(&mut message).await?;
         let callback_message = message.to_json_value()?;
@@ -331,8 +333,8 @@ impl Client {
             let mut msg = call
                 .with_task_id(member_id(id, i as u32))
                 .into_message_at(self.clock())?;
-            msg.labels.insert(names::GROUP, id.as_str());
-            msg.labels.insert(names::GROUP_INDEX, i as i64);
+            msg.labels.insert_named(names::GROUP, id.as_str());
+            msg.labels.insert_named(names::GROUP_INDEX, i as i64);
             match self.prepare(msg).await {
                 Ok(prepared) => batch.push(prepared),
                 Err(e) => {
