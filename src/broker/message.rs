@@ -43,20 +43,53 @@ impl OutgoingMessage {
     /// Serialises a message and derives its routing from its labels; `now_unix` is the time
     /// its delay (until `due_at`) is counted from.
     pub fn from_message_at(message: &TaskMessage, now_unix: f64) -> Result<Self, WireError> {
-        Ok(OutgoingMessage {
-            task_id: message.task_id.clone(),
-            task_name: message.task_name.clone(),
-            body: message.to_json()?,
-            labels: message.labels.clone(),
-            queue: message.labels.queue_name().map(str::to_owned),
-            delay: message
-                .labels
+        let body = message.to_json()?;
+        Ok(Self::routed(
+            message.task_id.clone(),
+            message.task_name.clone(),
+            body,
+            message.labels.clone(),
+            now_unix,
+        ))
+    }
+
+    /// [`from_message_at`](Self::from_message_at), taking the message: its name is moved, not
+    /// copied (an enqueue that keeps no copy of its message for middleware).
+    pub(crate) fn from_owned_message_at(
+        message: TaskMessage,
+        now_unix: f64,
+    ) -> Result<Self, WireError> {
+        let body = message.to_json()?;
+        Ok(Self::routed(
+            message.task_id,
+            message.task_name,
+            body,
+            message.labels,
+            now_unix,
+        ))
+    }
+
+    /// The message with its routing read from its labels.
+    fn routed(
+        task_id: TaskId,
+        task_name: String,
+        body: Vec<u8>,
+        labels: Labels,
+        now_unix: f64,
+    ) -> Self {
+        OutgoingMessage {
+            task_id,
+            task_name,
+            body,
+            queue: labels.queue_name().map(str::to_owned),
+            delay: labels
                 .due_at()
                 .map(|due| due - now_unix)
                 .filter(|left| *left > 0.0)
                 .map(|left| Duration::from_secs_f64(left.min(MAX_DELAY.as_secs_f64()))),
-            priority: message.labels.priority(),
-        })
+            priority: labels.priority(),
+            labels,
+        }
     }
 
     /// The headers taskiq-aio-pika writes: `task_id`, `task_name`, then every label as a

@@ -303,25 +303,38 @@ impl Client {
     }
 
     pub(crate) fn outgoing(&self, msg: &mut TaskMessage) -> Result<OutgoingMessage, WireError> {
+        let now = self.stamp(msg);
+        OutgoingMessage::from_message_at(msg, now)
+    }
+
+    /// [`outgoing`](Self::outgoing), taking the message (nothing keeps it for middleware).
+    fn outgoing_owned(&self, mut msg: TaskMessage) -> Result<OutgoingMessage, WireError> {
+        let now = self.stamp(&mut msg);
+        OutgoingMessage::from_owned_message_at(msg, now)
+    }
+
+    /// Adds the labels a message goes out with (its reply channel, when it was sent, when it
+    /// is due), and says when that is.
+    fn stamp(&self, msg: &mut TaskMessage) -> f64 {
         if msg.labels.get(names::REPLY_TO).is_none() {
             if let Some(channel) = self.store.reply_channel_for(&msg.task_id) {
-                msg.labels.insert(names::REPLY_TO, channel);
+                msg.labels.insert_named(names::REPLY_TO, channel);
             }
         }
         let now = self.clock.now_unix();
         if msg.labels.get(names::ENQUEUED_AT).is_none() {
             msg.labels
-                .insert(names::ENQUEUED_AT, (now * 1000.0).round() / 1000.0);
+                .insert_named(names::ENQUEUED_AT, (now * 1000.0).round() / 1000.0);
         }
         if msg.labels.due_at().is_none() {
             // A hand-built message with taskiq's relative `delay`: this is its send time.
             if let Some(delay) = msg.labels.delay().filter(|d| !d.is_zero()) {
                 let due = now + delay.as_secs_f64();
                 msg.labels
-                    .insert(names::DUE_AT, (due * 1000.0).ceil() / 1000.0);
+                    .insert_named(names::DUE_AT, (due * 1000.0).ceil() / 1000.0);
             }
         }
-        OutgoingMessage::from_message_at(msg, now)
+        now
     }
 
     /// Runs the `before_send` hooks (which may refuse the message). Also for a message a
@@ -342,7 +355,7 @@ impl Client {
     /// channel and due time.
     pub(crate) async fn prepare(&self, mut msg: TaskMessage) -> Result<Prepared, EnqueueError> {
         if self.middleware.is_empty() {
-            let out = self.outgoing(&mut msg)?;
+            let out = self.outgoing_owned(msg)?;
             self.check_size(&out)?;
             return Ok((None, out));
         }
@@ -473,7 +486,7 @@ impl Client {
         };
         msg.task_id = task.clone();
         msg.labels
-            .insert(names::DEBOUNCE_SEQ, seq.min(i64::MAX as u64) as i64);
+            .insert_named(names::DEBOUNCE_SEQ, seq.min(i64::MAX as u64) as i64);
         let mut copy = OutgoingMessage::from_message(&msg).map_err(EnqueueError::Wire)?;
         copy.queue = out.queue;
         copy.delay = out.delay;
