@@ -253,7 +253,7 @@ local function free_slot(held, stats, id, ran)
     if redis.call('HSETNX', stats, 'avg', string.format('%d', ran)) == 1 then
       -- A limiter used once is forgotten like any other (an hour past its last use).
       redis.call('PEXPIRE', stats, 3600000)
-    elseif string.byte(id, -1) % 4 == 0 then
+    elseif (string.byte(id, -1) or 0) % 4 == 0 then
       local avg = tonumber(redis.call('HGET', stats, 'avg')) * 0.8 + ran * 0.2
       redis.call('HSET', stats, 'avg', string.format('%d', avg))
     end
