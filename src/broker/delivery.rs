@@ -65,8 +65,9 @@ pub struct Delivery {
     pub task_id: Option<String>,
     /// How many times this message has been received, this time included.
     pub receive_count: u32,
-    /// The queue it came from.
-    pub queue: String,
+    /// The queue it came from (shared: a broker hands every delivery of a lane the same
+    /// name, and the worker keeps it with the run without a copy).
+    pub queue: Arc<str>,
     /// The broker's handle for ack/release/extend.
     pub handle: DeliveryHandle,
     /// Unix seconds before which the message is not to be handled, when the broker delivers
@@ -100,7 +101,7 @@ impl Delivery {
         body: Vec<u8>,
         task_id: Option<String>,
         receive_count: u32,
-        queue: impl Into<String>,
+        queue: impl Into<Arc<str>>,
         handle: DeliveryHandle,
     ) -> Self {
         Delivery {

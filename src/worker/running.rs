@@ -32,7 +32,7 @@ pub(crate) struct Running {
     pub(crate) task_name: &'static str,
     pub(crate) attempt: u32,
     /// The lane its delivery came from, for operators.
-    pub(crate) lane: String,
+    pub(crate) lane: Arc<str>,
     /// When the run started (unix ms), for operators.
     pub(crate) started_at_ms: u64,
     pub(crate) token: Token,
@@ -124,7 +124,7 @@ impl RunningTable {
                     e.task_name.to_owned(),
                     e.started_at_ms,
                     e.attempt,
-                    e.lane.clone(),
+                    e.lane.to_string(),
                 )
             })
             .collect()

@@ -94,7 +94,7 @@ pub(super) async fn park(
 /// lists depends on it: a failure is logged, and a re-index finds the letter in its queue.
 async fn index_dead(w: &Inner, d: &Delivery, why: &DeadLetter) {
     let task_id = d.task_id.as_deref().and_then(|s| TaskId::parse(s).ok());
-    let mut entry = DeadEntry::new(d.queue.as_str(), task_id, &d.body)
+    let mut entry = DeadEntry::new(&*d.queue, task_id, &d.body)
         .reason(why.reason.as_str())
         .detail(&why.detail)
         .attempts(why.attempts)

@@ -52,7 +52,7 @@ struct Held {
     /// not know of, or a nack through the `Acker`): one gate for both, so they never both go
     /// out.
     settled: Arc<AtomicBool>,
-    queue: String,
+    queue: Arc<str>,
     body: Vec<u8>,
     /// Its properties, kept whole (taken from the delivery, not copied): a copy carries its
     /// headers.
@@ -255,7 +255,7 @@ impl AmqpBroker {
             acks,
             delivery_tag,
             settled: Arc::new(AtomicBool::new(false)),
-            queue: queue.clone(),
+            queue: Arc::clone(&queue),
             body: data.clone(),
             properties,
             receive_count,
@@ -353,7 +353,7 @@ impl Broker for AmqpBroker {
             AMQPValue::LongLongInt(unix_ms_now().saturating_add(after_ms)),
         );
         let copy = self.delayed(
-            held.queue.clone(),
+            held.queue.to_string(),
             after,
             held.body.clone(),
             persistent(headers),

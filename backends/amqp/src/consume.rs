@@ -27,7 +27,7 @@ pub(crate) trait LaneHost {
 /// A delivery as a lane's consumer gave it, tagged with its session.
 pub(crate) struct Incoming {
     pub(crate) generation: u64,
-    pub(crate) queue: String,
+    pub(crate) queue: Arc<str>,
     pub(crate) delivery: lapin::message::Delivery,
     /// The book of the consumer channel it came on (acks go straight to that channel).
     pub(crate) acks: Arc<AckBook>,
@@ -36,7 +36,7 @@ pub(crate) struct Incoming {
 /// One lane's consumer on one session, handed from the session that started it to `receive`.
 pub(crate) struct LaneConsumer {
     pub(crate) generation: u64,
-    pub(crate) queue: String,
+    pub(crate) queue: Arc<str>,
     /// Its channel's acks; every delivery is noted there as the consumer yields it.
     pub(crate) acks: Arc<AckBook>,
     pub(crate) consumer: Consumer,
@@ -93,7 +93,7 @@ impl Lanes {
                     lane.acks.delivered(delivery.delivery_tag);
                     return Poll::Ready(Incoming {
                         generation: lane.generation,
-                        queue: lane.queue.clone(),
+                        queue: Arc::clone(&lane.queue),
                         delivery,
                         acks: Arc::clone(&lane.acks),
                     });
@@ -116,7 +116,7 @@ fn ended(shared: &impl LaneHost, lane: &LaneConsumer, error: Option<lapin::Error
     if !shared.consuming() || lane.dead.is_cancelled() {
         return;
     }
-    let queue = &lane.queue;
+    let queue = &*lane.queue;
     match error {
         Some(e) => {
             tracing::warn!(error = %e, queue, "consumer failed; reconnecting");

@@ -402,7 +402,7 @@ impl Shared {
                         .unwrap_or_else(|p| p.into_inner())
                         .push(LaneConsumer {
                             generation: session.generation,
-                            queue: queue.clone(),
+                            queue: Arc::from(queue.as_str()),
                             acks: Arc::new(crate::acks::AckBook::new(Arc::new(channel))),
                             consumer,
                             dead: session.dead.clone(),

@@ -361,7 +361,7 @@ impl MemoryBroker {
                     stored.body.clone(),
                     stored.task_id.clone(),
                     stored.receive_count,
-                    &**queue,
+                    Arc::clone(queue),
                     DeliveryHandle::new(handle),
                 ));
                 stats.received += 1;
