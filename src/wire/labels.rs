@@ -305,6 +305,15 @@ fn known(name: &str) -> Option<&'static str> {
         CHAIN_STEP => CHAIN_STEP,
         SCHEDULE => SCHEDULE,
         TICK => TICK,
+        GROUP_RESULTS => GROUP_RESULTS,
+        RATE => RATE,
+        RATE_KEY => RATE_KEY,
+        CONCURRENCY => CONCURRENCY,
+        CONCURRENCY_KEY => CONCURRENCY_KEY,
+        DEDUP_KEY => DEDUP_KEY,
+        DEDUP_FOR => DEDUP_FOR,
+        DEDUP_MODE => DEDUP_MODE,
+        DEBOUNCE_SEQ => DEBOUNCE_SEQ,
         _ => return None,
     };
     Some(known)
@@ -593,5 +602,66 @@ impl<K: Into<String>, V: Into<LabelValue>> FromIterator<(K, V)> for Labels {
                 .map(|(k, v)| (name_of(k.into()), v.into()))
                 .collect(),
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_well_known_name_is_itself_and_any_other_is_copied() {
+        use names::*;
+        for name in [
+            TIMEOUT,
+            MAX_RETRIES,
+            RETRY_ON_ERROR,
+            RETRIES,
+            DELAY,
+            PRIORITY,
+            QUEUE_NAME,
+            DEADLINE_AT,
+            DUE_AT,
+            ENQUEUED_AT,
+            WIRE,
+            REPLY_TO,
+            GROUP,
+            GROUP_INDEX,
+            CHAIN,
+            CHAIN_STEP,
+            SCHEDULE,
+            TICK,
+            GROUP_RESULTS,
+            RATE,
+            RATE_KEY,
+            CONCURRENCY,
+            CONCURRENCY_KEY,
+            DEDUP_KEY,
+            DEDUP_FOR,
+            DEDUP_MODE,
+            DEBOUNCE_SEQ,
+        ] {
+            assert_eq!(known(name), Some(name));
+            assert!(matches!(name_of(name.to_owned()), Cow::Borrowed(n) if n == name));
+        }
+        assert_eq!(known("tenant"), None);
+        assert!(matches!(name_of("tenant"), Cow::Owned(n) if n == "tenant"));
+        // Read from the wire, both kinds are found by name and written back alike.
+        let labels = Labels::from_wire(
+            vec![
+                ("reply_to", Value::from("ch")),
+                ("tenant", Value::from("acme")),
+            ],
+            &[("reply_to", Value::from(3)), ("tenant", Value::from(3))],
+        );
+        assert_eq!(labels.reply_to(), Some("ch"));
+        assert_eq!(
+            labels.get("tenant").and_then(LabelValue::as_str),
+            Some("acme")
+        );
+        assert_eq!(
+            labels.iter().map(|(k, _)| k).collect::<Vec<_>>(),
+            ["reply_to", "tenant"]
+        );
     }
 }
