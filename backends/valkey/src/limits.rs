@@ -29,30 +29,33 @@ static ADMIT: LazyLock<Script> =
     LazyLock::new(|| Script::from_lua(format!("{LIMITER_HEAD}{ADMIT_STEPS}{ADMIT_LOOP}")));
 
 /// What every limiter script starts with: the server's time (`now`, µs), the grace (µs, the
-/// first argument) and `fmt`.
+/// first argument), `fmt` and `renew_ttls`.
 pub(crate) const LIMITER_HEAD: &str = r#"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local grace = tonumber(ARGV[1])
 local function fmt(x) return string.format('%d', x) end
+-- A limiter's three keys get their time to live renewed once half of it has passed (one call,
+-- not four, per decision on the hot path); `first` is the key whose TTL is read. Defined once
+-- per script run, not per decision.
+local function renew_ttls(first, second, third, ttl)
+  if redis.call('PTTL', first) < ttl / 2 then
+    redis.call('PEXPIRE', first, ttl)
+    redis.call('PEXPIRE', second, ttl)
+    redis.call('PEXPIRE', third, ttl)
+  end
+end
 "#;
 
 /// One rate decision's steps: `admit(started, turns, reserved, id, limit, period µs)`.
 pub(crate) const ADMIT_STEPS: &str = r#"
 -- The lists are trimmed to the limit only once they outgrow it by a margin, and their time to
--- live is renewed only once half of it has passed: each is one call fewer per decision, and
--- decisions are the hot path of every limited task. (Entries past the limit are never read.)
--- The helpers are defined once per script run, not per decision: a closure made for every
--- decision is garbage the server collects on the hot path.
+-- live is renewed only once half of it has passed (`renew_ttls`): each is one call fewer per
+-- decision, and decisions are the hot path of every limited task. (Entries past the limit are
+-- never read.) The helper is defined once per script run, not per decision: a closure made
+-- for every decision is garbage the server collects on the hot path.
 local function admit_push(list, at, n)
   if redis.call('LPUSH', list, at) > n + 32 then redis.call('LTRIM', list, 0, n - 1) end
-end
-local function admit_expire(started, turns, reserved, ttl)
-  if redis.call('PTTL', started) < ttl / 2 then
-    redis.call('PEXPIRE', started, ttl)
-    redis.call('PEXPIRE', turns, ttl)
-    redis.call('PEXPIRE', reserved, ttl)
-  end
 end
 local now_text = fmt(now)
 local function admit(started, turns, reserved, id, n, period)
@@ -70,7 +73,7 @@ local function admit(started, turns, reserved, id, n, period)
   if not waiting and free_at <= now then
     admit_push(turns, now_text, n)
     admit_push(started, now_text, n)
-    admit_expire(started, turns, reserved, ttl)
+    renew_ttls(started, turns, reserved, ttl)
     return {'run'}
   end
   local turn = waiting and redis.call('ZSCORE', reserved, id)
@@ -79,12 +82,12 @@ local function admit(started, turns, reserved, id, n, period)
     if turn > now + grace then return {'wait', turn - now} end
     if free_at > now then
       redis.call('ZADD', reserved, fmt(free_at), id)
-      admit_expire(started, turns, reserved, ttl)
+      renew_ttls(started, turns, reserved, ttl)
       return {'wait', free_at - now}
     end
     redis.call('ZREM', reserved, id)
     admit_push(started, now_text, n)
-    admit_expire(started, turns, reserved, ttl)
+    renew_ttls(started, turns, reserved, ttl)
     return {'run'}
   end
   turn = math.max(now, free_at)
@@ -95,12 +98,12 @@ local function admit(started, turns, reserved, id, n, period)
   admit_push(turns, fmt(turn), n)
   if turn <= now + grace and free_at <= now then
     admit_push(started, now_text, n)
-    admit_expire(started, turns, reserved, ttl)
+    renew_ttls(started, turns, reserved, ttl)
     return {'run'}
   end
   redis.call('ZADD', reserved, fmt(turn), id)
   if not waiting then redis.call('PEXPIRE', reserved, ttl) end
-  admit_expire(started, turns, reserved, ttl)
+  renew_ttls(started, turns, reserved, ttl)
   return {'wait', turn - now}
 end
 "#;
@@ -124,29 +127,20 @@ static ACQUIRE: LazyLock<Script> =
 
 /// One concurrency decision's steps: `acquire(held, waiting, stats, id, limit, lease µs)`.
 pub(crate) const ACQUIRE_STEPS: &str = r#"
--- Their time to live is renewed once half of it has passed (one call, not four, per
--- decision on the hot path). Defined once per script run, not per decision.
-local function acquire_expire(held, waiting, stats, ttl)
-  if redis.call('PTTL', held) < ttl / 2 then
-    redis.call('PEXPIRE', held, ttl)
-    redis.call('PEXPIRE', waiting, ttl)
-    redis.call('PEXPIRE', stats, ttl)
-  end
-end
 local function acquire(held, waiting, stats, id, n, lease)
   local ttl = math.floor(lease / 1000) + 3600000
   -- Nobody waits and a slot is free (counting slots whose lease ran out as taken: they are
   -- swept when the slots run short): take it.
   if redis.call('ZCARD', waiting) == 0 and redis.call('ZCARD', held) < n then
     redis.call('ZADD', held, fmt(now + lease), id)
-    acquire_expire(held, waiting, stats, ttl)
+    renew_ttls(held, waiting, stats, ttl)
     return {'held'}
   end
   redis.call('ZREMRANGEBYSCORE', held, '-inf', fmt(now))
   redis.call('ZREMRANGEBYSCORE', waiting, '-inf', fmt(now - 3600000000))
   if redis.call('ZSCORE', held, id) then
     redis.call('ZADD', held, fmt(now + lease), id)
-    acquire_expire(held, waiting, stats, ttl)
+    renew_ttls(held, waiting, stats, ttl)
     return {'held'}
   end
   local free = n - redis.call('ZCARD', held)
@@ -170,7 +164,7 @@ local function acquire(held, waiting, stats, id, n, lease)
   if due < free then
     redis.call('ZREM', waiting, id)
     redis.call('ZADD', held, fmt(now + lease), id)
-    acquire_expire(held, waiting, stats, ttl)
+    renew_ttls(held, waiting, stats, ttl)
     return {'held'}
   end
   local avg = tonumber(redis.call('HGET', stats, 'avg') or '1000000')
@@ -192,7 +186,7 @@ local function acquire(held, waiting, stats, id, n, lease)
   end
   redis.call('ZADD', waiting, fmt(now + wait), id)
   redis.call('PEXPIRE', waiting, ttl)
-  acquire_expire(held, waiting, stats, ttl)
+  renew_ttls(held, waiting, stats, ttl)
   return {'wait', wait}
 end
 "#;

@@ -1,8 +1,9 @@
-//! Rate and concurrency limits kept in Valkey, shared by workers on real time: a rate is kept
-//! with its decision asked with the claim; never more runs at once than the slots; the runs
-//! going on take their slots again after the store lost its data. (The store-level rules — a
-//! dead worker's slot frees itself within its lease, waiters come back by then, limits set at
-//! run time are listed — are the conformance kit's flow suite, `conformance.rs`.)
+//! Concurrency limits kept in Valkey, shared by workers on real time: never more runs at once
+//! than the slots; the runs going on take their slots again after the store lost its data.
+//! (A rate shared by workers, its decision asked with the claim, is `rate.rs`, alone in its
+//! binary; the store-level rules — a dead worker's slot frees itself within its lease, waiters
+//! come back by then, limits set at run time are listed — are the conformance kit's flow
+//! suite, `conformance.rs`.)
 
 mod common;
 
@@ -105,58 +106,5 @@ async fn runs_going_on_take_their_slots_again_after_the_store_lost_its_data() {
             _ => assert!(Instant::now() < free_by, "the released slot stayed taken"),
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// Starts recorded by a rate-limited task's bodies.
-#[derive(Default)]
-struct Starts(Mutex<Vec<Instant>>);
-
-#[ferriq::task(name = "valkey.limits.call_partner", rate = "5/s")]
-async fn call_partner(starts: State<Arc<Starts>>, n: u32) -> u32 {
-    starts.0.lock().unwrap().push(Instant::now());
-    n
-}
-
-/// On a single server a rate decision goes to the store with the claim (one script): tasks over
-/// the rate are handed back, not run, failed or lost, and every one runs in its turn.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_workers_keep_a_rate_their_claims_ask_with() {
-    let store = Arc::new(common::store().await);
-    let broker = Arc::new(ferriq::memory::MemoryBroker::new());
-    let starts = Arc::new(Starts::default());
-    let workers: Vec<_> = (0..2)
-        .map(|_| {
-            common::spawn_worker_with(
-                broker.clone(),
-                store.clone(),
-                &[call_partner::NAME],
-                Arc::clone(&starts),
-            )
-        })
-        .collect();
-    let client = Client::new(broker.clone(), store.clone());
-    let handles = client
-        .enqueue_batch((0..12).map(call_partner::call))
-        .await
-        .unwrap();
-    for (i, h) in handles.iter().enumerate() {
-        assert_eq!(h.wait(Duration::from_secs(60)).await.unwrap(), i as u32);
-    }
-    let mut starts = starts.0.lock().unwrap().clone();
-    starts.sort();
-    assert_eq!(starts.len(), 12, "every task ran once");
-    for (i, first) in starts.iter().enumerate() {
-        let in_window = starts[i..]
-            .iter()
-            .take_while(|t| t.duration_since(*first) < Duration::from_secs(1))
-            .count();
-        assert!(
-            in_window <= 5,
-            "{in_window} starts within one second of a 5/s rate"
-        );
-    }
-    for w in workers {
-        w.stop().await;
     }
 }

@@ -1,6 +1,8 @@
 //! Rate limits kept in Valkey, shared by three workers on real time: no sliding second holds
-//! more starts than the limit, and nothing is lost or run twice. (Alone in its binary: the
-//! measure is the task bodies' own start times, which other tests' load would spread.)
+//! more starts than the limit, and nothing is lost or run twice. On a single server each
+//! decision goes to the store with its claim (one script run): this fails when that script
+//! does not keep the limit. (Alone in its binary: the measure is the task bodies' own start
+//! times, which other tests' load would spread.)
 
 mod common;
 
