@@ -61,10 +61,12 @@ use futures_util::StreamExt;
 
 #[cfg(not(feature = "mimalloc"))]
 mod allocs;
+mod commandstats;
 mod load;
 mod modes;
 mod rounds;
 
+use commandstats::CommandStats;
 use load::{
     as_raw_client, bulk, bulk_of, drive, fmt_cost, fmt_cpu, fmt_runs, metered, raw_client_name,
     report, round_trips, warm_up, Figures,
@@ -123,6 +125,20 @@ async fn streams(queue: &str) -> ferriq_valkey::StreamBroker {
         .connect()
         .await
         .expect("Redis")
+}
+
+/// A connection pool to the bench's Redis for reading its counters.
+async fn redis_pool() -> Result<fred::clients::Pool, Box<dyn std::error::Error>> {
+    use fred::prelude::ClientLike;
+    let pool = fred::clients::Pool::new(
+        fred::prelude::Config::from_url(&redis_url())?,
+        None,
+        None,
+        None,
+        1,
+    )?;
+    pool.init().await?;
+    Ok(pool)
 }
 
 async fn valkey(prefix: &str) -> ValkeyStore {

@@ -193,14 +193,22 @@ pub(super) async fn limits_rounds(
         ("Redis", find_process("redis-server")),
     ]);
     let mut cpu: Vec<Vec<Vec<f64>>> = vec![Vec::new(); kinds.len()];
+    let stats_pool = redis_pool().await?;
+    let mut stats = vec![Vec::new(); kinds.len()];
     for round in 0..rounds {
         // Each round starts with another kind, so none always runs on a warmer worker.
         for k in 0..kinds.len() {
             let k = (k + round) % kinds.len();
             let before = meter.read();
+            let stats_before = CommandStats::read(&stats_pool).await;
             let (_, took) = bulk_of(&world.client, n, kinds[k].1).await;
             cpu[k].push(meter.per_task_us(&before, n));
             runs[k].push(n as f64 / took.as_secs_f64());
+            stats[k].push(
+                CommandStats::read(&stats_pool)
+                    .await
+                    .per_task_since(&stats_before, n),
+            );
         }
     }
     world.stop_worker().await;
@@ -229,6 +237,8 @@ pub(super) async fn limits_rounds(
         .map(|((what, _), c)| (*what, c.as_slice(), true))
         .collect();
     print_cpu_table(&meter.names(), rounds, &rows);
+    let stats: Vec<_> = kinds.iter().map(|(what, _)| *what).zip(stats).collect();
+    commandstats::print_table(&stats);
     println!(
         "no_limit_tasks_per_s={base:.0} rate_ratio={:.3} concurrency_ratio={:.3}",
         median(&runs[1]) / base,

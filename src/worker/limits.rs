@@ -2,7 +2,7 @@
 //! failed, no attempt spent — handed back to the broker until shortly before it, then held here
 //! for the last few milliseconds.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -23,7 +23,16 @@ use crate::wire::{TaskId, TaskMessage, TaskResult};
 #[derive(Default)]
 pub(crate) struct LiveLimits {
     overrides: RwLock<Arc<HashMap<String, LimitOverride>>>,
-    seen: Mutex<HashSet<LimiterSeen>>,
+    seen: Mutex<Seen>,
+}
+
+/// The limiters used since they were last noted in the store, by name, with the limit last
+/// applied. Every limited task notes its limiter: one already noted with the same limit costs
+/// a lookup, not a copy of its name.
+#[derive(Default)]
+struct Seen {
+    rates: HashMap<String, Rate>,
+    slots: HashMap<String, u32>,
 }
 
 impl LiveLimits {
@@ -31,16 +40,43 @@ impl LiveLimits {
         Arc::clone(&self.overrides.read().unwrap_or_else(|p| p.into_inner()))
     }
 
-    fn note(&self, kind: LimiterKind, limiter: &str, limit: String) {
-        let seen = LimiterSeen {
-            kind,
-            limiter: limiter.to_owned(),
-            limit,
-        };
-        self.seen
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(seen);
+    fn seen(&self) -> std::sync::MutexGuard<'_, Seen> {
+        self.seen.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn note_rate(&self, limiter: &str, rate: Rate) {
+        note(&mut self.seen().rates, limiter, rate);
+    }
+
+    fn note_slots(&self, limiter: &str, limit: u32) {
+        note(&mut self.seen().slots, limiter, limit);
+    }
+
+    /// The limiters noted since the last call, emptied.
+    fn take_seen(&self) -> Vec<LimiterSeen> {
+        let mut seen = self.seen();
+        let rates = seen.rates.drain().map(|(limiter, rate)| LimiterSeen {
+            kind: LimiterKind::Rate,
+            limiter,
+            limit: rate.to_string(),
+        });
+        let mut out: Vec<LimiterSeen> = rates.collect();
+        out.extend(seen.slots.drain().map(|(limiter, limit)| LimiterSeen {
+            kind: LimiterKind::Concurrency,
+            limiter,
+            limit: limit.to_string(),
+        }));
+        out
+    }
+}
+
+fn note<T: PartialEq>(map: &mut HashMap<String, T>, limiter: &str, limit: T) {
+    match map.get_mut(limiter) {
+        Some(noted) if *noted == limit => {}
+        Some(noted) => *noted = limit,
+        None => {
+            map.insert(limiter.to_owned(), limit);
+        }
     }
 }
 
@@ -95,10 +131,7 @@ pub(super) async fn refresh(w: &Inner) {
         }
         Err(e) => tracing::debug!(error = %e, "could not read the limits set at run time"),
     }
-    let seen: Vec<LimiterSeen> = {
-        let mut seen = w.limits.seen.lock().unwrap_or_else(|p| p.into_inner());
-        seen.drain().collect()
-    };
+    let seen = w.limits.take_seen();
     if !seen.is_empty() {
         if let Err(e) = w.store.note_limiters(&seen).await {
             tracing::debug!(error = %e, "could not note the limiters used");
@@ -127,7 +160,7 @@ pub(super) fn rate_limiter(
             (msg.task_name.clone(), rate)
         }
     };
-    w.limits.note(LimiterKind::Rate, &limiter, rate.to_string());
+    w.limits.note_rate(&limiter, rate);
     Some((limiter, rate))
 }
 
@@ -155,8 +188,7 @@ pub(super) fn concurrency_limiter(
             (msg.task_name.clone(), limit)
         }
     };
-    w.limits
-        .note(LimiterKind::Concurrency, &limiter, limit.to_string());
+    w.limits.note_slots(&limiter, limit);
     Some((limiter, limit))
 }
 

@@ -185,7 +185,7 @@ impl Core {
         lease: Duration,
     ) -> Result<Vec<ClaimLease>, StoreError> {
         let build = || {
-            let keys = claims.iter().map(|(id, _)| self.keys.claim(id)).collect();
+            let keys: Vec<String> = claims.iter().map(|(id, _)| self.keys.claim(id)).collect();
             let mut args = vec![ms(lease), self.claim_ttl()];
             args.extend(claims.iter().map(|(_, t)| t.0.to_string()));
             (keys, args)

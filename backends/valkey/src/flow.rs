@@ -79,8 +79,10 @@ impl FlowStore for ValkeyStore {
         };
         Some(match gate {
             LimitGate::Rate { limiter, rate } => {
+                let keys = self.limiter_keys(limiter);
                 let call = GatedCall {
-                    limiter_keys: self.limiter_keys(limiter),
+                    renew: keys.renew_due(),
+                    limiter: keys,
                     limit: rate.limit(),
                     span: rate.period(),
                     claim,
@@ -92,8 +94,10 @@ impl FlowStore for ValkeyStore {
                 limit,
                 lease,
             } => {
+                let keys = self.slot_keys(limiter);
                 let call = GatedCall {
-                    limiter_keys: self.slot_keys(limiter),
+                    renew: keys.renew_due(),
+                    limiter: keys,
                     limit,
                     span: lease,
                     claim,
@@ -118,9 +122,11 @@ impl FlowStore for ValkeyStore {
             Ok(call) => call,
             Err(e) => return Some(Err(e)),
         };
+        let keys = self.slot_keys(slot.limiter);
         let call = CompleteFreeingCall {
             complete,
-            slot_keys: self.held_slot_keys(slot.limiter),
+            note: keys.note_due(),
+            slot: keys,
             held: slot.held,
         };
         Some(batchers.complete_freeings.call(call).await)

@@ -4,34 +4,35 @@
 //! written with its concurrency slot freed (`FlowStore::complete_freeing_slot`). In a cluster
 //! the limiter's keys and the task's sit in different slots, and the worker asks them apart.
 
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use ferriq::store::{CompleteOutcome, Gated, StoreError};
 use fred::types::scripts::Script;
-use fred::types::Value;
+use fred::types::{Key, Value};
 
 use crate::claims::{ms, parse_claim, parse_complete, ClaimCall, CompleteCall, Core};
 use crate::error::store_error;
+use crate::limiter_keys::{flag, LimiterKeys};
 use crate::limits::{ACQUIRE_STEPS, ADMIT_STEPS, GRACE_US, LIMITER_HEAD, RELEASE_STEPS};
 use crate::scripts::{self, ANNOUNCE, CLAIM_STEPS, COMPLETE_STEPS, PRELUDE};
 
 /// Per call, KEYS: the limiter's three keys (as `ADMIT` or `ACQUIRE` take them), then the
 /// task's claim and result; ARGV (after the grace µs and the claim's time to live ms): task
-/// id, limit, period or lease µs, worker, claim lease ms, deadline. Returns per call
+/// id, limit, period or lease µs, renew (as `ADMIT`'s), worker, claim lease ms, deadline. Returns per call
 /// {'limit', µs} (over the limit: nothing claimed), else the claim's answer (as `CLAIM`'s).
 /// `GATE` is `admit` or `acquire`.
 const GATED_LOOP: &str = r#"
 local claim_ttl = ARGV[2]
 local function gated(k, a)
   local d = GATE(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], ARGV[a + 1], tonumber(ARGV[a + 2]),
-    tonumber(ARGV[a + 3]))
+    tonumber(ARGV[a + 3]), ARGV[a + 4])
   if d[1] == 'wait' then return {'limit', d[2]} end
-  return claim(KEYS[k + 4], KEYS[k + 5], ARGV[a + 4], ARGV[a + 5], ARGV[a + 6], claim_ttl, now)
+  return claim(KEYS[k + 4], KEYS[k + 5], ARGV[a + 5], ARGV[a + 6], ARGV[a + 7], claim_ttl, now)
 end
 local out = {}
 for i = 0, #KEYS / 5 - 1 do
-  local ok, res = pcall(gated, 5 * i, 2 + 6 * i)
+  local ok, res = pcall(gated, 5 * i, 2 + 7 * i)
   if ok then out[i + 1] = res else out[i + 1] = {'err', tostring(res)} end
 end
 return out
@@ -50,17 +51,18 @@ static ACQUIRE_CLAIM: LazyLock<Script> = LazyLock::new(|| gated_script(ACQUIRE_S
 
 /// Per call, KEYS: the task's claim and result, then its limiter's held slots and statistics;
 /// ARGV (after the result's and the claim's time to live ms): token, store, result JSON,
-/// channel, task id (as `COMPLETE` takes them), then how long the run held its slot µs.
+/// channel, task id (as `COMPLETE` takes them), then how long the run held its slot µs and
+/// note (as `RELEASE`'s).
 /// Returns per call the completion's answer; the slot is freed whatever it says (the run
 /// ended), as the worker would free it apart.
 const COMPLETE_FREEING_LOOP: &str = r#"
 local out = {}
 for i = 0, #KEYS / 4 - 1 do
-  local k, a = 4 * i, 3 + 6 * i
+  local k, a = 4 * i, 3 + 7 * i
   local ok, res = pcall(complete, KEYS[k + 1], KEYS[k + 2], ARGV[a], ARGV[a + 1], ARGV[a + 2],
     ARGV[a + 3], ARGV[a + 4], ARGV[1], ARGV[2])
   if ok then out[i + 1] = res else out[i + 1] = 'err ' .. tostring(res) end
-  pcall(free_slot, KEYS[k + 3], KEYS[k + 4], ARGV[a + 4], tonumber(ARGV[a + 5]))
+  pcall(free_slot, KEYS[k + 3], KEYS[k + 4], ARGV[a + 4], tonumber(ARGV[a + 5]), ARGV[a + 6])
 end
 "#;
 
@@ -71,12 +73,13 @@ static COMPLETE_FREEING: LazyLock<Script> = LazyLock::new(|| {
     ))
 });
 
-/// A completion, and the slot its run held: the limiter's held and statistics keys and how
-/// long the run held it.
+/// A completion, and the slot its run held: the limiter's keys, how long the run held it and
+/// whether to write the limiter's statistics whatever the sample says.
 pub(crate) struct CompleteFreeingCall {
     pub(crate) complete: CompleteCall,
-    pub(crate) slot_keys: Vec<String>,
+    pub(crate) slot: Arc<LimiterKeys>,
     pub(crate) held: Duration,
+    pub(crate) note: bool,
 }
 
 /// Which limiter a gated claim passes.
@@ -86,10 +89,11 @@ pub(crate) enum GateKind {
     Slot,
 }
 
-/// One claim behind a limit: the limiter's keys, its limit and its period (rate) or lease
-/// (slot), and the claim.
+/// One claim behind a limit: the limiter's keys and whether to renew them, its limit and its
+/// period (rate) or lease (slot), and the claim.
 pub(crate) struct GatedCall {
-    pub(crate) limiter_keys: Vec<String>,
+    pub(crate) limiter: Arc<LimiterKeys>,
+    pub(crate) renew: bool,
     pub(crate) limit: u32,
     pub(crate) span: Duration,
     pub(crate) claim: ClaimCall,
@@ -108,16 +112,17 @@ impl Core {
         };
         let build = || {
             let mut keys = Vec::with_capacity(calls.len() * 5);
-            let mut argv = Vec::with_capacity(2 + calls.len() * 6);
+            let mut argv = Vec::with_capacity(2 + calls.len() * 7);
             argv.push(GRACE_US.to_owned());
             argv.push(ms(self.settings.claim_ttl));
             for c in &calls {
-                keys.extend(c.limiter_keys.iter().cloned());
-                keys.push(self.keys.claim(&c.claim.id));
-                keys.push(self.keys.result(&c.claim.id));
+                keys.extend(c.limiter.keys.iter().cloned());
+                keys.push(Key::from(self.keys.claim(&c.claim.id)));
+                keys.push(Key::from(self.keys.result(&c.claim.id)));
                 argv.push(c.claim.id.to_string());
                 argv.push(c.limit.to_string());
                 argv.push(c.span.as_micros().to_string());
+                argv.push(flag(c.renew));
                 c.claim.push_args(&mut argv);
             }
             (keys, argv)
@@ -138,13 +143,15 @@ impl Core {
         let build = || {
             let mut keys = Vec::with_capacity(calls.len() * 4);
             let mut argv = self.complete_ttls();
-            argv.reserve(calls.len() * 6);
+            argv.reserve(calls.len() * 7);
             for c in &calls {
-                keys.push(self.keys.claim(&c.complete.id));
-                keys.push(self.keys.result(&c.complete.id));
-                keys.extend(c.slot_keys.iter().cloned());
+                keys.push(Key::from(self.keys.claim(&c.complete.id)));
+                keys.push(Key::from(self.keys.result(&c.complete.id)));
+                keys.push(c.slot.keys[0].clone());
+                keys.push(c.slot.keys[2].clone());
                 Self::complete_args(&c.complete, &mut argv);
                 argv.push(c.held.as_micros().to_string());
+                argv.push(flag(c.note));
             }
             (keys, argv)
         };

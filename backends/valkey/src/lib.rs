@@ -62,6 +62,7 @@ mod from_url;
 mod gate;
 mod history;
 mod keys;
+mod limiter_keys;
 mod limits;
 mod limits_live;
 mod ops;

@@ -3,17 +3,18 @@
 //! number of decisions: concurrent deliveries' decisions go out together, in one round trip
 //! (on a single server; in a cluster, where a script touches one slot, one per call).
 
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use ferriq::store::{RateDecision, SlotDecision, StoreError};
 use ferriq::task::Rate;
 use ferriq::wire::TaskId;
 use fred::types::scripts::Script;
-use fred::types::Value;
+use fred::types::{Key, Value};
 
 use crate::claims::Core;
 use crate::error::store_error;
+use crate::limiter_keys::{flag, LimiterKeys};
 use crate::scripts;
 use crate::ValkeyStore;
 
@@ -22,8 +23,8 @@ pub(crate) const GRACE_US: &str = "2000";
 
 /// Per decision, KEYS: the limiter's granted starts (list, newest first), its turns handed
 /// out (list, newest first) and its reserved turns (sorted set of task ids by turn); ARGV
-/// (after the grace µs): task id, limit, period µs. Returns per decision {'run'} or
-/// {'wait', µs}. Times are written with `%d`: Lua prints large numbers in exponent form
+/// (after the grace µs): task id, limit, period µs, renew ('1' to renew the keys' TTLs, see
+/// `limiter_keys`). Returns per decision {'run'} or {'wait', µs}. Times are written with `%d`: Lua prints large numbers in exponent form
 /// otherwise.
 static ADMIT: LazyLock<Script> =
     LazyLock::new(|| Script::from_lua(format!("{LIMITER_HEAD}{ADMIT_STEPS}{ADMIT_LOOP}")));
@@ -35,11 +36,12 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local grace = tonumber(ARGV[1])
 local function fmt(x) return string.format('%d', x) end
--- A limiter's three keys get their time to live renewed once half of it has passed (one call,
--- not four, per decision on the hot path); `first` is the key whose TTL is read. Defined once
--- per script run, not per decision.
-local function renew_ttls(first, second, third, ttl)
-  if redis.call('PTTL', first) < ttl / 2 then
+-- A limiter's three keys get their time to live renewed when the worker asks (`renew` is
+-- '1'): each worker asks once every few seconds per limiter, far inside the keys' TTL, so no
+-- decision reads a TTL on the hot path. A key a decision creates gets its TTL where it is
+-- created. Defined once per script run, not per decision.
+local function renew_ttls(renew, first, second, third, ttl)
+  if renew == '1' then
     redis.call('PEXPIRE', first, ttl)
     redis.call('PEXPIRE', second, ttl)
     redis.call('PEXPIRE', third, ttl)
@@ -47,18 +49,23 @@ local function renew_ttls(first, second, third, ttl)
 end
 "#;
 
-/// One rate decision's steps: `admit(started, turns, reserved, id, limit, period µs)`.
+/// One rate decision's steps: `admit(started, turns, reserved, id, limit, period µs, renew)`.
 pub(crate) const ADMIT_STEPS: &str = r#"
--- The lists are trimmed to the limit only once they outgrow it by a margin, and their time to
--- live is renewed only once half of it has passed (`renew_ttls`): each is one call fewer per
+-- The lists are trimmed to the limit only once they outgrow it by a margin: one call fewer per
 -- decision, and decisions are the hot path of every limited task. (Entries past the limit are
--- never read.) The helper is defined once per script run, not per decision: a closure made
--- for every decision is garbage the server collects on the hot path.
-local function admit_push(list, at, n)
-  if redis.call('LPUSH', list, at) > n + 32 then redis.call('LTRIM', list, 0, n - 1) end
+-- never read.) A list the push creates gets its time to live at once. The helper is defined
+-- once per script run, not per decision: a closure made for every decision is garbage the
+-- server collects on the hot path.
+local function admit_push(list, at, n, ttl)
+  local len = redis.call('LPUSH', list, at)
+  if len == 1 then
+    redis.call('PEXPIRE', list, ttl)
+  elseif len > n + 32 then
+    redis.call('LTRIM', list, 0, n - 1)
+  end
 end
 local now_text = fmt(now)
-local function admit(started, turns, reserved, id, n, period)
+local function admit(started, turns, reserved, id, n, period, renew)
   local keep = math.max(period * 10, 60000000)
   local ttl = math.floor((period + keep) / 1000) + 1000
   local waiting = redis.call('ZCARD', reserved) > 0
@@ -71,9 +78,9 @@ local function admit(started, turns, reserved, id, n, period)
   if oldest and tonumber(oldest) > now - period then free_at = tonumber(oldest) + period end
   -- Nobody waits and the window has room: its turn is now (every turn handed out is past).
   if not waiting and free_at <= now then
-    admit_push(turns, now_text, n)
-    admit_push(started, now_text, n)
-    renew_ttls(started, turns, reserved, ttl)
+    admit_push(turns, now_text, n, ttl)
+    admit_push(started, now_text, n, ttl)
+    renew_ttls(renew, started, turns, reserved, ttl)
     return {'run'}
   end
   local turn = waiting and redis.call('ZSCORE', reserved, id)
@@ -82,12 +89,12 @@ local function admit(started, turns, reserved, id, n, period)
     if turn > now + grace then return {'wait', turn - now} end
     if free_at > now then
       redis.call('ZADD', reserved, fmt(free_at), id)
-      renew_ttls(started, turns, reserved, ttl)
+      renew_ttls(renew, started, turns, reserved, ttl)
       return {'wait', free_at - now}
     end
     redis.call('ZREM', reserved, id)
-    admit_push(started, now_text, n)
-    renew_ttls(started, turns, reserved, ttl)
+    admit_push(started, now_text, n, ttl)
+    renew_ttls(renew, started, turns, reserved, ttl)
     return {'run'}
   end
   turn = math.max(now, free_at)
@@ -95,15 +102,15 @@ local function admit(started, turns, reserved, id, n, period)
   if newest then turn = math.max(turn, tonumber(newest)) end
   local nth = redis.call('LINDEX', turns, n - 1)
   if nth then turn = math.max(turn, tonumber(nth) + period) end
-  admit_push(turns, fmt(turn), n)
+  admit_push(turns, fmt(turn), n, ttl)
   if turn <= now + grace and free_at <= now then
-    admit_push(started, now_text, n)
-    renew_ttls(started, turns, reserved, ttl)
+    admit_push(started, now_text, n, ttl)
+    renew_ttls(renew, started, turns, reserved, ttl)
     return {'run'}
   end
   redis.call('ZADD', reserved, fmt(turn), id)
   if not waiting then redis.call('PEXPIRE', reserved, ttl) end
-  renew_ttls(started, turns, reserved, ttl)
+  renew_ttls(renew, started, turns, reserved, ttl)
   return {'wait', turn - now}
 end
 "#;
@@ -112,7 +119,7 @@ const ADMIT_LOOP: &str = r#"
 local out = {}
 for i = 0, #KEYS / 3 - 1 do
   out[#out + 1] = admit(KEYS[3 * i + 1], KEYS[3 * i + 2], KEYS[3 * i + 3],
-    ARGV[3 * i + 2], tonumber(ARGV[3 * i + 3]), tonumber(ARGV[3 * i + 4]))
+    ARGV[4 * i + 2], tonumber(ARGV[4 * i + 3]), tonumber(ARGV[4 * i + 4]), ARGV[4 * i + 5])
 end
 return out
 "#;
@@ -120,27 +127,31 @@ return out
 /// Per decision, KEYS: a concurrency limiter's held slots (sorted set: task id by lease end),
 /// its waiting tasks (sorted set: task id by when it was told to come back) and its statistics
 /// (hash: `avg`, how long a run holds a slot on average, µs); ARGV (after the grace µs):
-/// task id, limit, lease µs. Returns per decision {'held'} or {'wait', µs}. The same steps as
+/// task id, limit, lease µs, renew (as `ADMIT`'s). Returns per decision {'held'} or {'wait', µs}. The same steps as
 /// the core's `SlotState`.
 static ACQUIRE: LazyLock<Script> =
     LazyLock::new(|| Script::from_lua(format!("{LIMITER_HEAD}{ACQUIRE_STEPS}{ACQUIRE_LOOP}")));
 
-/// One concurrency decision's steps: `acquire(held, waiting, stats, id, limit, lease µs)`.
+/// One concurrency decision's steps: `acquire(held, waiting, stats, id, limit, lease µs,
+/// renew)`.
 pub(crate) const ACQUIRE_STEPS: &str = r#"
-local function acquire(held, waiting, stats, id, n, lease)
+local function acquire(held, waiting, stats, id, n, lease, renew)
   local ttl = math.floor(lease / 1000) + 3600000
   -- Nobody waits and a slot is free (counting slots whose lease ran out as taken: they are
-  -- swept when the slots run short): take it.
-  if redis.call('ZCARD', waiting) == 0 and redis.call('ZCARD', held) < n then
+  -- swept when the slots run short): take it. (No slot held: the set may be new, and gets its
+  -- time to live.)
+  local holding = redis.call('ZCARD', held)
+  if holding < n and redis.call('ZCARD', waiting) == 0 then
     redis.call('ZADD', held, fmt(now + lease), id)
-    renew_ttls(held, waiting, stats, ttl)
+    if holding == 0 and renew ~= '1' then redis.call('PEXPIRE', held, ttl) end
+    renew_ttls(renew, held, waiting, stats, ttl)
     return {'held'}
   end
   redis.call('ZREMRANGEBYSCORE', held, '-inf', fmt(now))
   redis.call('ZREMRANGEBYSCORE', waiting, '-inf', fmt(now - 3600000000))
   if redis.call('ZSCORE', held, id) then
     redis.call('ZADD', held, fmt(now + lease), id)
-    renew_ttls(held, waiting, stats, ttl)
+    renew_ttls(renew, held, waiting, stats, ttl)
     return {'held'}
   end
   local free = n - redis.call('ZCARD', held)
@@ -164,7 +175,8 @@ local function acquire(held, waiting, stats, id, n, lease)
   if due < free then
     redis.call('ZREM', waiting, id)
     redis.call('ZADD', held, fmt(now + lease), id)
-    renew_ttls(held, waiting, stats, ttl)
+    if free == n and renew ~= '1' then redis.call('PEXPIRE', held, ttl) end
+    renew_ttls(renew, held, waiting, stats, ttl)
     return {'held'}
   end
   local avg = tonumber(redis.call('HGET', stats, 'avg') or '1000000')
@@ -186,7 +198,7 @@ local function acquire(held, waiting, stats, id, n, lease)
   end
   redis.call('ZADD', waiting, fmt(now + wait), id)
   redis.call('PEXPIRE', waiting, ttl)
-  renew_ttls(held, waiting, stats, ttl)
+  renew_ttls(renew, held, waiting, stats, ttl)
   return {'wait', wait}
 end
 "#;
@@ -195,7 +207,7 @@ const ACQUIRE_LOOP: &str = r#"
 local out = {}
 for i = 0, #KEYS / 3 - 1 do
   out[#out + 1] = acquire(KEYS[3 * i + 1], KEYS[3 * i + 2], KEYS[3 * i + 3],
-    ARGV[3 * i + 2], tonumber(ARGV[3 * i + 3]), tonumber(ARGV[3 * i + 4]))
+    ARGV[4 * i + 2], tonumber(ARGV[4 * i + 3]), tonumber(ARGV[4 * i + 4]), ARGV[4 * i + 5])
 end
 return out
 "#;
@@ -203,17 +215,25 @@ return out
 /// Per slot, KEYS: held slots, statistics; ARGV (after the lease µs): task id. Extends the
 /// run's slot. A slot missing while the limiter has no statistics either was lost with the
 /// store's data (a restart): it is taken again, so the runs still going count against the limit
-/// from their next heartbeat. (With statistics, it was released or ran out: left alone.)
+/// from their next heartbeat. (With statistics, it was released or ran out: left alone. A
+/// limiter's statistics are written by each worker's first release of it, so only a renewal
+/// racing a release in the few releases after a restart can take a finished run's slot again:
+/// it then frees itself within a lease, a slot fewer meanwhile, never one more.)
 static RENEW: LazyLock<Script> = LazyLock::new(|| {
     Script::from_lua(
         r#"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local until_ = string.format('%d', now + tonumber(ARGV[1]))
+local ttl = math.floor(tonumber(ARGV[1]) / 1000) + 3600000
 for i = 0, #KEYS / 2 - 1 do
   local held, stats, id = KEYS[2 * i + 1], KEYS[2 * i + 2], ARGV[i + 2]
-  if redis.call('ZSCORE', held, id) or redis.call('HEXISTS', stats, 'avg') == 0 then
+  if redis.call('ZSCORE', held, id) then
     redis.call('ZADD', held, until_, id)
+  elseif redis.call('HEXISTS', stats, 'avg') == 0 then
+    -- Taken again after a loss: the set may be new, and gets its time to live (as ACQUIRE's).
+    redis.call('ZADD', held, until_, id)
+    redis.call('PEXPIRE', held, ttl)
   end
 end
 return 1
@@ -221,60 +241,68 @@ return 1
     )
 });
 
-/// Per slot, KEYS: held slots, statistics; ARGV: task id, how long its run held the slot µs.
-/// Frees the slot and folds the time into the average (one release in four; see `RELEASE_STEPS`).
+/// Per slot, KEYS: held slots, statistics; ARGV: task id, how long its run held the slot µs,
+/// note ('1': write the statistics whatever the sample says). Frees the slot and folds the
+/// time into the average (one release in four; see `RELEASE_STEPS`).
 static RELEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::from_lua(format!(
         "{RELEASE_STEPS}{}",
         r#"
 for i = 0, #KEYS / 2 - 1 do
-  free_slot(KEYS[2 * i + 1], KEYS[2 * i + 2], ARGV[2 * i + 1], tonumber(ARGV[2 * i + 2]))
+  free_slot(KEYS[2 * i + 1], KEYS[2 * i + 2], ARGV[3 * i + 1], tonumber(ARGV[3 * i + 2]),
+    ARGV[3 * i + 3])
 end
 return {}
 "#
     ))
 });
 
-/// One slot's freeing: `free_slot(held, stats, id, ran µs)`.
+/// One slot's freeing: `free_slot(held, stats, id, ran µs, note)`.
 pub(crate) const RELEASE_STEPS: &str = r#"
--- The average is folded from one release in four (picked by the task id's last byte: random
--- ids end in any of the 16 hex digits alike). It only times waiting tasks' returns, and
--- reading and writing it on every release was two of the four calls a freed slot cost. The
--- first release always writes it: its presence tells a slot released from one lost with the
--- store's data (see RENEW).
-local function free_slot(held, stats, id, ran)
-  if redis.call('ZREM', held, id) == 1 then
-    if redis.call('HSETNX', stats, 'avg', string.format('%d', ran)) == 1 then
+-- The average is read and folded from one release in four (picked by the task id's last
+-- byte: random ids end in any of the 16 hex digits alike), and whenever the worker asks
+-- (`note`: its first release of the limiter, then once every few seconds). It only times
+-- waiting tasks' returns; its presence tells a slot released from one lost with the store's
+-- data (see RENEW), which each worker's first release sees to.
+local function free_slot(held, stats, id, ran, note)
+  if redis.call('ZREM', held, id) == 1 and (note == '1' or (string.byte(id, -1) or 0) % 4 == 0) then
+    local avg = redis.call('HGET', stats, 'avg')
+    if avg then
+      redis.call('HSET', stats, 'avg', string.format('%d', tonumber(avg) * 0.8 + ran * 0.2))
+    else
+      redis.call('HSET', stats, 'avg', string.format('%d', ran))
       -- A limiter used once is forgotten like any other (an hour past its last use).
       redis.call('PEXPIRE', stats, 3600000)
-    elseif (string.byte(id, -1) or 0) % 4 == 0 then
-      local avg = tonumber(redis.call('HGET', stats, 'avg')) * 0.8 + ran * 0.2
-      redis.call('HSET', stats, 'avg', string.format('%d', avg))
     end
   end
 end
 "#;
 
-/// One rate decision: the limiter's keys, the task, the rate.
+/// One rate decision: the limiter's keys, whether to renew them, the task, the rate.
 pub(crate) struct AdmitCall {
-    keys: Vec<String>,
+    keys: Arc<LimiterKeys>,
+    renew: bool,
     id: TaskId,
     rate: Rate,
 }
 
-/// One concurrency decision: the limiter's keys, the task, the slots, the lease.
+/// One concurrency decision: the limiter's keys, whether to renew them, the task, the slots,
+/// the lease.
 pub(crate) struct SlotCall {
-    keys: Vec<String>,
+    keys: Arc<LimiterKeys>,
+    renew: bool,
     id: TaskId,
     limit: u32,
     lease: Duration,
 }
 
-/// One slot to free: the limiter's held and statistics keys, the task, how long it held it.
+/// One slot to free: the limiter's keys, the task, how long it held it, whether to write the
+/// statistics whatever the sample says.
 pub(crate) struct ReleaseCall {
-    keys: Vec<String>,
+    keys: Arc<LimiterKeys>,
     id: TaskId,
     held: Duration,
+    note: bool,
 }
 
 fn decision(answer: Value, what: &str) -> Result<(String, Option<u64>), StoreError> {
@@ -291,7 +319,7 @@ impl Core {
     async fn many(
         &self,
         script: &Script,
-        keys: Vec<String>,
+        keys: Vec<Key>,
         argv: Vec<String>,
     ) -> Result<Vec<Value>, StoreError> {
         Ok(
@@ -310,10 +338,11 @@ impl Core {
         let mut keys = Vec::with_capacity(calls.len() * 3);
         let mut argv = vec![GRACE_US.to_owned()];
         for c in calls {
-            keys.extend(c.keys);
+            keys.extend(c.keys.keys.iter().cloned());
             argv.push(c.id.to_string());
             argv.push(c.rate.limit().to_string());
             argv.push(c.rate.period().as_micros().to_string());
+            argv.push(flag(c.renew));
         }
         let answers = self.many(&ADMIT, keys, argv).await?;
         Ok(answers
@@ -333,10 +362,11 @@ impl Core {
         let mut keys = Vec::with_capacity(calls.len() * 3);
         let mut argv = vec![GRACE_US.to_owned()];
         for c in calls {
-            keys.extend(c.keys);
+            keys.extend(c.keys.keys.iter().cloned());
             argv.push(c.id.to_string());
             argv.push(c.limit.to_string());
             argv.push(c.lease.as_micros().to_string());
+            argv.push(flag(c.renew));
         }
         let answers = self.many(&ACQUIRE, keys, argv).await?;
         Ok(answers
@@ -355,11 +385,13 @@ impl Core {
     ) -> Result<Vec<Result<(), StoreError>>, StoreError> {
         let n = calls.len();
         let mut keys = Vec::with_capacity(n * 2);
-        let mut argv = Vec::with_capacity(n * 2);
+        let mut argv = Vec::with_capacity(n * 3);
         for c in calls {
-            keys.extend(c.keys);
+            keys.push(c.keys.keys[0].clone());
+            keys.push(c.keys.keys[2].clone());
             argv.push(c.id.to_string());
             argv.push(c.held.as_micros().to_string());
+            argv.push(flag(c.note));
         }
         self.many(&RELEASE, keys, argv).await?;
         Ok((0..n).map(|_| Ok(())).collect())
@@ -375,60 +407,15 @@ fn single<T>(answers: Result<Vec<Result<T, StoreError>>, StoreError>) -> Result<
     })
 }
 
-/// The keys of the limiters used lately, by kind and name: a digest and four `format!`s per
-/// decision otherwise (bounded: cleared when it holds too many).
-#[derive(Default)]
-pub(crate) struct KeyCache(
-    std::sync::Mutex<std::collections::HashMap<(bool, String), Vec<String>>>,
-);
-
-impl KeyCache {
-    const MAX: usize = 10_000;
-
-    fn get(&self, slots: bool, limiter: &str, make: impl FnOnce() -> Vec<String>) -> Vec<String> {
-        let mut cache = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(keys) = cache.get(&(slots, limiter.to_owned())) {
-            return keys.clone();
-        }
-        if cache.len() >= Self::MAX {
-            cache.clear();
-        }
-        let keys = make();
-        cache.insert((slots, limiter.to_owned()), keys.clone());
-        keys
-    }
-}
-
 impl ValkeyStore {
-    /// A concurrency limiter's keys (held, waiting, stats), hash-tagged on a digest of its
-    /// name (a name may hold any character).
-    pub(crate) fn slot_keys(&self, limiter: &str) -> Vec<String> {
-        self.flow_keys().get(true, limiter, || {
-            let tag = TaskId::derived(&["ferriq-slots", limiter]);
-            ["held", "waiting", "stats"]
-                .iter()
-                .map(|part| format!("{}:slots:{{{tag}}}:{part}", self.prefix()))
-                .collect()
-        })
+    /// A concurrency limiter's keys (held, waiting, stats).
+    pub(crate) fn slot_keys(&self, limiter: &str) -> Arc<LimiterKeys> {
+        self.flow_keys().slots(self.prefix(), limiter)
     }
 
-    /// The keys a held slot is renewed and freed with: held and statistics (not the waiting
-    /// set).
-    pub(crate) fn held_slot_keys(&self, limiter: &str) -> Vec<String> {
-        let mut keys = self.slot_keys(limiter);
-        keys.remove(1);
-        keys
-    }
-
-    /// A rate limiter's keys, hash-tagged on a digest of its name.
-    pub(crate) fn limiter_keys(&self, limiter: &str) -> Vec<String> {
-        self.flow_keys().get(false, limiter, || {
-            let tag = TaskId::derived(&["ferriq-rate", limiter]);
-            ["started", "turns", "reserved"]
-                .iter()
-                .map(|part| format!("{}:rate:{{{tag}}}:{part}", self.prefix()))
-                .collect()
-        })
+    /// A rate limiter's keys (started, turns, reserved).
+    pub(crate) fn limiter_keys(&self, limiter: &str) -> Arc<LimiterKeys> {
+        self.flow_keys().rate(self.prefix(), limiter)
     }
 
     /// Runs a script given as Lua text (the rarely run ones).
@@ -450,8 +437,10 @@ impl ValkeyStore {
         id: &TaskId,
         rate: Rate,
     ) -> Result<RateDecision, StoreError> {
+        let keys = self.limiter_keys(limiter);
         let call = AdmitCall {
-            keys: self.limiter_keys(limiter),
+            renew: keys.renew_due(),
+            keys,
             id: id.clone(),
             rate,
         };
@@ -468,8 +457,10 @@ impl ValkeyStore {
         limit: u32,
         lease: Duration,
     ) -> Result<SlotDecision, StoreError> {
+        let keys = self.slot_keys(limiter);
         let call = SlotCall {
-            keys: self.slot_keys(limiter),
+            renew: keys.renew_due(),
+            keys,
             id: id.clone(),
             limit,
             lease,
@@ -486,8 +477,10 @@ impl ValkeyStore {
         id: &TaskId,
         held: Duration,
     ) -> Result<(), StoreError> {
+        let keys = self.slot_keys(limiter);
         let call = ReleaseCall {
-            keys: self.held_slot_keys(limiter),
+            note: keys.note_due(),
+            keys,
             id: id.clone(),
             held,
         };
@@ -507,7 +500,9 @@ impl ValkeyStore {
             let mut keys = Vec::with_capacity(slots.len() * 2);
             let mut argv = vec![lease.as_micros().to_string()];
             for (limiter, id) in slots {
-                keys.extend(self.held_slot_keys(limiter));
+                let slot = self.slot_keys(limiter);
+                keys.push(slot.keys[0].clone());
+                keys.push(slot.keys[2].clone());
                 argv.push(id.to_string());
             }
             self.core().many(&RENEW, keys, argv)

@@ -173,14 +173,14 @@ impl ValkeyStore {
                         .unwrap_or(std::time::Duration::from_secs(1));
                     self.run(
                         RATE_USAGE,
-                        vec![keys[0].clone(), keys[2].clone()],
+                        vec![keys.text(0), keys.text(2)],
                         vec![period.as_micros().to_string()],
                     )
                     .await?
                 }
                 _ => {
                     let keys = self.slot_keys(limiter);
-                    self.run(SLOT_USAGE, vec![keys[0].clone(), keys[1].clone()], vec![])
+                    self.run(SLOT_USAGE, vec![keys.text(0), keys.text(1)], vec![])
                         .await?
                 }
             }

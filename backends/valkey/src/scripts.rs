@@ -389,12 +389,13 @@ impl Scripts {
 /// Calls a script by SHA on the next pooled connection, loading it again after `NOSCRIPT`
 /// (a restarted or flushed server). The arguments are built by `args`, so the common path
 /// moves them into the call instead of keeping copies for the rare retry.
-pub(crate) async fn call<A>(
+pub(crate) async fn call<K, A>(
     pool: &Pool,
     script: &Script,
-    args: impl Fn() -> (Vec<String>, A),
+    args: impl Fn() -> (K, A),
 ) -> Result<Value, fred::error::Error>
 where
+    K: Into<fred::types::MultipleKeys> + Send,
     A: TryInto<fred::types::MultipleValues> + Send,
     A::Error: Into<fred::error::Error> + Send,
 {

@@ -108,3 +108,105 @@ async fn runs_going_on_take_their_slots_again_after_the_store_lost_its_data() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// The keys under `prefix` whose name holds `part`, each with its time to live in ms (-1: none).
+async fn ttls(raw: &fred::prelude::Client, prefix: &str, part: &str) -> Vec<(String, i64)> {
+    use fred::prelude::{ClientLike, KeysInterface};
+    let keys: Vec<String> = raw
+        .custom(
+            fred::types::CustomCommand::new_static("KEYS", None, false),
+            vec![format!("{prefix}{part}*")],
+        )
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    for key in keys {
+        let ms: i64 = raw.pttl(&key).await.unwrap();
+        out.push((key, ms));
+    }
+    out
+}
+
+#[tokio::test]
+async fn a_limiters_keys_carry_a_time_to_live_however_they_were_made() {
+    use ferriq::store::{ClaimAsk, ClaimOutcome, FlowStore, Gated, HeldSlot, LimitGate};
+    use ferriq::task::Rate;
+    use ferriq::wire::TaskId;
+    use fred::prelude::KeysInterface;
+    let prefix = common::prefix();
+    let store = common::store_at(&common::url(), &prefix, |b| b).await;
+    let raw = common::raw_client(&common::url()).await;
+    let (rate, lease) = (
+        Rate::new(1000, Duration::from_secs(1)),
+        Duration::from_secs(30),
+    );
+    let ask = ClaimAsk {
+        worker: "w1",
+        lease,
+        deadline_at: None,
+    };
+    // Every path a decision takes: apart and with the claim, a slot freed apart and with the
+    // result. Run twice: first with the keys new to this process (it asks for their TTLs to be
+    // renewed), then, the keys deleted, within the period in which it does not ask again: the
+    // scripts must give the keys they create a TTL themselves.
+    for round in 0..2 {
+        let ids: Vec<TaskId> = (0..5).map(|_| TaskId::random()).collect();
+        store.admit_rate("api", &ids[0], rate).await.unwrap();
+        store.acquire_slot("db", &ids[1], 4, lease).await.unwrap();
+        store
+            .release_slot("db", &ids[1], Duration::from_millis(5))
+            .await
+            .unwrap();
+        let gate = LimitGate::Rate {
+            limiter: "api",
+            rate,
+        };
+        let claimed = store.claim_past_limit(gate, &ids[2], ask).await.unwrap();
+        assert!(
+            matches!(claimed, Ok(Gated::Claimed(ClaimOutcome::Run { .. }))),
+            "{claimed:?}"
+        );
+        let gate = LimitGate::Slot {
+            limiter: "db",
+            limit: 4,
+            lease,
+        };
+        let Ok(Gated::Claimed(ClaimOutcome::Run { token, .. })) =
+            store.claim_past_limit(gate, &ids[3], ask).await.unwrap()
+        else {
+            panic!("a free slot and a new task: claimed");
+        };
+        let slot = HeldSlot {
+            limiter: "db",
+            held: Duration::from_millis(5),
+        };
+        let result = common::ok(serde_json::json!(1));
+        store
+            .complete_freeing_slot(&ids[3], token, Some(&result), None, slot)
+            .await
+            .unwrap()
+            .unwrap();
+        // A slot still held when the keys are read (the others were freed).
+        store.acquire_slot("db", &ids[4], 4, lease).await.unwrap();
+        let rate_keys = ttls(&raw, &prefix, ":rate:").await;
+        let slot_keys = ttls(&raw, &prefix, ":slots:").await;
+        assert!(
+            rate_keys.len() >= 2,
+            "round {round}: started and turns, got {rate_keys:?}"
+        );
+        assert!(
+            !slot_keys.is_empty(),
+            "round {round}: held, got {slot_keys:?}"
+        );
+        for (key, ms) in rate_keys.iter().chain(&slot_keys) {
+            assert!(*ms > 0, "round {round}: {key} has no time to live ({ms})");
+        }
+        let all: Vec<String> = rate_keys
+            .into_iter()
+            .chain(slot_keys)
+            .map(|k| k.0)
+            .collect();
+        let _: i64 = raw.del(all).await.unwrap();
+    }
+    let _ = store.purge_prefix().await;
+}

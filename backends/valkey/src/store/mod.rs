@@ -13,7 +13,8 @@ use crate::claims::{ClaimCall, CompleteCall, Core};
 use crate::error::store_error;
 use crate::gate::{CompleteFreeingCall, GateKind, GatedCall};
 use crate::keys::Keys;
-use crate::limits::{AdmitCall, KeyCache, ReleaseCall, SlotCall};
+use crate::limiter_keys::KeyCache;
+use crate::limits::{AdmitCall, ReleaseCall, SlotCall};
 use crate::scripts::{self, Scripts};
 use crate::waiters::{confirm_subscribed, spawn_dispatcher, Waiters};
 use crate::{ValkeyError, ValkeyStoreBuilder};
@@ -457,7 +458,7 @@ impl ValkeyStore {
         loop {
             let c = cursor.clone();
             let v = scripts::call(&self.inner.core.pool, &script, || {
-                (vec![], vec![c.clone(), pattern.clone()])
+                (Vec::<String>::new(), vec![c.clone(), pattern.clone()])
             })
             .await
             .map_err(store_error)?;
@@ -502,7 +503,7 @@ impl ValkeyStore {
         script: &fred::types::scripts::Script,
     ) -> Result<i64, StoreError> {
         let v = scripts::call(&self.inner.core.pool, script, || {
-            (vec![], Vec::<String>::new())
+            (Vec::<String>::new(), Vec::<String>::new())
         })
         .await
         .map_err(store_error)?;
