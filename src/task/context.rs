@@ -39,6 +39,46 @@ pub struct TaskContext {
     inner: Arc<ContextInner>,
 }
 
+/// A run's cancellation: the worker's token for the run, and the task's own token, a child of
+/// it, made when the task first asks for it (most runs never do, and a child token costs two
+/// allocations and a place in the parent's list). The task may cancel its own token: that must
+/// not look like the worker stopping the run, so it never gets the worker's.
+pub(crate) struct RunCancel {
+    worker: CancellationToken,
+    own: std::sync::OnceLock<CancellationToken>,
+}
+
+impl RunCancel {
+    /// The task's token is a child of `worker`'s.
+    pub(crate) fn child_of(worker: CancellationToken) -> Self {
+        Self {
+            worker,
+            own: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// The task's token is `token` itself (a test's, through the builder).
+    fn given(token: CancellationToken) -> Self {
+        Self {
+            worker: token.clone(),
+            own: std::sync::OnceLock::from(token),
+        }
+    }
+
+    fn token(&self) -> &CancellationToken {
+        self.own.get_or_init(|| self.worker.child_token())
+    }
+
+    /// Cancelled: the worker's token, or the task's own once it has one (a child is
+    /// cancelled with its parent).
+    fn is_cancelled(&self) -> bool {
+        match self.own.get() {
+            Some(own) => own.is_cancelled(),
+            None => self.worker.is_cancelled(),
+        }
+    }
+}
+
 struct ContextInner {
     task_id: TaskId,
     // The registered name in a worker (no copy per run), an owned one from the builder.
@@ -48,7 +88,7 @@ struct ContextInner {
     receive_count: u32,
     labels: Labels,
     deadline_at: Option<f64>,
-    cancel: CancellationToken,
+    cancel: RunCancel,
     /// The store and claim token of a run in a worker (none for direct calls).
     run: Option<(Arc<dyn Store>, Token)>,
     /// Values middleware set for this run.
@@ -79,7 +119,7 @@ impl TaskContext {
         receive_count: u32,
         labels: Labels,
         deadline_at: Option<f64>,
-        cancel: CancellationToken,
+        cancel: RunCancel,
     ) -> Self {
         TaskContext {
             inner: Arc::new(ContextInner {
@@ -150,8 +190,9 @@ impl TaskContext {
     }
     /// The run's cancellation token: cancelled when the worker gives the run up (shutdown after
     /// the grace period, lost message or claim, timeout).
+    /// The task may cancel it itself: that ends nothing but what listens to it.
     pub fn cancellation_token(&self) -> &CancellationToken {
-        &self.inner.cancel
+        self.inner.cancel.token()
     }
     /// Whether the run has been cancelled.
     pub fn is_cancelled(&self) -> bool {
@@ -159,7 +200,7 @@ impl TaskContext {
     }
     /// Completes when the run is cancelled.
     pub async fn cancelled(&self) {
-        self.inner.cancel.cancelled().await
+        self.inner.cancel.token().cancelled().await
     }
 
     /// Reports progress: any JSON value, readable by
@@ -300,7 +341,7 @@ impl TaskContextBuilder {
             self.attempt,
             self.labels,
             self.deadline_at,
-            self.cancel,
+            RunCancel::given(self.cancel),
         )
         .with_extensions(self.extensions))
     }
@@ -385,5 +426,40 @@ impl AppState {
 impl fmt::Debug for AppState {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "AppState({} values)", self.values.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_runs_own_token_is_made_when_asked_and_hears_the_worker() {
+        // Not asked for: the worker's cancel is seen all the same.
+        let worker = CancellationToken::new();
+        let cancel = RunCancel::child_of(worker.clone());
+        assert!(!cancel.is_cancelled());
+        worker.cancel();
+        assert!(cancel.is_cancelled());
+        cancel.token().cancelled().await;
+
+        // The task cancels its own: the worker's is untouched.
+        let worker = CancellationToken::new();
+        let cancel = RunCancel::child_of(worker.clone());
+        cancel.token().cancel();
+        assert!(cancel.is_cancelled() && !worker.is_cancelled());
+
+        // Asked for before the worker cancels: it hears it.
+        let worker = CancellationToken::new();
+        let cancel = RunCancel::child_of(worker.clone());
+        let own = cancel.token().clone();
+        worker.cancel();
+        assert!(own.is_cancelled() && cancel.is_cancelled());
+
+        // A test's token is the task's own.
+        let given = CancellationToken::new();
+        let cancel = RunCancel::given(given.clone());
+        cancel.token().cancel();
+        assert!(given.is_cancelled());
     }
 }

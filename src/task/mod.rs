@@ -7,6 +7,7 @@ mod limits;
 mod options;
 mod registration;
 
+pub(crate) use context::RunCancel;
 pub use context::{AppState, State, TaskContext, TaskContextBuilder};
 pub use error::TaskError;
 pub(crate) use limits::{concurrency_limiter, rate_limiter};

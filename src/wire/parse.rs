@@ -316,8 +316,14 @@ impl<'de> Visitor<'de> for Of {
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Read<'de>, A::Error> {
         match self.0 {
             Kind::Pairs => {
-                let mut pairs = Vec::with_capacity(map.size_hint().unwrap_or(0).min(64));
+                // JSON gives no length: at the first entry, room for the labels a message
+                // usually has, so the vector is allocated once rather than grown (4, then 8);
+                // an empty object allocates nothing.
+                let mut pairs = Vec::new();
                 while let Some((KeyCow(k), v)) = map.next_entry::<KeyCow<'de>, Value>()? {
+                    if pairs.is_empty() {
+                        pairs.reserve(map.size_hint().unwrap_or(8).clamp(1, 64));
+                    }
                     pairs.push((k, v));
                 }
                 Ok(Read::Pairs(pairs))

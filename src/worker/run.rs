@@ -17,7 +17,9 @@ use super::{claim, workflow, write};
 use crate::broker::{DeadLetter, DeadLetterReason, Delivery};
 use crate::middleware::{AfterError, Run};
 use crate::store::{FailureRecord, Token};
-use crate::task::{AppState, Invocation, TaskContext, TaskError, TaskOptions, TaskRegistration};
+use crate::task::{
+    AppState, Invocation, RunCancel, TaskContext, TaskError, TaskOptions, TaskRegistration,
+};
 use crate::wire::{ErrorKind, TaskId, TaskMessage, TaskResult};
 
 /// How a run ended.
@@ -85,7 +87,6 @@ pub(super) async fn run(
     // The task sees a child of the run's token: it may cancel its own, which must not
     // look like the worker stopping it.
     let cancel = CancellationToken::new();
-    let reason = Arc::new(OnceLock::new());
     let stopped_at_once = w.running.insert(Running {
         task_id: msg.task_id.clone(),
         task_name: task.name,
@@ -95,13 +96,11 @@ pub(super) async fn run(
         token,
         handle: d.handle.clone(),
         cancel: cancel.clone(),
-        reason: Arc::clone(&reason),
+        reason: OnceLock::new(),
         renewed_at: tokio::time::Instant::now(),
     });
-    if stopped_at_once {
+    if let Some(why) = stopped_at_once {
         // The worker is past its grace period: hand the task straight back.
-        w.running.remove(d.handle.key());
-        let why = reason.get().copied().unwrap_or(StopReason::Shutdown);
         return Box::pin(stopped(w, d, &msg.task_id, token, why)).await;
     }
     w.counters.started(task.name);
@@ -126,7 +125,7 @@ pub(super) async fn run(
         d.receive_count,
         msg.labels.clone(),
         msg.labels.deadline_at(),
-        cancel.child_token(),
+        RunCancel::child_of(cancel.clone()),
     )
     .with_run(Arc::clone(&w.store), token)
     .with_extensions(extensions);
@@ -153,7 +152,8 @@ pub(super) async fn run(
                     "the task panicked: {}", panic_message(panic)
                 ))),
             },
-            _ = cancel.cancelled() => RunEnd::Stopped(reason.get().copied().unwrap_or(StopReason::Shutdown)),
+            // Why: read from the run's entry below.
+            _ = cancel.cancelled() => RunEnd::Stopped(StopReason::Shutdown),
             _ = sleep_or_never(timeout) => RunEnd::TimedOut(timeout.unwrap_or_default()),
         };
         // The run is over when `body` is dropped at the end of this block: before the
@@ -162,10 +162,12 @@ pub(super) async fn run(
         cancel.cancel();
         end
     };
-    w.running.remove(d.handle.key());
+    let stopped_for = w.running.remove(d.handle.key());
     // An error returned because the worker stopped the run is the stop, not a failure.
-    if let (Some(why), RunEnd::Error(_) | RunEnd::TimedOut(_)) = (reason.get(), &end) {
-        end = RunEnd::Stopped(*why);
+    if let (Some(why), RunEnd::Error(_) | RunEnd::TimedOut(_) | RunEnd::Stopped(_)) =
+        (stopped_for, &end)
+    {
+        end = RunEnd::Stopped(why);
     }
     let elapsed = started.elapsed();
     w.counters.ran_for(elapsed.as_micros() as u64, task.name);

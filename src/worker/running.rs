@@ -38,7 +38,9 @@ pub(crate) struct Running {
     pub(crate) token: Token,
     pub(crate) handle: DeliveryHandle,
     pub(crate) cancel: CancellationToken,
-    pub(crate) reason: Arc<OnceLock<StopReason>>,
+    /// Why it was stopped from outside, set before `cancel` fires; the run reads it from the
+    /// entry it takes out of the table when it ends (`remove`).
+    pub(crate) reason: OnceLock<StopReason>,
     /// When the claim's lease was last known renewed (claimed, or a heartbeat kept it).
     pub(crate) renewed_at: Instant,
 }
@@ -62,16 +64,16 @@ impl RunningTable {
         self.entries.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Registers a run; `true` when the table is closed and the run was stopped at once.
-    pub(crate) fn insert(&self, entry: Running) -> bool {
+    /// Registers a run; the reason it was stopped at once when the table is closed (it is
+    /// then not registered).
+    pub(crate) fn insert(&self, entry: Running) -> Option<StopReason> {
         let mut table = self.lock();
-        let closed = table.closed;
-        if let Some(reason) = closed {
-            let _ = entry.reason.set(reason);
+        if let Some(reason) = table.closed {
             entry.cancel.cancel();
+            return Some(reason);
         }
         table.runs.insert(entry.handle.key(), entry);
-        closed.is_some()
+        None
     }
 
     /// Opens the table for a new `Worker::run`.
@@ -79,8 +81,10 @@ impl RunningTable {
         self.lock().closed = None;
     }
 
-    pub(crate) fn remove(&self, key: u64) {
-        self.lock().runs.remove(&key);
+    /// Takes a run out of the table: why it was stopped from outside, if it was.
+    pub(crate) fn remove(&self, key: u64) -> Option<StopReason> {
+        let entry = self.lock().runs.remove(&key)?;
+        entry.reason.get().copied()
     }
 
     pub(crate) fn len(&self) -> usize {
