@@ -90,7 +90,7 @@ impl SqsBroker {
             stop: tokio_util::sync::CancellationToken::new(),
         });
         tracing::info!(
-            queues = ?shared.lanes.iter().map(|l| l.name.as_str()).collect::<Vec<_>>(),
+            queues = ?shared.lanes.iter().map(|l| &*l.name).collect::<Vec<_>>(),
             "connected to SQS"
         );
         Ok(SqsBroker {
@@ -102,7 +102,11 @@ impl SqsBroker {
 
     /// The queues consumed (the first is the default lane), by name.
     pub fn queue_names(&self) -> Vec<String> {
-        self.shared.lanes.iter().map(|l| l.name.clone()).collect()
+        self.shared
+            .lanes
+            .iter()
+            .map(|l| l.name.to_string())
+            .collect()
     }
 
     /// The URL of the default lane's queue.
@@ -210,7 +214,7 @@ impl Broker for SqsBroker {
                     .unwrap_or(0)
             };
             out.push((
-                lane.name.clone(),
+                lane.name.to_string(),
                 QueueDepth::new(
                     get(QueueAttributeName::ApproximateNumberOfMessages),
                     get(QueueAttributeName::ApproximateNumberOfMessagesNotVisible),

@@ -53,7 +53,7 @@ impl SqsBroker {
             .shared
             .lanes
             .iter()
-            .find(|q| q.name == lane)
+            .find(|q| &*q.name == lane)
             .ok_or_else(|| {
                 BrokerError::Config(format!(
                     "{lane} is not one of this broker's queues ({}): connect with it as a lane",
@@ -279,7 +279,7 @@ impl DeadLetterQueue for SqsBroker {
 impl SqsBroker {
     /// The lane a dead letter goes back to.
     async fn dead_lane(&self, name: &str) -> Result<Arc<Queue>, BrokerError> {
-        match self.shared.lanes.iter().find(|q| q.name == name) {
+        match self.shared.lanes.iter().find(|q| &*q.name == name) {
             Some(q) => Ok(Arc::clone(q)),
             None => self.shared.queue_for(Some(name)).await,
         }

@@ -27,7 +27,7 @@ pub(crate) enum DeadLetters {
 #[derive(Debug)]
 pub(crate) struct Queue {
     /// The name messages route by (`queue_name` label).
-    pub(crate) name: String,
+    pub(crate) name: Arc<str>,
     pub(crate) url: String,
     pub(crate) fifo: bool,
     /// Largest message body plus attributes the queue takes.
@@ -50,7 +50,7 @@ impl Queue {
         let url = url_of(client, queue, None).await?;
         let attributes = attributes(client, &url, queue.name()).await?;
         let mut resolved = Queue {
-            name: queue.name().to_owned(),
+            name: Arc::from(queue.name()),
             fifo: attributes
                 .get(&QueueAttributeName::FifoQueue)
                 .is_some_and(|v| v.eq_ignore_ascii_case("true")),
@@ -95,13 +95,13 @@ impl Queue {
                 let arn = policy
                     .and_then(|p| json_field(p, "deadLetterTargetArn"))
                     .ok_or_else(|| SqsError::NoDeadLetterQueue {
-                        queue: resolved.name.clone(),
+                        queue: resolved.name.to_string(),
                     })?;
                 // arn:aws:sqs:REGION:ACCOUNT:NAME
                 let parts: Vec<&str> = arn.split(':').collect();
                 if parts.len() != 6 {
                     return Err(SqsError::Queue {
-                        queue: resolved.name,
+                        queue: resolved.name.to_string(),
                         reason: format!("its RedrivePolicy names {arn:?}, not a queue ARN"),
                     });
                 }
@@ -113,7 +113,7 @@ impl Queue {
         let dead = Box::pin(Queue::resolve(client, &target, None, DeadLetters::Skip)).await?;
         if dead.fifo != resolved.fifo {
             return Err(SqsError::Queue {
-                queue: resolved.name,
+                queue: resolved.name.to_string(),
                 reason: format!(
                     "its dead-letter queue {} must be of the same type (FIFO or standard)",
                     dead.name

@@ -263,10 +263,7 @@ impl Shared {
             ("task_id".to_owned(), text(task_id_of(held).as_str())),
             ("ferriq_reason".to_owned(), text(why.reason.as_str())),
             ("ferriq_attempts".to_owned(), number(why.attempts)),
-            (
-                "ferriq_source_queue".to_owned(),
-                text(held.queue.name.as_str()),
-            ),
+            ("ferriq_source_queue".to_owned(), text(&*held.queue.name)),
             (
                 "ferriq_receive_count".to_owned(),
                 number(held.receive_count),

@@ -60,7 +60,7 @@ impl Shared {
         let Some(name) = name else {
             return Ok(Arc::clone(&self.lanes[0]));
         };
-        if let Some(lane) = self.lanes.iter().find(|l| l.name == name) {
+        if let Some(lane) = self.lanes.iter().find(|l| &*l.name == name) {
             return Ok(Arc::clone(lane));
         }
         let mut others = self.others.lock().await;

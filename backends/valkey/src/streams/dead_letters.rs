@@ -53,7 +53,7 @@ fn dead_message(broker: u64, lane: &Arc<Lane>, raw: Value) -> Option<DeadMessage
         .unwrap_or_default();
     Some(DeadMessage::new(
         id.clone(),
-        lane.stream.as_str(),
+        &*lane.stream,
         text("reason").filter(|r| !r.is_empty()),
         text("detail").unwrap_or_default(),
         text("task_name").filter(|n| !n.is_empty()),
@@ -109,7 +109,7 @@ impl DeadLetterQueue for StreamBroker {
             .call(
                 &self.shared.scripts.redrive_dead,
                 vec![
-                    h.lane.stream.clone(),
+                    h.lane.stream.to_string(),
                     h.lane.dead.clone(),
                     h.lane.dead_held.clone(),
                 ],

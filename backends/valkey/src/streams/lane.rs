@@ -2,10 +2,12 @@
 //! lane's scripts run on one node of a cluster, and which name the stream so that two lanes
 //! never share them.
 
+use std::sync::Arc;
+
 /// One lane: its stream and the keys beside it.
 #[derive(Debug)]
 pub(crate) struct Lane {
-    pub(crate) stream: String,
+    pub(crate) stream: Arc<str>,
     pub(crate) leases: String,
     pub(crate) delayed: String,
     pub(crate) dead: String,
@@ -21,7 +23,7 @@ impl Lane {
     pub(crate) fn new(stream: &str) -> Result<Self, String> {
         let base = key_base(stream)?;
         Ok(Lane {
-            stream: stream.to_owned(),
+            stream: Arc::from(stream),
             leases: format!("{base}:ferriq:leases"),
             delayed: format!("{base}:ferriq:delayed"),
             dead: format!("{base}:ferriq:dead"),

@@ -139,7 +139,7 @@ impl Broker for StreamBroker {
             }
         }
         for (lane, args, soon) in by_lane {
-            let mut keys = vec![lane.stream.clone(), lane.delayed.clone()];
+            let mut keys = vec![lane.stream.to_string(), lane.delayed.clone()];
             if soon {
                 keys.push(lane.due.clone());
             }
@@ -190,7 +190,7 @@ impl Broker for StreamBroker {
 
     async fn release(&self, delivery: &DeliveryHandle, after: Duration) -> Result<(), BrokerError> {
         let held = self.shared.held(delivery)?;
-        let mut keys = vec![held.lane.stream.clone(), held.lane.leases.clone()];
+        let mut keys = vec![held.lane.stream.to_string(), held.lane.leases.clone()];
         let ms = after.as_millis().min(i64::MAX as u128) as i64;
         if ms < wake::ANNOUNCE_WITHIN_MS {
             keys.push(held.lane.due.clone());
@@ -235,7 +235,7 @@ impl Broker for StreamBroker {
                 .shared
                 .call(
                     &self.shared.scripts.extend,
-                    vec![lane.stream.clone(), lane.leases.clone()],
+                    vec![lane.stream.to_string(), lane.leases.clone()],
                     args,
                 )
                 .await
@@ -252,7 +252,7 @@ impl Broker for StreamBroker {
     async fn dead_letter(&self, delivery: &Delivery, why: &DeadLetter) -> Result<(), BrokerError> {
         let held = self.shared.held(&delivery.handle)?;
         let keys = vec![
-            held.lane.stream.clone(),
+            held.lane.stream.to_string(),
             held.lane.leases.clone(),
             held.lane.dead.clone(),
         ];
@@ -294,7 +294,7 @@ impl Broker for StreamBroker {
             let len: i64 = client
                 .custom(
                     lane::on_key("XLEN", &lane.stream, false),
-                    vec![Value::from(lane.stream.as_str())],
+                    vec![Value::from(&*lane.stream)],
                 )
                 .await
                 .map_err(unavailable)?;
@@ -302,7 +302,7 @@ impl Broker for StreamBroker {
                 .custom(
                     lane::on_key("XPENDING", &lane.stream, false),
                     vec![
-                        Value::from(lane.stream.as_str()),
+                        Value::from(&*lane.stream),
                         Value::from(self.shared.group.as_str()),
                     ],
                 )
@@ -322,7 +322,7 @@ impl Broker for StreamBroker {
                 .map_err(unavailable)?;
             let ready = (len - pending).max(0) as u64;
             out.push((
-                lane.stream.clone(),
+                lane.stream.to_string(),
                 QueueDepth::new(ready, pending.max(0) as u64, delayed.max(0) as u64),
             ));
         }
@@ -340,7 +340,11 @@ impl Broker for StreamBroker {
     }
 
     fn lanes(&self) -> Vec<String> {
-        self.shared.lanes.iter().map(|l| l.stream.clone()).collect()
+        self.shared
+            .lanes
+            .iter()
+            .map(|l| l.stream.to_string())
+            .collect()
     }
 
     fn prepare_consumer(&self, consumer: &ConsumerSettings) {
@@ -357,12 +361,12 @@ impl Broker for StreamBroker {
             .shared
             .call(
                 &self.shared.scripts.active_consumers,
-                vec![lane.stream.clone()],
+                vec![lane.stream.to_string()],
                 vec![self.shared.group.as_str().into(), 10_000i64.into()],
             )
             .await
             .ok()?;
-        Some((lane.stream.clone(), reply.as_i64()?.max(0) as u64))
+        Some((lane.stream.to_string(), reply.as_i64()?.max(0) as u64))
     }
 
     async fn stop_receiving(&self) {
@@ -374,7 +378,11 @@ impl Broker for StreamBroker {
                 id: entry.id,
                 count: entry.count,
             };
-            let keys = vec![lane.stream.clone(), lane.leases.clone(), lane.due.clone()];
+            let keys = vec![
+                lane.stream.to_string(),
+                lane.leases.clone(),
+                lane.due.clone(),
+            ];
             let _ = self
                 .shared
                 .settle(

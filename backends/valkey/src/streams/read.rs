@@ -234,7 +234,7 @@ async fn read_once(
         (block.as_millis().max(1) as i64).into(),
         "STREAMS".into(),
     ];
-    args.extend(lanes.iter().map(|l| Value::from(l.stream.as_str())));
+    args.extend(lanes.iter().map(|l| Value::from(&*l.stream)));
     args.extend(lanes.iter().map(|_| Value::from(">")));
     // Routed by the first stream (on a cluster a read names one lane).
     let command = super::lane::on_key("XREADGROUP", &lanes[0].stream, true);
@@ -250,7 +250,7 @@ async fn read_once(
         .await?;
     let mut out = Vec::new();
     for (stream, entries) in streams_of(reply) {
-        let Some(lane) = lanes.iter().find(|l| l.stream == stream) else {
+        let Some(lane) = lanes.iter().find(|l| *l.stream == *stream) else {
             continue;
         };
         let read: Vec<Entry> = entries.into_iter().filter_map(|e| entry_of(e, 1)).collect();

@@ -53,7 +53,7 @@ pub(crate) fn acker(
     let (group, consumer) = (Value::from(group), Value::from(consumer));
     let (acker, _task) = Batcher::spawn(MAX_ACKS, 2, move |calls: Vec<(String, u32)>| {
         let (pool, script) = (pool.clone(), script.clone());
-        let keys = vec![lane.stream.clone(), lane.leases.clone()];
+        let keys = vec![lane.stream.to_string(), lane.leases.clone()];
         let mut args = Vec::with_capacity(2 + 2 * calls.len());
         args.extend([group.clone(), consumer.clone()]);
         for (id, count) in calls {
@@ -142,7 +142,7 @@ impl Shared {
         args.extend(entries.iter().map(|e| Value::from(e.id.as_str())));
         self.call(
             &self.scripts.lease,
-            vec![lane.stream.clone(), lane.leases.clone()],
+            vec![lane.stream.to_string(), lane.leases.clone()],
             args,
         )
         .await
@@ -156,7 +156,7 @@ impl Shared {
         let reply = self
             .call(
                 &self.scripts.prune,
-                vec![lane.stream.clone()],
+                vec![lane.stream.to_string()],
                 vec![
                     self.group.as_str().into(),
                     3_600_000i64.into(),
@@ -177,7 +177,7 @@ impl Shared {
         let reply = self
             .call(
                 &self.scripts.read,
-                vec![lane.stream.clone(), lane.leases.clone()],
+                vec![lane.stream.to_string(), lane.leases.clone()],
                 vec![
                     self.group.as_str().into(),
                     self.consumer.as_str().into(),
@@ -201,7 +201,7 @@ impl Shared {
             .call(
                 &self.scripts.reclaim,
                 vec![
-                    lane.stream.clone(),
+                    lane.stream.to_string(),
                     lane.leases.clone(),
                     lane.delayed.clone(),
                 ],
@@ -241,7 +241,7 @@ impl Shared {
         let Some(name) = name else {
             return Ok(Arc::clone(&self.lanes[0]));
         };
-        if let Some(lane) = self.lanes.iter().find(|l| l.stream == name) {
+        if let Some(lane) = self.lanes.iter().find(|l| &*l.stream == name) {
             return Ok(Arc::clone(lane));
         }
         let mut others = self.others.lock().await;
@@ -269,7 +269,7 @@ impl Shared {
             entry.data,
             task_id,
             entry.count,
-            lane.stream.as_str(),
+            Arc::clone(&lane.stream),
             DeliveryHandle::new(Held {
                 broker: self.id,
                 lane: Arc::clone(lane),
