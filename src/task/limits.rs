@@ -1,5 +1,7 @@
 //! Flow control declared on a task: a rate limit shared by every worker, per task or per key.
 
+use std::borrow::Cow;
+
 use serde_json::Value;
 
 pub use crate::store::Rate;
@@ -87,14 +89,19 @@ fn key_text(value: &Value) -> String {
     }
 }
 
+/// A limiter's name: its task's, or its task's and a key's value.
+pub(crate) type Limiter = Cow<'static, str>;
+
 /// The rate limiter a message's run counts against, and its rate: the `ferriq_rate` and
 /// `ferriq_rate_key` labels when a producer set them, else the task's `rate` and `rate_key`
-/// options. The limiter is the task name, or the task name and the key's value.
+/// options. The limiter is the task name (the registered one, `task`: no copy per run), or the
+/// task name and the key's value.
 pub(crate) fn rate_limiter(
+    task: &'static str,
     task_rate: Option<Rate>,
     task_key: Option<KeySource>,
     msg: &TaskMessage,
-) -> Option<(String, Rate)> {
+) -> Option<(Limiter, Rate)> {
     let from_label = msg
         .labels
         .get(names::RATE)
@@ -105,8 +112,8 @@ pub(crate) fn rate_limiter(
         None => task_key.and_then(|k| k.value_in(msg)),
     };
     let limiter = match key {
-        Some(key) => format!("{}\n{key}", msg.task_name),
-        None => msg.task_name.clone(),
+        Some(key) => Cow::Owned(format!("{task}\n{key}")),
+        None => Cow::Borrowed(task),
     };
     Some((limiter, rate))
 }
@@ -115,10 +122,11 @@ pub(crate) fn rate_limiter(
 /// `ferriq_concurrency` and `ferriq_concurrency_key` labels when set, else the task's
 /// `concurrency` and `concurrency_key` options.
 pub(crate) fn concurrency_limiter(
+    task: &'static str,
     task_limit: Option<u32>,
     task_key: Option<KeySource>,
     msg: &TaskMessage,
-) -> Option<(String, u32)> {
+) -> Option<(Limiter, u32)> {
     let from_label = msg
         .labels
         .get(names::CONCURRENCY)
@@ -131,8 +139,8 @@ pub(crate) fn concurrency_limiter(
         None => task_key.and_then(|k| k.value_in(msg)),
     };
     let limiter = match key {
-        Some(key) => format!("{}\n{key}", msg.task_name),
-        None => msg.task_name.clone(),
+        Some(key) => Cow::Owned(format!("{task}\n{key}")),
+        None => Cow::Borrowed(task),
     };
     Some((limiter, limit))
 }
@@ -176,15 +184,12 @@ mod tests {
             Some("c-9")
         );
         let rate = Rate::new(5, Duration::from_secs(1));
-        let (limiter, r) = rate_limiter(Some(rate), Some(by_arg), &msg).unwrap();
-        assert_eq!((limiter.as_str(), r), ("api.call\n42", rate));
+        let (limiter, r) = rate_limiter("api.call", Some(rate), Some(by_arg), &msg).unwrap();
+        assert_eq!((&*limiter, r), ("api.call\n42", rate));
         msg.labels.insert_named(names::RATE, "9/m");
         msg.labels.insert_named(names::RATE_KEY, "k");
-        let (limiter, r) = rate_limiter(None, None, &msg).unwrap();
-        assert_eq!(
-            (limiter.as_str(), r.to_string().as_str()),
-            ("api.call\nk", "9/m")
-        );
-        assert!(rate_limiter(None, None, &TaskMessage::new("free")).is_none());
+        let (limiter, r) = rate_limiter("api.call", None, None, &msg).unwrap();
+        assert_eq!((&*limiter, r.to_string().as_str()), ("api.call\nk", "9/m"));
+        assert!(rate_limiter("free", None, None, &TaskMessage::new("free")).is_none());
     }
 }

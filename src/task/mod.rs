@@ -10,7 +10,7 @@ mod registration;
 pub(crate) use context::RunCancel;
 pub use context::{AppState, State, TaskContext, TaskContextBuilder};
 pub use error::TaskError;
-pub(crate) use limits::{concurrency_limiter, rate_limiter};
+pub(crate) use limits::{concurrency_limiter, rate_limiter, Limiter};
 pub use limits::{Dedup, KeySource, Rate};
 pub use options::TaskOptions;
 pub use registration::TaskRegistration;

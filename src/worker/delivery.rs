@@ -14,7 +14,7 @@ use super::decode::{self, Decoded};
 use super::running::Outcome;
 use super::{claim, due, limits, pending, route, settle, write, Inner};
 use crate::broker::Delivery;
-use crate::task::{Rate, TaskRegistration};
+use crate::task::{Limiter, Rate, TaskRegistration};
 use crate::wire::{ErrorKind, TaskMessage};
 
 /// Takes one delivery through the stages, inside a span that records the task and the
@@ -95,9 +95,8 @@ async fn stages(w: &Inner, d: &Delivery, served: &mut Option<&'static str>) -> O
     // Over its rate limit, or every slot taken: its turn comes later. Decided before the
     // claim (with it, where the store answers both at once), so no attempt is spent and no
     // claim taken while it waits.
-    let options = task.options();
-    let rate = limits::rate_limiter(w, options, &msg);
-    let slots = limits::concurrency_limiter(w, options, &msg);
+    let rate = limits::rate_limiter(w, task, &msg);
+    let slots = limits::concurrency_limiter(w, task, &msg);
     if rate.is_none() && slots.is_none() {
         return claim::claim_and_run(w, d, msg, task, None).await;
     }
@@ -112,8 +111,8 @@ async fn limited(
     d: &Delivery,
     msg: TaskMessage,
     task: &'static TaskRegistration,
-    rate: Option<(String, Rate)>,
-    slots: Option<(String, u32)>,
+    rate: Option<(Limiter, Rate)>,
+    slots: Option<(Limiter, u32)>,
 ) -> Outcome {
     let Some((limiter, limit)) = slots else {
         let Some((limiter, rate)) = rate else {

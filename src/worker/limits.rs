@@ -2,6 +2,7 @@
 //! failed, no attempt spent — handed back to the broker until shortly before it, then held here
 //! for the last few milliseconds.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
@@ -15,7 +16,7 @@ use crate::store::{
     ClaimAsk, ClaimOutcome, CompleteOutcome, Gated, HeldSlot, LimitGate, LimitOverride,
     LimiterKind, LimiterSeen, RateDecision, SlotDecision, StoreError, Token,
 };
-use crate::task::{Rate, TaskOptions};
+use crate::task::{Limiter, Rate, TaskRegistration};
 use crate::wire::{TaskId, TaskMessage, TaskResult};
 
 /// The limits operators set at run time, as this worker last read them, and the limiters it
@@ -144,11 +145,13 @@ pub(super) async fn refresh(w: &Inner) {
 /// none).
 pub(super) fn rate_limiter(
     w: &Inner,
-    options: &TaskOptions,
+    task: &'static TaskRegistration,
     msg: &TaskMessage,
-) -> Option<(String, Rate)> {
+) -> Option<(Limiter, Rate)> {
+    let options = task.options();
     let overrides = w.limits.overrides();
-    let declared = crate::task::rate_limiter(options.get_rate(), options.get_rate_key(), msg);
+    let declared =
+        crate::task::rate_limiter(task.name, options.get_rate(), options.get_rate_key(), msg);
     let (limiter, rate) = match declared {
         Some((limiter, rate)) if overrides.is_empty() => (limiter, rate),
         Some((limiter, rate)) => {
@@ -156,8 +159,8 @@ pub(super) fn rate_limiter(
             (limiter, set.unwrap_or(rate))
         }
         None => {
-            let rate = overrides.get(&msg.task_name)?.rate?;
-            (msg.task_name.clone(), rate)
+            let rate = overrides.get(task.name)?.rate?;
+            (Cow::Borrowed(task.name), rate)
         }
     };
     w.limits.note_rate(&limiter, rate);
@@ -168,11 +171,13 @@ pub(super) fn rate_limiter(
 /// declared, unless an operator set another limit.
 pub(super) fn concurrency_limiter(
     w: &Inner,
-    options: &TaskOptions,
+    task: &'static TaskRegistration,
     msg: &TaskMessage,
-) -> Option<(String, u32)> {
+) -> Option<(Limiter, u32)> {
+    let options = task.options();
     let overrides = w.limits.overrides();
     let declared = crate::task::concurrency_limiter(
+        task.name,
         options.get_concurrency(),
         options.get_concurrency_key(),
         msg,
@@ -184,8 +189,8 @@ pub(super) fn concurrency_limiter(
             (limiter, set.unwrap_or(limit))
         }
         None => {
-            let limit = overrides.get(&msg.task_name)?.concurrency?;
-            (msg.task_name.clone(), limit)
+            let limit = overrides.get(task.name)?.concurrency?;
+            (Cow::Borrowed(task.name), limit)
         }
     };
     w.limits.note_slots(&limiter, limit);
@@ -301,7 +306,7 @@ pub(super) async fn claim_with_slot(
     w: &Inner,
     d: &Delivery,
     msg: &TaskMessage,
-    limiter: &str,
+    limiter: &Limiter,
     limit: u32,
 ) -> Result<ClaimOutcome, Outcome> {
     let gate = LimitGate::Slot {
@@ -336,7 +341,7 @@ async fn take_slot(
     w: &Inner,
     d: &Delivery,
     msg: &TaskMessage,
-    limiter: &str,
+    limiter: &Limiter,
     limit: u32,
 ) -> Result<(), Outcome> {
     match w
@@ -354,11 +359,11 @@ async fn take_slot(
 }
 
 /// The run holds a slot of `limiter`: renewed with the claims' heartbeats from now on.
-fn note_held(w: &Inner, msg: &TaskMessage, limiter: &str) {
+fn note_held(w: &Inner, msg: &TaskMessage, limiter: &Limiter) {
     w.slots
         .lock()
         .unwrap_or_else(|p| p.into_inner())
-        .insert(msg.task_id.clone(), (limiter.to_owned(), Instant::now()));
+        .insert(msg.task_id.clone(), (limiter.clone(), Instant::now()));
 }
 
 async fn every_slot_taken(w: &Inner, d: &Delivery, wait: Duration) -> Outcome {
@@ -367,7 +372,7 @@ async fn every_slot_taken(w: &Inner, d: &Delivery, wait: Duration) -> Outcome {
 }
 
 /// The slot this run holds, if any: its limiter and how long it has held it.
-pub(super) fn held_slot(w: &Inner, id: &TaskId) -> Option<(String, Duration)> {
+pub(super) fn held_slot(w: &Inner, id: &TaskId) -> Option<(Limiter, Duration)> {
     let slots = w.slots.lock().unwrap_or_else(|p| p.into_inner());
     // Most workers hold no slot: the id is not hashed then.
     if slots.is_empty() {
@@ -387,7 +392,7 @@ pub(super) async fn complete_freeing(
     token: Token,
     result: Option<&TaskResult>,
     reply_to: Option<&str>,
-    (limiter, held): (String, Duration),
+    (limiter, held): (Limiter, Duration),
 ) -> Result<CompleteOutcome, StoreError> {
     let slot = HeldSlot {
         limiter: &limiter,
@@ -428,6 +433,6 @@ pub(super) fn held_slots(w: &Inner) -> Vec<(String, TaskId)> {
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .iter()
-        .map(|(id, (limiter, _))| (limiter.clone(), id.clone()))
+        .map(|(id, (limiter, _))| (limiter.to_string(), id.clone()))
         .collect()
 }

@@ -90,7 +90,7 @@ pub(crate) struct Inner {
     /// Deliveries waiting for the run of their message group ahead of them.
     ordered: ordered::OrderedGroups,
     /// Concurrency slots held by this worker's runs: task → limiter, and when it was taken.
-    slots: Mutex<crate::FastMap<crate::wire::TaskId, (String, tokio::time::Instant)>>,
+    slots: Mutex<crate::FastMap<crate::wire::TaskId, (crate::task::Limiter, tokio::time::Instant)>>,
     /// Limits set at run time, and the limiters used since they were last noted.
     limits: limits::LiveLimits,
     /// The connections the builder made itself: closed when `run_until_signal` ends.
