@@ -19,9 +19,9 @@ use crate::scripts::{self, ANNOUNCE, CLAIM_STEPS, COMPLETE_STEPS, PRELUDE};
 
 /// Per call, KEYS: the limiter's three keys (as `ADMIT` or `ACQUIRE` take them), then the
 /// task's claim and result; ARGV (after the grace µs and the claim's time to live ms): task
-/// id, limit, period or lease µs, renew (as `ADMIT`'s), worker, claim lease ms, deadline. Returns per call
-/// {'limit', µs} (over the limit: nothing claimed), else the claim's answer (as `CLAIM`'s).
-/// `GATE` is `admit` or `acquire`.
+/// id, limit, period or lease µs, renew (as `ADMIT`'s), worker, claim lease ms, deadline.
+/// Returns per call {'limit', µs} (over the limit: nothing claimed), else the claim's answer
+/// (as `CLAIM`'s). `GATE` is `admit` or `acquire`.
 const GATED_LOOP: &str = r#"
 local claim_ttl = ARGV[2]
 local function gated(k, a)

@@ -144,8 +144,11 @@ mod tests {
         assert!(!cache.rate("p", "api").renew_due());
         assert!(cache.rate("p", "other").renew_due());
         // A period later it is due again (an entry made a period ago, renewed at its start).
+        let Some(epoch) = Instant::now().checked_sub(RENEW_EVERY + Duration::from_millis(5)) else {
+            return; // a clock younger than the period: nothing to age the entry with
+        };
         let aged = LimiterKeys {
-            epoch: Instant::now() - RENEW_EVERY - Duration::from_millis(5),
+            epoch,
             ..LimiterKeys::new([0, 1, 2].map(|i| keys.text(i)))
         };
         aged.renewed.store(1, Ordering::Relaxed);

@@ -24,8 +24,8 @@ pub(crate) const GRACE_US: &str = "2000";
 /// Per decision, KEYS: the limiter's granted starts (list, newest first), its turns handed
 /// out (list, newest first) and its reserved turns (sorted set of task ids by turn); ARGV
 /// (after the grace µs): task id, limit, period µs, renew ('1' to renew the keys' TTLs, see
-/// `limiter_keys`). Returns per decision {'run'} or {'wait', µs}. Times are written with `%d`: Lua prints large numbers in exponent form
-/// otherwise.
+/// `limiter_keys`). Returns per decision {'run'} or {'wait', µs}. Times are written with `%d`:
+/// Lua prints large numbers in exponent form otherwise.
 static ADMIT: LazyLock<Script> =
     LazyLock::new(|| Script::from_lua(format!("{LIMITER_HEAD}{ADMIT_STEPS}{ADMIT_LOOP}")));
 
@@ -127,8 +127,8 @@ return out
 /// Per decision, KEYS: a concurrency limiter's held slots (sorted set: task id by lease end),
 /// its waiting tasks (sorted set: task id by when it was told to come back) and its statistics
 /// (hash: `avg`, how long a run holds a slot on average, µs); ARGV (after the grace µs):
-/// task id, limit, lease µs, renew (as `ADMIT`'s). Returns per decision {'held'} or {'wait', µs}. The same steps as
-/// the core's `SlotState`.
+/// task id, limit, lease µs, renew (as `ADMIT`'s). Returns per decision {'held'} or
+/// {'wait', µs}. The same steps as the core's `SlotState`.
 static ACQUIRE: LazyLock<Script> =
     LazyLock::new(|| Script::from_lua(format!("{LIMITER_HEAD}{ACQUIRE_STEPS}{ACQUIRE_LOOP}")));
 
@@ -265,7 +265,8 @@ pub(crate) const RELEASE_STEPS: &str = r#"
 -- waiting tasks' returns; its presence tells a slot released from one lost with the store's
 -- data (see RENEW), which each worker's first release sees to.
 local function free_slot(held, stats, id, ran, note)
-  if redis.call('ZREM', held, id) == 1 and (note == '1' or (string.byte(id, -1) or 0) % 4 == 0) then
+  local sampled = note == '1' or (string.byte(id, -1) or 0) % 4 == 0
+  if redis.call('ZREM', held, id) == 1 and sampled then
     local avg = redis.call('HGET', stats, 'avg')
     if avg then
       redis.call('HSET', stats, 'avg', string.format('%d', tonumber(avg) * 0.8 + ran * 0.2))
