@@ -127,15 +127,15 @@ async fn streams(queue: &str) -> ferriq_valkey::StreamBroker {
         .expect("Redis")
 }
 
-/// A connection pool to the bench's Redis for reading its counters.
-async fn redis_pool() -> Result<fred::clients::Pool, Box<dyn std::error::Error>> {
+/// A pool of `size` connections to the bench's Redis (its counters, the store floor's writes).
+async fn redis_pool(size: usize) -> Result<fred::clients::Pool, Box<dyn std::error::Error>> {
     use fred::prelude::ClientLike;
     let pool = fred::clients::Pool::new(
         fred::prelude::Config::from_url(&redis_url())?,
         None,
         None,
         None,
-        1,
+        size,
     )?;
     pool.init().await?;
     Ok(pool)

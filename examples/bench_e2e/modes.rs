@@ -197,7 +197,7 @@ pub(super) async fn limits_rounds(
         ("Redis", find_process("redis-server")),
     ]);
     let mut cpu: Vec<Vec<Vec<f64>>> = vec![Vec::new(); kinds.len()];
-    let stats_pool = redis_pool().await?;
+    let stats_pool = redis_pool(1).await?;
     let mut stats = vec![Vec::new(); kinds.len()];
     for round in 0..rounds {
         // Each round starts with another kind, so none always runs on a warmer worker.

@@ -77,14 +77,7 @@ pub(super) async fn amqp_rounds(
     use fred::prelude::ClientLike;
     let mut world = AmqpWorld::start(tag).await?;
     warm_up(&world.client).await;
-    let floor_pool = fred::clients::Pool::new(
-        fred::prelude::Config::from_url(&redis_url())?,
-        None,
-        None,
-        None,
-        4,
-    )?;
-    floor_pool.init().await?;
+    let floor_pool = super::redis_pool(4).await?;
     let route = if flag("--direct") {
         "published to the lane directly"
     } else {
