@@ -5,9 +5,11 @@ use std::time::Duration;
 
 use ferriq::store::{ClaimLease, ClaimOutcome, CompleteOutcome, FailureRecord, StoreError, Token};
 use ferriq::wire::{TaskId, TaskResult};
+use fred::bytes_utils::Str;
 use fred::prelude::Pool;
 use fred::types::Value;
 
+use crate::argv::{self, int, millis, static_text, WorkerText};
 use crate::error::store_error;
 use crate::keys::Keys;
 use crate::scripts::{self, Scripts};
@@ -16,7 +18,7 @@ use crate::ValkeyStoreBuilder;
 /// A claim call.
 pub(crate) struct ClaimCall {
     pub(crate) id: TaskId,
-    pub(crate) worker: String,
+    pub(crate) worker: Str,
     pub(crate) lease: Duration,
     pub(crate) deadline_at: Option<f64>,
 }
@@ -24,15 +26,13 @@ pub(crate) struct ClaimCall {
 impl ClaimCall {
     /// The claim's arguments, as `CLAIM_STEPS` takes them: worker, lease ms, deadline (unix
     /// seconds, or '').
-    pub(crate) fn push_args(&self, args: &mut Vec<String>) {
-        args.push(self.worker.clone());
-        args.push(ms(self.lease));
-        args.push(
-            self.deadline_at
-                .filter(|d| d.is_finite())
-                .map(|d| format!("{d:.3}"))
-                .unwrap_or_default(),
-        );
+    pub(crate) fn push_args(&self, args: &mut Vec<Value>) {
+        args.push(Value::String(self.worker.clone()));
+        args.push(millis(self.lease));
+        args.push(match self.deadline_at.filter(|d| d.is_finite()) {
+            Some(d) => Value::from(format!("{d:.3}")),
+            None => static_text(""),
+        });
     }
 }
 
@@ -40,9 +40,10 @@ impl ClaimCall {
 pub(crate) struct CompleteCall {
     pub(crate) id: TaskId,
     pub(crate) token: Token,
-    /// The result JSON; `None` stores nothing (`store_result = false`).
-    pub(crate) result: Option<String>,
-    pub(crate) channel: String,
+    /// The result JSON; `None` stores nothing (`store_result = false`). Shared: the call's
+    /// arguments are built again after a `NOSCRIPT`.
+    pub(crate) result: Option<Str>,
+    pub(crate) channel: Str,
 }
 
 /// What every operation needs: the pool, the scripts, the key layout and the settings.
@@ -51,18 +52,20 @@ pub(crate) struct Core {
     pub(crate) scripts: Scripts,
     pub(crate) keys: Keys,
     pub(crate) settings: ValkeyStoreBuilder,
+    /// The id of the worker whose claims this store makes, shared by every claim's arguments.
+    pub(crate) worker: WorkerText,
 }
 
 pub(crate) fn ms(d: Duration) -> String {
     d.as_millis().max(1).to_string()
 }
 
-fn int(v: &[Value], i: usize) -> Option<i64> {
+fn int_at(v: &[Value], i: usize) -> Option<i64> {
     v.get(i).and_then(Value::as_i64)
 }
 
 fn count(v: &[Value], i: usize) -> u32 {
-    int(v, i).unwrap_or(0).clamp(0, i64::from(u32::MAX)) as u32
+    int_at(v, i).unwrap_or(0).clamp(0, i64::from(u32::MAX)) as u32
 }
 
 fn unexpected(op: &str, v: impl std::fmt::Debug) -> StoreError {
@@ -70,12 +73,28 @@ fn unexpected(op: &str, v: impl std::fmt::Debug) -> StoreError {
 }
 
 impl Core {
-    fn claim_ttl(&self) -> String {
-        ms(self.settings.claim_ttl)
+    pub(crate) fn claim_ttl(&self) -> Value {
+        millis(self.settings.claim_ttl)
     }
 
-    fn result_ttl(&self) -> String {
-        self.settings.result_ttl.map_or_else(|| "0".to_owned(), ms)
+    fn result_ttl(&self) -> Value {
+        self.settings.result_ttl.map_or(Value::Integer(0), millis)
+    }
+
+    /// A claim's call for `worker`.
+    pub(crate) fn claim_call(
+        &self,
+        id: &TaskId,
+        worker: &str,
+        lease: Duration,
+        deadline_at: Option<f64>,
+    ) -> ClaimCall {
+        ClaimCall {
+            id: id.clone(),
+            worker: self.worker.get(worker),
+            lease,
+            deadline_at,
+        }
     }
 
     /// A plain string value (a result or a claim record), if any.
@@ -164,17 +183,25 @@ impl Core {
 
     /// A completion's arguments after the two ttls: token, store ('1'/'0'), result JSON,
     /// channel, task id.
-    pub(crate) fn complete_args(c: &CompleteCall, args: &mut Vec<String>) {
-        args.push(c.token.0.to_string());
-        args.push(if c.result.is_some() { "1" } else { "0" }.to_owned());
-        args.push(c.result.clone().unwrap_or_default());
-        args.push(c.channel.clone());
-        args.push(c.id.to_string());
+    pub(crate) fn complete_args(c: &CompleteCall, args: &mut Vec<Value>) {
+        args.push(int(c.token.0));
+        match &c.result {
+            Some(json) => {
+                args.push(static_text("1"));
+                args.push(Value::String(json.clone()));
+            }
+            None => {
+                args.push(static_text("0"));
+                args.push(static_text(""));
+            }
+        }
+        args.push(Value::String(c.channel.clone()));
+        args.push(Value::from(c.id.as_str()));
     }
 
     /// What every completion script starts its arguments with: the result's and the claim's
     /// time to live.
-    pub(crate) fn complete_ttls(&self) -> Vec<String> {
+    pub(crate) fn complete_ttls(&self) -> Vec<Value> {
         vec![self.result_ttl(), self.claim_ttl()]
     }
 
@@ -186,8 +213,8 @@ impl Core {
     ) -> Result<Vec<ClaimLease>, StoreError> {
         let build = || {
             let keys: Vec<String> = claims.iter().map(|(id, _)| self.keys.claim(id)).collect();
-            let mut args = vec![ms(lease), self.claim_ttl()];
-            args.extend(claims.iter().map(|(_, t)| t.0.to_string()));
+            let mut args = vec![millis(lease), self.claim_ttl()];
+            args.extend(claims.iter().map(|(_, t)| int(t.0)));
             (keys, args)
         };
         let v = scripts::call(&self.pool, &self.scripts.heartbeat, build)
@@ -218,9 +245,9 @@ impl Core {
             (
                 vec![self.keys.claim(id)],
                 vec![
-                    token.0.to_string(),
+                    int(token.0),
                     self.claim_ttl(),
-                    if interrupted { "1" } else { "0" }.to_owned(),
+                    static_text(if interrupted { "1" } else { "0" }),
                 ],
             )
         })
@@ -237,7 +264,7 @@ impl Core {
         let v = scripts::call(&self.pool, &self.scripts.record_failure, || {
             (
                 vec![self.keys.claim(id)],
-                vec![token.0.to_string(), self.claim_ttl()],
+                vec![int(token.0), self.claim_ttl()],
             )
         })
         .await
@@ -260,13 +287,14 @@ impl Core {
             task_id: id.to_string(),
             reason: e.to_string(),
         })?;
+        let json = argv::shared(json);
         let build = || {
             let args = vec![
-                json.clone(),
+                Value::String(json.clone()),
                 self.result_ttl(),
                 self.claim_ttl(),
-                self.keys.done_channel(id),
-                id.to_string(),
+                Value::from(self.keys.done_channel(id)),
+                Value::from(id.as_str()),
             ];
             (vec![self.keys.claim(id), self.keys.result(id)], args)
         };
@@ -279,7 +307,8 @@ impl Core {
 
 /// One completion's answer (`COMPLETE`'s).
 pub(crate) fn parse_complete(v: Value) -> Result<CompleteOutcome, StoreError> {
-    match v.as_string().as_deref() {
+    // `as_str` borrows a reply's text (`as_string` would copy it for the comparison).
+    match v.as_str().as_deref() {
         Some("stored") => Ok(CompleteOutcome::Stored),
         Some("already") => Ok(CompleteOutcome::AlreadyStored),
         Some("stale") => Ok(CompleteOutcome::Stale),
@@ -292,8 +321,8 @@ pub(crate) fn parse_complete(v: Value) -> Result<CompleteOutcome, StoreError> {
 }
 
 pub(crate) fn parse_claim(reply: Vec<Value>) -> Result<ClaimOutcome, StoreError> {
-    let token = |i| int(&reply, i).map(|t| Token(t.max(0) as u64));
-    Ok(match reply.first().and_then(Value::as_string).as_deref() {
+    let token = |i| int_at(&reply, i).map(|t| Token(t.max(0) as u64));
+    Ok(match reply.first().and_then(Value::as_str).as_deref() {
         Some("run") => ClaimOutcome::Run {
             token: token(1).ok_or_else(|| unexpected("claim", &reply))?,
             failures: count(&reply, 2),
@@ -305,7 +334,7 @@ pub(crate) fn parse_claim(reply: Vec<Value>) -> Result<ClaimOutcome, StoreError>
             token: token(1).ok_or_else(|| unexpected("claim", &reply))?,
         },
         Some("defer") => ClaimOutcome::Defer {
-            retry_after: Duration::from_micros(int(&reply, 1).unwrap_or(0).max(0) as u64),
+            retry_after: Duration::from_micros(int_at(&reply, 1).unwrap_or(0).max(0) as u64),
         },
         Some("done") => ClaimOutcome::Done,
         Some("revoked") => ClaimOutcome::Revoked,

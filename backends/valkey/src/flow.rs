@@ -11,7 +11,6 @@ use ferriq::task::Rate;
 use ferriq::wire::{TaskId, TaskResult};
 use fred::types::scripts::Script;
 
-use crate::claims::ClaimCall;
 use crate::error::store_error;
 use crate::gate::{CompleteFreeingCall, GatedCall};
 use crate::scripts;
@@ -71,12 +70,9 @@ impl FlowStore for ValkeyStore {
         claim: ClaimAsk<'_>,
     ) -> Option<Result<Gated, StoreError>> {
         let batchers = self.flow_batchers()?;
-        let claim = ClaimCall {
-            id: id.clone(),
-            worker: claim.worker.to_owned(),
-            lease: claim.lease,
-            deadline_at: claim.deadline_at,
-        };
+        let claim = self
+            .core()
+            .claim_call(id, claim.worker, claim.lease, claim.deadline_at);
         Some(match gate {
             LimitGate::Rate { limiter, rate } => {
                 let keys = self.limiter_keys(limiter);

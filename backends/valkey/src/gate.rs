@@ -11,9 +11,10 @@ use ferriq::store::{CompleteOutcome, Gated, StoreError};
 use fred::types::scripts::Script;
 use fred::types::{Key, Value};
 
-use crate::claims::{ms, parse_claim, parse_complete, ClaimCall, CompleteCall, Core};
+use crate::argv::{flag, int, micros};
+use crate::claims::{parse_claim, parse_complete, ClaimCall, CompleteCall, Core};
 use crate::error::store_error;
-use crate::limiter_keys::{flag, LimiterKeys};
+use crate::limiter_keys::LimiterKeys;
 use crate::limits::{ACQUIRE_STEPS, ADMIT_STEPS, GRACE_US, LIMITER_HEAD, RELEASE_STEPS};
 use crate::scripts::{self, ANNOUNCE, CLAIM_STEPS, COMPLETE_STEPS, PRELUDE};
 
@@ -113,15 +114,15 @@ impl Core {
         let build = || {
             let mut keys = Vec::with_capacity(calls.len() * 5);
             let mut argv = Vec::with_capacity(2 + calls.len() * 7);
-            argv.push(GRACE_US.to_owned());
-            argv.push(ms(self.settings.claim_ttl));
+            argv.push(int(GRACE_US));
+            argv.push(self.claim_ttl());
             for c in &calls {
                 keys.extend(c.limiter.keys.iter().cloned());
                 keys.push(Key::from(self.keys.claim(&c.claim.id)));
                 keys.push(Key::from(self.keys.result(&c.claim.id)));
-                argv.push(c.claim.id.to_string());
-                argv.push(c.limit.to_string());
-                argv.push(c.span.as_micros().to_string());
+                argv.push(Value::from(c.claim.id.as_str()));
+                argv.push(int(c.limit));
+                argv.push(micros(c.span));
                 argv.push(flag(c.renew));
                 c.claim.push_args(&mut argv);
             }
@@ -150,7 +151,7 @@ impl Core {
                 keys.push(c.slot.keys[0].clone());
                 keys.push(c.slot.keys[2].clone());
                 Self::complete_args(&c.complete, &mut argv);
-                argv.push(c.held.as_micros().to_string());
+                argv.push(micros(c.held));
                 argv.push(flag(c.note));
             }
             (keys, argv)

@@ -5,13 +5,16 @@
 //! most 1,500 × 15 small fields.
 
 use std::collections::HashMap;
+use std::fmt::Write as _;
 
 use ferriq::store::{FinishedTask, MinuteStats, StoreError, HISTORY_KEPT};
 use ferriq::wire::TaskId;
 use fred::prelude::HashesInterface;
 use fred::prelude::ListInterface;
 use fred::types::scripts::Script;
+use fred::types::Value;
 
+use crate::argv;
 use crate::claims::ms;
 use crate::error::store_error;
 use crate::scripts;
@@ -134,20 +137,28 @@ impl ValkeyStore {
         &self,
         finished: &[FinishedTask],
     ) -> Result<(), StoreError> {
-        let mut lists: HashMap<String, Vec<String>> = HashMap::new();
+        // Grouped by list before any key is written out: a worker sends thousands of finished
+        // tasks at a time, most of them to a few lists, and each costs its entry's text only.
+        let mut lists: HashMap<(u64, &str, bool), Vec<Value>> = HashMap::new();
         for f in finished {
+            let mut entry = String::with_capacity(21 + f.task_id.as_str().len());
+            let _ = write!(entry, "{} {}", f.at_ms, f.task_id);
             lists
-                .entry(self.finished_key(f.at_ms / 60_000, &f.task, f.failed))
+                .entry((f.at_ms / 60_000, f.task.as_str(), f.failed))
                 .or_default()
-                .push(format!("{} {}", f.at_ms, f.task_id));
+                .push(Value::String(argv::shared(entry)));
         }
         let script = Script::from_lua(PUSH);
-        for (key, entries) in lists {
+        for ((minute, task, failed), entries) in lists {
+            let key = self.finished_key(minute, task, failed);
             for chunk in entries.chunks(PUSH_CHUNK) {
-                let keys = vec![key.clone()];
-                let mut args = vec![ms(HISTORY_KEPT)];
-                args.extend(chunk.iter().cloned());
-                scripts::call(&self.core().pool, &script, || (keys.clone(), args.clone()))
+                let args = || {
+                    let mut args = Vec::with_capacity(1 + chunk.len());
+                    args.push(argv::millis(HISTORY_KEPT));
+                    args.extend(chunk.iter().cloned());
+                    (vec![key.clone()], args)
+                };
+                scripts::call(&self.core().pool, &script, args)
                     .await
                     .map_err(store_error)?;
             }

@@ -17,13 +17,14 @@ impl Keys {
 
     /// `{prefix}:{task_id}`: the key taskiq-redis reads with `prefix_str=prefix`.
     pub(crate) fn result(&self, id: &TaskId) -> String {
-        format!("{}:{}", self.prefix, id)
+        concat(&[&self.prefix, ":", id.as_str()])
     }
 
     /// `{prefix}:claim:{{prefix}:{task_id}}`: hash-tagged on the result key, so one script can
     /// touch both in Valkey Cluster.
     pub(crate) fn claim(&self, id: &TaskId) -> String {
-        format!("{}:claim:{{{}:{}}}", self.prefix, self.prefix, id)
+        let prefix = self.prefix.as_str();
+        concat(&[prefix, ":claim:{", prefix, ":", id.as_str(), "}"])
     }
 
     /// `{prefix}:{task_id}__progress`: where taskiq-redis keeps a task's progress.
@@ -46,7 +47,7 @@ impl Keys {
 
     /// The channel a completion is announced on when the message named no `reply_to`.
     pub(crate) fn done_channel(&self, id: &TaskId) -> String {
-        format!("{}:done:{}", self.prefix, id)
+        concat(&[&self.prefix, ":done:", id.as_str()])
     }
 
     /// A fresh reply channel for one process's waiters.
@@ -68,6 +69,16 @@ impl Keys {
     pub(crate) fn owns_reply_channel(&self, channel: &str) -> bool {
         Self::reply_channel_prefix(channel).is_none_or(|p| p == self.prefix)
     }
+}
+
+/// The parts one after the other, in one allocation: a task's keys are made for every claim and
+/// completion, and `format!` grows its string a few times on the way.
+fn concat(parts: &[&str]) -> String {
+    let mut out = String::with_capacity(parts.iter().map(|p| p.len()).sum());
+    for part in parts {
+        out.push_str(part);
+    }
+    out
 }
 
 #[cfg(test)]
@@ -93,6 +104,10 @@ mod tests {
         assert_eq!(
             keys.claim(&id),
             "app:claim:{app:0123456789abcdef0123456789abcdef}"
+        );
+        assert_eq!(
+            keys.done_channel(&id),
+            "app:done:0123456789abcdef0123456789abcdef"
         );
         assert_eq!(
             fred::util::redis_keyslot(keys.claim(&id).as_bytes()),

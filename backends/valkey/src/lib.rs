@@ -51,6 +51,7 @@
 //! follow server time), a lost result makes its task run again (its result is stored then).
 //! Only AOF with `appendfsync always` keeps every written result.
 
+mod argv;
 mod batch;
 mod claims;
 mod config;

@@ -77,11 +77,6 @@ impl LimiterKeys {
     }
 }
 
-/// A script argument for a yes/no: `'1'` or `''`.
-pub(crate) fn flag(yes: bool) -> String {
-    if yes { "1" } else { "" }.to_owned()
-}
-
 /// The limiters used lately, by name, one map per kind: a digest and three `format!`s per
 /// decision otherwise (bounded: cleared when it holds too many).
 #[derive(Default)]

@@ -12,14 +12,15 @@ use ferriq::wire::TaskId;
 use fred::types::scripts::Script;
 use fred::types::{Key, Value};
 
+use crate::argv::{flag, int, micros};
 use crate::claims::Core;
 use crate::error::store_error;
-use crate::limiter_keys::{flag, LimiterKeys};
+use crate::limiter_keys::LimiterKeys;
 use crate::scripts;
 use crate::ValkeyStore;
 
 /// Early by this much (µs) still counts as a task's turn (a broker rounds times).
-pub(crate) const GRACE_US: &str = "2000";
+pub(crate) const GRACE_US: u32 = 2000;
 
 /// Per decision, KEYS: the limiter's granted starts (list, newest first), its turns handed
 /// out (list, newest first) and its reserved turns (sorted set of task ids by turn); ARGV
@@ -317,18 +318,16 @@ fn decision(answer: Value, what: &str) -> Result<(String, Option<u64>), StoreErr
 }
 
 impl Core {
+    /// Runs `script` on the keys and arguments `build` makes (again after a `NOSCRIPT`).
     async fn many(
         &self,
         script: &Script,
-        keys: Vec<Key>,
-        argv: Vec<String>,
+        build: impl Fn() -> (Vec<Key>, Vec<Value>),
     ) -> Result<Vec<Value>, StoreError> {
-        Ok(
-            scripts::call(&self.pool, script, || (keys.clone(), argv.clone()))
-                .await
-                .map_err(store_error)?
-                .into_array(),
-        )
+        Ok(scripts::call(&self.pool, script, build)
+            .await
+            .map_err(store_error)?
+            .into_array())
     }
 
     /// Rate decisions, in one script run.
@@ -336,16 +335,20 @@ impl Core {
         &self,
         calls: Vec<AdmitCall>,
     ) -> Result<Vec<Result<RateDecision, StoreError>>, StoreError> {
-        let mut keys = Vec::with_capacity(calls.len() * 3);
-        let mut argv = vec![GRACE_US.to_owned()];
-        for c in calls {
-            keys.extend(c.keys.keys.iter().cloned());
-            argv.push(c.id.to_string());
-            argv.push(c.rate.limit().to_string());
-            argv.push(c.rate.period().as_micros().to_string());
-            argv.push(flag(c.renew));
-        }
-        let answers = self.many(&ADMIT, keys, argv).await?;
+        let build = || {
+            let mut keys = Vec::with_capacity(calls.len() * 3);
+            let mut argv = Vec::with_capacity(1 + calls.len() * 4);
+            argv.push(int(GRACE_US));
+            for c in &calls {
+                keys.extend(c.keys.keys.iter().cloned());
+                argv.push(Value::from(c.id.as_str()));
+                argv.push(int(c.rate.limit()));
+                argv.push(micros(c.rate.period()));
+                argv.push(flag(c.renew));
+            }
+            (keys, argv)
+        };
+        let answers = self.many(&ADMIT, build).await?;
         Ok(answers
             .into_iter()
             .map(|a| match decision(a, "rate")? {
@@ -360,16 +363,20 @@ impl Core {
         &self,
         calls: Vec<SlotCall>,
     ) -> Result<Vec<Result<SlotDecision, StoreError>>, StoreError> {
-        let mut keys = Vec::with_capacity(calls.len() * 3);
-        let mut argv = vec![GRACE_US.to_owned()];
-        for c in calls {
-            keys.extend(c.keys.keys.iter().cloned());
-            argv.push(c.id.to_string());
-            argv.push(c.limit.to_string());
-            argv.push(c.lease.as_micros().to_string());
-            argv.push(flag(c.renew));
-        }
-        let answers = self.many(&ACQUIRE, keys, argv).await?;
+        let build = || {
+            let mut keys = Vec::with_capacity(calls.len() * 3);
+            let mut argv = Vec::with_capacity(1 + calls.len() * 4);
+            argv.push(int(GRACE_US));
+            for c in &calls {
+                keys.extend(c.keys.keys.iter().cloned());
+                argv.push(Value::from(c.id.as_str()));
+                argv.push(int(c.limit));
+                argv.push(micros(c.lease));
+                argv.push(flag(c.renew));
+            }
+            (keys, argv)
+        };
+        let answers = self.many(&ACQUIRE, build).await?;
         Ok(answers
             .into_iter()
             .map(|a| match decision(a, "concurrency")? {
@@ -385,16 +392,19 @@ impl Core {
         calls: Vec<ReleaseCall>,
     ) -> Result<Vec<Result<(), StoreError>>, StoreError> {
         let n = calls.len();
-        let mut keys = Vec::with_capacity(n * 2);
-        let mut argv = Vec::with_capacity(n * 3);
-        for c in calls {
-            keys.push(c.keys.keys[0].clone());
-            keys.push(c.keys.keys[2].clone());
-            argv.push(c.id.to_string());
-            argv.push(c.held.as_micros().to_string());
-            argv.push(flag(c.note));
-        }
-        self.many(&RELEASE, keys, argv).await?;
+        let build = || {
+            let mut keys = Vec::with_capacity(n * 2);
+            let mut argv = Vec::with_capacity(n * 3);
+            for c in &calls {
+                keys.push(c.keys.keys[0].clone());
+                keys.push(c.keys.keys[2].clone());
+                argv.push(Value::from(c.id.as_str()));
+                argv.push(micros(c.held));
+                argv.push(flag(c.note));
+            }
+            (keys, argv)
+        };
+        self.many(&RELEASE, build).await?;
         Ok((0..n).map(|_| Ok(())).collect())
     }
 }
@@ -499,14 +509,15 @@ impl ValkeyStore {
     ) -> Result<(), StoreError> {
         let call = |slots: &[(String, TaskId)]| {
             let mut keys = Vec::with_capacity(slots.len() * 2);
-            let mut argv = vec![lease.as_micros().to_string()];
+            let mut argv = vec![micros(lease)];
             for (limiter, id) in slots {
                 let slot = self.slot_keys(limiter);
                 keys.push(slot.keys[0].clone());
                 keys.push(slot.keys[2].clone());
-                argv.push(id.to_string());
+                argv.push(Value::from(id.as_str()));
             }
-            self.core().many(&RENEW, keys, argv)
+            self.core()
+                .many(&RENEW, move || (keys.clone(), argv.clone()))
         };
         if self.flow_batchers().is_some() {
             call(slots).await?;

@@ -276,6 +276,7 @@ impl ValkeyStore {
             scripts,
             keys,
             settings,
+            worker: Default::default(),
         });
         let (claims, completes, reads) = if clustered {
             (None, None, None)

@@ -13,7 +13,8 @@ use ferriq::wire::{TaskId, TaskResult};
 use fred::prelude::ClientLike;
 use tokio::time::Instant;
 
-use crate::claims::{ClaimCall, CompleteCall};
+use crate::argv;
+use crate::claims::CompleteCall;
 
 use super::ValkeyStore;
 
@@ -26,12 +27,7 @@ impl ClaimStore for ValkeyStore {
         lease: Duration,
         deadline_at: Option<f64>,
     ) -> Result<ClaimOutcome, StoreError> {
-        let call = ClaimCall {
-            id: id.clone(),
-            worker: worker.to_owned(),
-            lease,
-            deadline_at,
-        };
+        let call = self.inner.core.claim_call(id, worker, lease, deadline_at);
         match &self.inner.claims {
             Some(batcher) => batcher.call(call).await,
             None => single(self.inner.core.claim_many(vec![call]).await),
@@ -131,6 +127,7 @@ impl ValkeyStore {
         let channel = reply_to
             .map(str::to_owned)
             .unwrap_or_else(|| self.inner.core.keys.done_channel(id));
+        let (result, channel) = (result.map(argv::shared), argv::shared(channel));
         Ok(CompleteCall {
             id: id.clone(),
             token,
