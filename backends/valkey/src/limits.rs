@@ -307,10 +307,11 @@ pub(crate) struct ReleaseCall {
     note: bool,
 }
 
-fn decision(answer: Value, what: &str) -> Result<(String, Option<u64>), StoreError> {
+/// A decision's answer: whether its first part is `yes` (`run`, `held`), and the wait µs.
+fn decision(answer: Value, yes: &str, what: &str) -> Result<(bool, Option<u64>), StoreError> {
     let parts = answer.into_array();
     match parts.first().and_then(Value::as_str) {
-        Some(kind) => Ok((kind.into_owned(), parts.get(1).and_then(Value::as_u64))),
+        Some(kind) => Ok((kind == yes, parts.get(1).and_then(Value::as_u64))),
         None => Err(StoreError::Unavailable(format!(
             "unexpected {what} limiter answer"
         ))),
@@ -351,8 +352,8 @@ impl Core {
         let answers = self.many(&ADMIT, build).await?;
         Ok(answers
             .into_iter()
-            .map(|a| match decision(a, "rate")? {
-                (kind, _) if kind == "run" => Ok(RateDecision::Run),
+            .map(|a| match decision(a, "run", "rate")? {
+                (true, _) => Ok(RateDecision::Run),
                 (_, us) => Ok(RateDecision::Wait(Duration::from_micros(us.unwrap_or(0)))),
             })
             .collect())
@@ -379,8 +380,8 @@ impl Core {
         let answers = self.many(&ACQUIRE, build).await?;
         Ok(answers
             .into_iter()
-            .map(|a| match decision(a, "concurrency")? {
-                (kind, _) if kind == "held" => Ok(SlotDecision::Held),
+            .map(|a| match decision(a, "held", "concurrency")? {
+                (true, _) => Ok(SlotDecision::Held),
                 (_, us) => Ok(SlotDecision::Wait(Duration::from_micros(us.unwrap_or(0)))),
             })
             .collect())
