@@ -79,9 +79,13 @@ mod tests {
     #[test]
     fn the_worker_id_is_kept_once_and_another_is_copied() {
         let text = WorkerText::default();
-        assert_eq!(&*text.get("w1"), "w1");
-        assert_eq!(&*text.get("w1"), "w1");
-        assert_eq!(&*text.get("w2"), "w2");
-        assert_eq!(&*text.get("w1"), "w1");
+        let (first, again) = (text.get("w1"), text.get("w1"));
+        assert_eq!(&*first, "w1");
+        // The same buffer, counted, not a copy.
+        assert_eq!(first.as_ptr(), again.as_ptr());
+        let other = text.get("w2");
+        assert_eq!(&*other, "w2");
+        assert_ne!(other.as_ptr(), text.get("w2").as_ptr());
+        assert_eq!(text.get("w1").as_ptr(), first.as_ptr());
     }
 }
