@@ -36,7 +36,7 @@ pub(crate) fn static_text(text: &'static str) -> Value {
     Value::String(Str::from_static(text))
 }
 
-/// Text that is copied once into a buffer its clones share.
+/// `text` as a `Str` whose clones share its buffer (no copy of the text).
 pub(crate) fn shared(text: String) -> Str {
     // `Str::from(String)` keeps the string's buffer; its first clone then allocates the shared
     // count, which is made here once rather than in the first of several clones.

@@ -318,6 +318,24 @@ fn decision(answer: Value, yes: &str, what: &str) -> Result<(bool, Option<u64>),
     }
 }
 
+/// `ADMIT`'s and `ACQUIRE`'s keys and arguments: per decision its limiter's keys, then the task
+/// id, the limit, the period or lease (µs) and whether to renew the keys.
+fn decision_args<'a>(
+    decisions: impl ExactSizeIterator<Item = (&'a LimiterKeys, &'a TaskId, u32, Duration, bool)>,
+) -> (Vec<Key>, Vec<Value>) {
+    let mut keys = Vec::with_capacity(decisions.len() * 3);
+    let mut argv = Vec::with_capacity(1 + decisions.len() * 4);
+    argv.push(int(GRACE_US));
+    for (limiter, id, limit, span, renew) in decisions {
+        keys.extend(limiter.keys.iter().cloned());
+        argv.push(Value::from(id.as_str()));
+        argv.push(int(limit));
+        argv.push(micros(span));
+        argv.push(flag(renew));
+    }
+    (keys, argv)
+}
+
 impl Core {
     /// Runs `script` on the keys and arguments `build` makes (again after a `NOSCRIPT`).
     async fn many(
@@ -337,17 +355,10 @@ impl Core {
         calls: Vec<AdmitCall>,
     ) -> Result<Vec<Result<RateDecision, StoreError>>, StoreError> {
         let build = || {
-            let mut keys = Vec::with_capacity(calls.len() * 3);
-            let mut argv = Vec::with_capacity(1 + calls.len() * 4);
-            argv.push(int(GRACE_US));
-            for c in &calls {
-                keys.extend(c.keys.keys.iter().cloned());
-                argv.push(Value::from(c.id.as_str()));
-                argv.push(int(c.rate.limit()));
-                argv.push(micros(c.rate.period()));
-                argv.push(flag(c.renew));
-            }
-            (keys, argv)
+            decision_args(calls.iter().map(|c| {
+                let (limit, period) = (c.rate.limit(), c.rate.period());
+                (&*c.keys, &c.id, limit, period, c.renew)
+            }))
         };
         let answers = self.many(&ADMIT, build).await?;
         Ok(answers
@@ -365,17 +376,11 @@ impl Core {
         calls: Vec<SlotCall>,
     ) -> Result<Vec<Result<SlotDecision, StoreError>>, StoreError> {
         let build = || {
-            let mut keys = Vec::with_capacity(calls.len() * 3);
-            let mut argv = Vec::with_capacity(1 + calls.len() * 4);
-            argv.push(int(GRACE_US));
-            for c in &calls {
-                keys.extend(c.keys.keys.iter().cloned());
-                argv.push(Value::from(c.id.as_str()));
-                argv.push(int(c.limit));
-                argv.push(micros(c.lease));
-                argv.push(flag(c.renew));
-            }
-            (keys, argv)
+            decision_args(
+                calls
+                    .iter()
+                    .map(|c| (&*c.keys, &c.id, c.limit, c.lease, c.renew)),
+            )
         };
         let answers = self.many(&ACQUIRE, build).await?;
         Ok(answers
