@@ -1,8 +1,8 @@
 //! Script arguments on the hot path (claims, completions, limiter decisions), as fred values
 //! that cost no allocation of their own where they can: numbers go as integers (fred writes
 //! their digits straight into its buffer), fixed flags as static text, and text that repeats on
-//! every call (the worker's id, a result's JSON kept for a retry) as a shared `Str`, which a
-//! copy counts rather than duplicates. A `String` argument costs two allocations: its own and
+//! every call (the worker's id, a result's JSON kept for a retry) as a `Str`, which a copy
+//! counts rather than duplicates. A `String` argument costs two allocations: its own and
 //! the shared buffer fred makes of it when it writes the command.
 
 use std::sync::OnceLock;
@@ -26,6 +26,11 @@ pub(crate) fn millis(d: Duration) -> Value {
     int(d.as_millis().max(1))
 }
 
+/// [`millis`] as text, for the rarely run scripts whose arguments are all text.
+pub(crate) fn millis_text(d: Duration) -> String {
+    d.as_millis().max(1).to_string()
+}
+
 /// A yes/no flag as the scripts read it: `'1'` or `''`.
 pub(crate) fn flag(yes: bool) -> Value {
     static_text(if yes { "1" } else { "" })
@@ -36,15 +41,6 @@ pub(crate) fn static_text(text: &'static str) -> Value {
     Value::String(Str::from_static(text))
 }
 
-/// `text` as a `Str` whose clones share its buffer (no copy of the text).
-pub(crate) fn shared(text: String) -> Str {
-    // `Str::from(String)` keeps the string's buffer; its first clone then allocates the shared
-    // count, which is made here once rather than in the first of several clones.
-    let text = Str::from(text);
-    let _ = text.clone();
-    text
-}
-
 /// The worker id of the claims a store makes, kept as one shared `Str`: a store serves one
 /// worker as a rule; any other id is copied per call, as before.
 #[derive(Default)]
@@ -53,7 +49,7 @@ pub(crate) struct WorkerText(OnceLock<Str>);
 impl WorkerText {
     /// `worker` as an argument.
     pub(crate) fn get(&self, worker: &str) -> Str {
-        let kept = self.0.get_or_init(|| shared(worker.to_owned()));
+        let kept = self.0.get_or_init(|| Str::from(worker));
         if &**kept == worker {
             kept.clone()
         } else {
@@ -72,6 +68,8 @@ mod tests {
         assert_eq!(int(u64::MAX), Value::Integer(i64::MAX));
         assert_eq!(micros(Duration::from_millis(3)), Value::Integer(3000));
         assert_eq!(millis(Duration::from_micros(10)), Value::Integer(1));
+        assert_eq!(millis_text(Duration::from_micros(10)), "1");
+        assert_eq!(millis_text(Duration::from_secs(2)), "2000");
         assert_eq!(flag(true).as_str().as_deref(), Some("1"));
         assert_eq!(flag(false).as_str().as_deref(), Some(""));
     }

@@ -9,7 +9,7 @@ use fred::bytes_utils::Str;
 use fred::prelude::Pool;
 use fred::types::Value;
 
-use crate::argv::{self, int, millis, static_text, WorkerText};
+use crate::argv::{int, millis, static_text, WorkerText};
 use crate::error::store_error;
 use crate::keys::Keys;
 use crate::scripts::{self, Scripts};
@@ -54,10 +54,6 @@ pub(crate) struct Core {
     pub(crate) settings: ValkeyStoreBuilder,
     /// The id of the worker whose claims this store makes, shared by every claim's arguments.
     pub(crate) worker: WorkerText,
-}
-
-pub(crate) fn ms(d: Duration) -> String {
-    d.as_millis().max(1).to_string()
 }
 
 fn int_at(v: &[Value], i: usize) -> Option<i64> {
@@ -287,7 +283,7 @@ impl Core {
             task_id: id.to_string(),
             reason: e.to_string(),
         })?;
-        let json = argv::shared(json);
+        let json = Str::from(json);
         let build = || {
             let args = vec![
                 Value::String(json.clone()),

@@ -9,13 +9,13 @@ use std::fmt::Write as _;
 
 use ferriq::store::{FinishedTask, MinuteStats, StoreError, HISTORY_KEPT};
 use ferriq::wire::TaskId;
+use fred::bytes_utils::Str;
 use fred::prelude::HashesInterface;
 use fred::prelude::ListInterface;
 use fred::types::scripts::Script;
 use fred::types::Value;
 
-use crate::argv;
-use crate::claims::ms;
+use crate::argv::{self, millis_text};
 use crate::error::store_error;
 use crate::scripts;
 use crate::ValkeyStore;
@@ -72,7 +72,7 @@ impl ValkeyStore {
                 continue;
             }
             let keys = vec![self.history_key(minute)];
-            let mut args = vec![ms(HISTORY_KEPT)];
+            let mut args = vec![millis_text(HISTORY_KEPT)];
             args.extend(pairs);
             scripts::call(&self.core().pool, &script, || (keys.clone(), args.clone()))
                 .await
@@ -141,12 +141,13 @@ impl ValkeyStore {
         // tasks at a time, most of them to a few lists, and each costs its entry's text only.
         let mut lists: HashMap<(u64, &str, bool), Vec<Value>> = HashMap::new();
         for f in finished {
+            // "<ms> <id>": a u64 takes at most 20 digits, and one space.
             let mut entry = String::with_capacity(21 + f.task_id.as_str().len());
             let _ = write!(entry, "{} {}", f.at_ms, f.task_id);
             lists
                 .entry((f.at_ms / 60_000, f.task.as_str(), f.failed))
                 .or_default()
-                .push(Value::String(argv::shared(entry)));
+                .push(Value::String(Str::from(entry)));
         }
         let script = Script::from_lua(PUSH);
         for ((minute, task, failed), entries) in lists {

@@ -15,7 +15,7 @@ use fred::prelude::KeysInterface;
 use fred::types::scripts::Script;
 use fred::types::Value;
 
-use crate::claims::ms;
+use crate::argv::millis_text;
 use crate::error::store_error;
 use crate::scripts;
 use crate::ValkeyStore;
@@ -68,7 +68,7 @@ impl OpsStore for ValkeyStore {
             self.workers_key(&format!("w:{}", info.id)),
             self.workers_key("index"),
         ];
-        let args = vec![info.id.clone(), json, ms(ttl)];
+        let args = vec![info.id.clone(), json, millis_text(ttl)];
         scripts::call(&self.core().pool, &Script::from_lua(REPORT), || {
             (keys.clone(), args.clone())
         })
@@ -124,7 +124,7 @@ impl OpsStore for ValkeyStore {
             id
         );
         let keys = vec![claim, core.keys.result(id), marker];
-        let args = vec![ms(core.settings.claim_ttl)];
+        let args = vec![millis_text(core.settings.claim_ttl)];
         let v: Value = scripts::call(&core.pool, &core.scripts.reset, || {
             (keys.clone(), args.clone())
         })
@@ -158,7 +158,7 @@ impl OpsStore for ValkeyStore {
     async fn record_job(&self, id: &str, json: &str, ttl: Duration) -> Result<(), StoreError> {
         // One hash of every job: it expires `ttl` after the last record of any.
         let keys = vec![format!("{}:ops-jobs", self.prefix())];
-        let args = vec![ms(ttl), id.to_owned(), json.to_owned()];
+        let args = vec![millis_text(ttl), id.to_owned(), json.to_owned()];
         scripts::call(&self.core().pool, &Script::from_lua(RECORD_JOB), || {
             (keys.clone(), args.clone())
         })

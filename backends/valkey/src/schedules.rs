@@ -12,7 +12,7 @@ use fred::prelude::{HashesInterface, KeysInterface};
 use fred::types::scripts::Script;
 use fred::types::Value;
 
-use crate::claims::ms;
+use crate::argv::millis_text;
 use crate::error::store_error;
 use crate::scripts;
 use crate::ValkeyStore;
@@ -143,7 +143,7 @@ impl ScheduleStore for ValkeyStore {
                     self.schedule_key("specs"),
                     self.schedule_key(&format!("sending:{id}")),
                 ],
-                vec![id.to_owned(), ms(limit)],
+                vec![id.to_owned(), millis_text(limit)],
             )
             .await?;
         Ok(v.as_i64() == Some(1))
@@ -183,7 +183,7 @@ impl ScheduleStore for ValkeyStore {
             .run_script(
                 LEAD,
                 vec![self.schedule_key("leader")],
-                vec![scheduler.to_owned(), ms(lease)],
+                vec![scheduler.to_owned(), millis_text(lease)],
             )
             .await?;
         Ok(v.as_i64() == Some(1))

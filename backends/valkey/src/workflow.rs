@@ -13,7 +13,7 @@ use ferriq::wire::{TaskId, TaskResult};
 use fred::prelude::{HashesInterface, KeysInterface};
 use fred::types::{Expiration, SetOptions, Value};
 
-use crate::claims::ms;
+use crate::argv::millis_text;
 use crate::error::store_error;
 use crate::scripts;
 use crate::store::parse_record;
@@ -28,7 +28,7 @@ fn corrupt(id: &TaskId, reason: impl Into<String>) -> StoreError {
 
 impl ValkeyStore {
     fn ttl_ms(&self) -> String {
-        ms(self.core().settings.claim_ttl)
+        millis_text(self.core().settings.claim_ttl)
     }
 
     fn mark_of(reply: Vec<Value>, id: &TaskId) -> Result<GroupMark, StoreError> {
@@ -152,7 +152,10 @@ impl WorkflowStore for ValkeyStore {
     ) -> Result<bool, StoreError> {
         let core = self.core();
         let json = serde_json::to_string(result).map_err(|e| corrupt(id, e.to_string()))?;
-        let result_ttl = core.settings.result_ttl.map_or_else(|| "0".to_owned(), ms);
+        let result_ttl = core
+            .settings
+            .result_ttl
+            .map_or_else(|| "0".to_owned(), millis_text);
         let v = scripts::call(&core.pool, &core.scripts.store_once, || {
             (
                 vec![core.keys.claim(id), core.keys.result(id)],

@@ -10,10 +10,10 @@ use ferriq::store::{
     ProgressStore, ResultStatus, ResultStore, StoreError, Token,
 };
 use ferriq::wire::{TaskId, TaskResult};
+use fred::bytes_utils::Str;
 use fred::prelude::ClientLike;
 use tokio::time::Instant;
 
-use crate::argv;
 use crate::claims::CompleteCall;
 
 use super::ValkeyStore;
@@ -127,7 +127,7 @@ impl ValkeyStore {
         let channel = reply_to
             .map(str::to_owned)
             .unwrap_or_else(|| self.inner.core.keys.done_channel(id));
-        let (result, channel) = (result.map(argv::shared), argv::shared(channel));
+        let (result, channel) = (result.map(Str::from), Str::from(channel));
         Ok(CompleteCall {
             id: id.clone(),
             token,
