@@ -107,10 +107,6 @@ pub(super) async fn compare_middlewares(
     Ok(())
 }
 
-/// `--broker amqp --limits R`: R rounds on RabbitMQ + Redis, each N tasks without a limit, N
-/// under a rate limit they never reach (50,000/s) and N under a concurrency limit they never
-/// reach (1,000 slots), in turns; medians and their ratios to the run without. What a limit
-/// costs when it does not bind: a store round trip per task (and the slot's release).
 /// `--broker amqp --history-ab R`: the same bulk runs on two workers alike but for history
 /// (one with `--history 0`), alternating, R rounds each; throughput and worker CPU per task.
 pub(super) async fn history_rounds(
@@ -176,6 +172,11 @@ pub(super) async fn history_rounds(
     Ok(())
 }
 
+/// `--broker amqp --limits R`: R rounds on RabbitMQ + Redis, each N tasks without a limit, N
+/// under a rate limit they never reach (50,000/s) and N under a concurrency limit they never
+/// reach (1,000 slots), in turns; medians and their ratios to the run without, each round's
+/// ratio, and the CPU a task costs every process. What a limit costs when it does not bind:
+/// its steps in the claim's script (and the slot's release in the result's).
 pub(super) async fn limits_rounds(
     tag: &str,
     n: u64,
@@ -248,10 +249,39 @@ pub(super) async fn limits_rounds(
     print_cpu_table(&meter.names(), rounds, &rows);
     let stats: Vec<_> = kinds.iter().map(|(what, _)| *what).zip(stats).collect();
     commandstats::print_table(&stats);
+    // Two readings less open to the machine's drift than the ratio of medians (runs of one
+    // kind differ by ±15 % on these machines): each round's runs side by side (minutes
+    // apart at most), and what a task costs in CPU of every process (the broker, the store,
+    // the worker, this process) — the throughput a machine that has no idle core gets.
+    let paired = |k: usize| median(&ratios(&runs[k], &runs[0]));
+    let totals: Vec<Vec<f64>> = cpu
+        .iter()
+        .map(|c| c.iter().map(|r| all_cpu(r)).collect())
+        .collect();
+    let by_cpu = |k: usize| median(&ratios(&totals[0], &totals[k]));
+    println!("| task | per round, of the no-limit run beside it (median) | CPU of every process per task: no limit ÷ this (median of rounds) |");
+    println!("|---|---|---|");
+    for (k, (what, _)) in kinds.iter().enumerate().skip(1) {
+        println!("| {what} | {:.3} | {:.3} |", paired(k), by_cpu(k));
+    }
     println!(
-        "no_limit_tasks_per_s={base:.0} rate_ratio={:.3} concurrency_ratio={:.3}",
+        "no_limit_tasks_per_s={base:.0} rate_ratio={:.3} concurrency_ratio={:.3} rate_paired={:.3} concurrency_paired={:.3} rate_cpu_ratio={:.3} concurrency_cpu_ratio={:.3}",
         median(&runs[1]) / base,
-        median(&runs[2]) / base
+        median(&runs[2]) / base,
+        paired(1),
+        paired(2),
+        by_cpu(1),
+        by_cpu(2)
     );
     Ok(())
+}
+
+/// Each round's `a` over its `b`.
+fn ratios(a: &[f64], b: &[f64]) -> Vec<f64> {
+    a.iter().zip(b).map(|(a, b)| a / b).collect()
+}
+
+/// The CPU of every process one round measured (a process not found counts nothing).
+fn all_cpu(processes: &[f64]) -> f64 {
+    processes.iter().filter(|v| !v.is_nan()).sum()
 }
