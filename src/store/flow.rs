@@ -217,6 +217,18 @@ impl std::fmt::Display for LimitOverride {
     }
 }
 
+/// Part of the [`FlowStore`] contract: a task back this much before its turn (rate) or its
+/// time to come back (concurrency) still counts as on time — brokers round the times they
+/// hand messages back for.
+pub const TURN_GRACE: Duration = Duration::from_millis(2);
+
+/// Part of the [`FlowStore`] contract: a task waiting for a concurrency slot that is late by
+/// more than this keeps no free slot for itself. Hand-backs come back a little late (SQS
+/// rounds them up to whole seconds, a receive takes its time), so a slot is kept a while for
+/// the task whose turn it is; one that does not come back at all (its message purged,
+/// dead-lettered, or held by a worker that died) must not keep a slot from everyone else.
+pub const TURN_LATE: Duration = Duration::from_secs(1);
+
 /// How soon a worker applies a limit changed at run time: it reads the overrides this often.
 pub const OVERRIDES_REFRESH: Duration = Duration::from_secs(2);
 
@@ -476,17 +488,13 @@ pub(crate) struct RateState {
     period: f64,
 }
 
-/// Early by this much still counts as a task's turn (a broker rounds times).
+/// [`TURN_GRACE`] in seconds, as the memory store's limiters count time.
 #[cfg(feature = "memory")]
-const TURN_GRACE: f64 = 0.002;
+const TURN_GRACE_S: f64 = TURN_GRACE.as_secs_f64();
 
-/// Late by more than this, a waiting task keeps no free slot for itself (the Valkey store's
-/// script holds the same figure). Hand-backs come back a little late (SQS rounds them up to
-/// whole seconds, a receive takes its time), so a slot is kept a while for the task whose
-/// turn it is; one that does not come back at all (its message purged, dead-lettered, or
-/// held by a worker that died) must not keep a slot from everyone else.
+/// [`TURN_LATE`] in seconds.
 #[cfg(feature = "memory")]
-const TURN_LATE: f64 = 1.0;
+const TURN_LATE_S: f64 = TURN_LATE.as_secs_f64();
 
 #[cfg(feature = "memory")]
 impl RateState {
@@ -503,7 +511,7 @@ impl RateState {
         };
         let wait = |at: f64| RateDecision::Wait(Duration::from_secs_f64((at - now).max(0.0)));
         if let Some(&turn) = self.reserved.get(id) {
-            if turn > now + TURN_GRACE {
+            if turn > now + TURN_GRACE_S {
                 return wait(turn);
             }
             if free_at > now {
@@ -523,7 +531,7 @@ impl RateState {
         }
         self.planned.push_front(turn);
         self.planned.truncate(n);
-        if turn <= now + TURN_GRACE && free_at <= now {
+        if turn <= now + TURN_GRACE_S && free_at <= now {
             return self.start(n, now);
         }
         self.reserved.insert(id.clone(), turn);
@@ -578,7 +586,7 @@ impl SlotState {
         let free = (limit as usize).saturating_sub(self.held.len());
         let mine = self.waiting.get(id).copied();
         if let Some(back) = mine {
-            if back > now + TURN_GRACE {
+            if back > now + TURN_GRACE_S {
                 return SlotDecision::Wait(Duration::from_secs_f64(back - now));
             }
         }
@@ -589,7 +597,7 @@ impl SlotState {
         for (other, back) in &self.waiting {
             if other != id && before(*back) {
                 ahead += 1;
-                if *back <= now + TURN_GRACE && *back > now - TURN_LATE {
+                if *back <= now + TURN_GRACE_S && *back > now - TURN_LATE_S {
                     due += 1;
                     oldest_due = oldest_due.min(*back);
                 }
@@ -613,7 +621,7 @@ impl SlotState {
         if free > 0 {
             // A slot is free but kept for tasks due back now: if they are not back in time,
             // it is this one's turn.
-            wait = wait.min((oldest_due + TURN_LATE - now + 0.05).max(0.25));
+            wait = wait.min((oldest_due + TURN_LATE_S - now + 0.05).max(0.25));
         }
         let back = now + wait;
         self.waiting.insert(id.clone(), back);

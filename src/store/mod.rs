@@ -15,7 +15,7 @@ pub use crate::broker::dead_letters::dead_index_key;
 pub use dead_index::{DeadEntry, DeadPage, DEAD_ARGS_KEPT, DEAD_DETAIL_KEPT};
 pub use flow::{
     DebounceTurn, Debounced, FlowStore, LimitOverride, LimiterKind, LimiterSeen, LimiterUsage,
-    Rate, RateDecision, SlotDecision, LIMITER_LISTED_FOR, OVERRIDES_REFRESH,
+    Rate, RateDecision, SlotDecision, LIMITER_LISTED_FOR, OVERRIDES_REFRESH, TURN_GRACE, TURN_LATE,
 };
 #[cfg(feature = "memory")]
 pub(crate) use flow::{RateState, SlotState};

@@ -15,7 +15,7 @@ use crate::argv::{flag, int, micros};
 use crate::claims::{parse_claim, parse_complete, ClaimCall, CompleteCall, Core};
 use crate::error::store_error;
 use crate::limiter_keys::LimiterKeys;
-use crate::limits::{ACQUIRE_STEPS, ADMIT_STEPS, GRACE_US, LIMITER_HEAD, RELEASE_STEPS};
+use crate::limits::{acquire_steps, ADMIT_STEPS, GRACE_US, LIMITER_HEAD, RELEASE_STEPS};
 use crate::scripts::{self, ANNOUNCE, CLAIM_STEPS, COMPLETE_STEPS, PRELUDE};
 
 /// Per call, KEYS: the limiter's three keys (as `ADMIT` or `ACQUIRE` take them), then the
@@ -48,7 +48,8 @@ fn gated_script(steps: &str, gate: &str) -> Script {
 static ADMIT_CLAIM: LazyLock<Script> = LazyLock::new(|| gated_script(ADMIT_STEPS, "admit"));
 
 /// A concurrency decision, and the claim when the slot is held.
-static ACQUIRE_CLAIM: LazyLock<Script> = LazyLock::new(|| gated_script(ACQUIRE_STEPS, "acquire"));
+static ACQUIRE_CLAIM: LazyLock<Script> =
+    LazyLock::new(|| gated_script(&acquire_steps(), "acquire"));
 
 /// Per call, KEYS: the task's claim and result, then its limiter's held slots and statistics;
 /// ARGV (after the result's and the claim's time to live ms): token, store, result JSON,

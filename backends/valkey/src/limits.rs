@@ -6,7 +6,7 @@
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
-use ferriq::store::{RateDecision, SlotDecision, StoreError};
+use ferriq::store::{RateDecision, SlotDecision, StoreError, TURN_GRACE, TURN_LATE};
 use ferriq::task::Rate;
 use ferriq::wire::TaskId;
 use fred::types::scripts::Script;
@@ -19,8 +19,8 @@ use crate::limiter_keys::LimiterKeys;
 use crate::scripts;
 use crate::ValkeyStore;
 
-/// Early by this much (µs) still counts as a task's turn (a broker rounds times).
-pub(crate) const GRACE_US: u32 = 2000;
+/// Early by this much (µs) still counts as a task's turn (the flow stores' `TURN_GRACE`).
+pub(crate) const GRACE_US: u32 = TURN_GRACE.as_micros() as u32;
 
 /// Per decision, KEYS: the limiter's granted starts (list, newest first), its turns handed
 /// out (list, newest first) and its reserved turns (sorted set of task ids by turn); ARGV
@@ -131,11 +131,15 @@ return out
 /// task id, limit, lease µs, renew (as `ADMIT`'s). Returns per decision {'held'} or
 /// {'wait', µs}. The same steps as the core's `SlotState`.
 static ACQUIRE: LazyLock<Script> =
-    LazyLock::new(|| Script::from_lua(format!("{LIMITER_HEAD}{ACQUIRE_STEPS}{ACQUIRE_LOOP}")));
+    LazyLock::new(|| Script::from_lua(format!("{LIMITER_HEAD}{}{ACQUIRE_LOOP}", acquire_steps())));
 
 /// One concurrency decision's steps: `acquire(held, waiting, stats, id, limit, lease µs,
-/// renew)`.
-pub(crate) const ACQUIRE_STEPS: &str = r#"
+/// renew)`, with the flow stores' `TURN_LATE` written in.
+pub(crate) fn acquire_steps() -> String {
+    ACQUIRE_STEPS.replace("TURN_LATE_US", &TURN_LATE.as_micros().to_string())
+}
+
+const ACQUIRE_STEPS: &str = r#"
 local function acquire(held, waiting, stats, id, n, lease, renew)
   local ttl = math.floor(lease / 1000) + 3600000
   -- Nobody waits and a slot is free (counting slots whose lease ran out as taken: they are
@@ -159,9 +163,9 @@ local function acquire(held, waiting, stats, id, n, lease, renew)
   local mine = redis.call('ZSCORE', waiting, id)
   -- The waiting tasks before this one (all of them, for one not waiting yet): those due back
   -- by now go first to a free slot; every one counts toward its turn.
-  -- One late by more than a second keeps no slot for itself (the core's TURN_LATE): it may
-  -- never come back (purged, dead-lettered).
-  local late_us = 1000000
+  -- One late by more than TURN_LATE keeps no slot for itself: it may never come back
+  -- (purged, dead-lettered).
+  local late_us = TURN_LATE_US
   local late = '(' .. fmt(now - late_us)
   local due, ahead
   if mine then
@@ -533,5 +537,18 @@ impl ValkeyStore {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_scripts_hold_the_flow_contracts_times() {
+        assert_eq!(u128::from(GRACE_US), TURN_GRACE.as_micros());
+        let steps = acquire_steps();
+        assert!(steps.contains(&format!("local late_us = {}\n", TURN_LATE.as_micros())));
+        assert!(!steps.contains("TURN_LATE_US"));
     }
 }
