@@ -54,10 +54,11 @@ pub enum LimitGate<'a> {
 /// ```
 /// use std::time::Duration;
 /// use ferriq::store::ClaimAsk;
-/// let ask = ClaimAsk { worker: "worker-1", lease: Duration::from_secs(30), deadline_at: None };
+/// let ask = ClaimAsk::new("worker-1", Duration::from_secs(30), None);
 /// assert_eq!(ask.lease, Duration::from_secs(30));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
 pub struct ClaimAsk<'a> {
     /// The worker asking.
     pub worker: &'a str,
@@ -65,6 +66,18 @@ pub struct ClaimAsk<'a> {
     pub lease: Duration,
     /// The task's deadline (unix seconds): a late claim is `Expired`.
     pub deadline_at: Option<f64>,
+}
+
+impl<'a> ClaimAsk<'a> {
+    /// The claim `worker` asks for, with `lease`, of a task due by `deadline_at` (unix
+    /// seconds), if it has a deadline.
+    pub fn new(worker: &'a str, lease: Duration, deadline_at: Option<f64>) -> Self {
+        ClaimAsk {
+            worker,
+            lease,
+            deadline_at,
+        }
+    }
 }
 
 /// What a claim behind a limit came to.
@@ -104,14 +117,22 @@ impl Gated {
 /// ```
 /// use std::time::Duration;
 /// use ferriq::store::HeldSlot;
-/// let slot = HeldSlot { limiter: "db", held: Duration::from_millis(120) };
+/// let slot = HeldSlot::new("db", Duration::from_millis(120));
 /// assert_eq!(slot.limiter, "db");
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct HeldSlot<'a> {
     /// The concurrency limiter.
     pub limiter: &'a str,
     /// How long the run held the slot (folded into the limiter's average run, as
     /// [`FlowStore::release_slot`](super::FlowStore::release_slot) does).
     pub held: Duration,
+}
+
+impl<'a> HeldSlot<'a> {
+    /// A slot of `limiter` that a run held for `held`.
+    pub fn new(limiter: &'a str, held: Duration) -> Self {
+        HeldSlot { limiter, held }
+    }
 }

@@ -140,11 +140,7 @@ async fn a_limiters_keys_carry_a_time_to_live_however_they_were_made() {
         Rate::new(1000, Duration::from_secs(1)),
         Duration::from_secs(30),
     );
-    let ask = ClaimAsk {
-        worker: "w1",
-        lease,
-        deadline_at: None,
-    };
+    let ask = ClaimAsk::new("w1", lease, None);
     // Every path a decision takes: apart and with the claim, a slot freed apart and with the
     // result. Run twice: first with the keys new to this process (it asks for their TTLs to be
     // renewed), then, the keys deleted, within the period in which it does not ask again: the
@@ -176,10 +172,7 @@ async fn a_limiters_keys_carry_a_time_to_live_however_they_were_made() {
         else {
             panic!("a free slot and a new task: claimed");
         };
-        let slot = HeldSlot {
-            limiter: "db",
-            held: Duration::from_millis(5),
-        };
+        let slot = HeldSlot::new("db", Duration::from_millis(5));
         let result = common::ok(serde_json::json!(1));
         store
             .complete_freeing_slot(&ids[3], token, Some(&result), None, slot)
