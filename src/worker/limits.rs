@@ -197,6 +197,36 @@ pub(super) fn concurrency_limiter(
     Some((limiter, limit))
 }
 
+/// What one ask of a rate limiter said: the task may start (with what the ask returned), or
+/// its turn is this far away.
+enum Turn<T> {
+    Now(T),
+    In(Duration),
+}
+
+/// Asks `decide` until the task's turn comes (`Ok`: what its last answer carried), holding
+/// the task here for a turn under [`HOLD_FOR_TURN`] away, at most [`MAX_HOLDS`] times;
+/// otherwise what became of the delivery (`Err`: handed back until its turn, or released).
+async fn in_turn<T, Decide, Decided>(
+    w: &Inner,
+    d: &Delivery,
+    mut decide: Decide,
+) -> Result<T, Outcome>
+where
+    Decide: FnMut() -> Decided,
+    Decided: std::future::Future<Output = Result<Turn<T>, StoreError>>,
+{
+    for _ in 0..MAX_HOLDS {
+        match decide().await {
+            Ok(Turn::Now(asked)) => return Ok(asked),
+            Ok(Turn::In(wait)) if wait < HOLD_FOR_TURN => tokio::time::sleep(wait).await,
+            Ok(Turn::In(wait)) => return Err(hand_back_until_turn(w, d, wait).await),
+            Err(e) => return Err(limiter_unreachable(w, d, &e).await),
+        }
+    }
+    Err(settle::release(w, d, w.config.min_defer, Outcome::RateLimited).await)
+}
+
 /// `None` when the task may start now (its start counted against `limiter`); otherwise
 /// what became of the delivery: handed back until its turn.
 pub(super) async fn wait_for_turn(
@@ -207,17 +237,15 @@ pub(super) async fn wait_for_turn(
     rate: Rate,
 ) -> Option<Outcome> {
     let rate = guarded(rate);
-    for _ in 0..MAX_HOLDS {
-        match w.store.admit_rate(limiter, &msg.task_id, rate).await {
-            Ok(RateDecision::Run) => return None,
-            Ok(RateDecision::Wait(wait)) if wait < HOLD_FOR_TURN => {
-                tokio::time::sleep(wait).await;
-            }
-            Ok(RateDecision::Wait(wait)) => return Some(hand_back_until_turn(w, d, wait).await),
-            Err(e) => return Some(limiter_unreachable(w, d, &e).await),
-        }
-    }
-    Some(settle::release(w, d, w.config.min_defer, Outcome::RateLimited).await)
+    let decide = || async move {
+        Ok(
+            match w.store.admit_rate(limiter, &msg.task_id, rate).await? {
+                RateDecision::Run => Turn::Now(()),
+                RateDecision::Wait(wait) => Turn::In(wait),
+            },
+        )
+    };
+    in_turn(w, d, decide).await.err()
 }
 
 /// The task's claim once its turn under `limiter` came (its start counted), or what became of
@@ -234,26 +262,28 @@ pub(super) async fn claim_in_turn(
         limiter,
         rate: guarded(rate),
     };
-    for _ in 0..MAX_HOLDS {
+    let decide = || async move {
         let Some(answer) = w
             .store
             .claim_past_limit(gate, &msg.task_id, ask(w, msg))
             .await
         else {
-            // A store that answers them apart: the turn, then the claim.
-            if let Some(outcome) = wait_for_turn(w, d, msg, limiter, rate).await {
-                return Err(outcome);
-            }
-            return claim(w, d, msg).await;
+            // A store that answers them apart: asked below.
+            return Ok(Turn::Now(None));
         };
-        match answer {
-            Ok(Gated::Claimed(claim)) => return Ok(claim),
-            Ok(Gated::Wait(wait)) if wait < HOLD_FOR_TURN => tokio::time::sleep(wait).await,
-            Ok(Gated::Wait(wait)) => return Err(hand_back_until_turn(w, d, wait).await),
-            Err(e) => return Err(limiter_unreachable(w, d, &e).await),
-        }
+        Ok(match answer? {
+            Gated::Claimed(claim) => Turn::Now(Some(claim)),
+            Gated::Wait(wait) => Turn::In(wait),
+        })
+    };
+    if let Some(claim) = in_turn(w, d, decide).await? {
+        return Ok(claim);
     }
-    Err(settle::release(w, d, w.config.min_defer, Outcome::RateLimited).await)
+    // The turn, then the claim.
+    if let Some(outcome) = wait_for_turn(w, d, msg, limiter, rate).await {
+        return Err(outcome);
+    }
+    claim(w, d, msg).await
 }
 
 /// A turn `wait` away, too far to hold the task for here: handed back until then.
