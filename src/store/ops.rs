@@ -1,6 +1,7 @@
 //! What stores keep for operators: workers and the runs they hold (each entry expiring when its
 //! worker stops reporting), and the reset that gives a dead-lettered task a fresh start.
 
+use std::borrow::Cow;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -200,8 +201,8 @@ impl MinuteStats {
 pub struct FinishedTask {
     /// The task.
     pub task_id: TaskId,
-    /// Its name.
-    pub task: String,
+    /// Its name (a registered task's own, not a copy).
+    pub task: Cow<'static, str>,
     /// Its result is an error.
     pub failed: bool,
     /// When the result was written (unix ms).
@@ -210,7 +211,12 @@ pub struct FinishedTask {
 
 impl FinishedTask {
     /// One finished task.
-    pub fn new(task_id: TaskId, task: impl Into<String>, failed: bool, at_ms: u64) -> Self {
+    pub fn new(
+        task_id: TaskId,
+        task: impl Into<Cow<'static, str>>,
+        failed: bool,
+        at_ms: u64,
+    ) -> Self {
         FinishedTask {
             task_id,
             task: task.into(),

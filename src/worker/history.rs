@@ -4,6 +4,7 @@
 //! it wrote (id, name, outcome, time: one push per task into a buffer) to the finished-task
 //! index.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -48,16 +49,26 @@ impl FinishedTasks {
     }
 }
 
-/// Notes a task whose result this worker wrote, for the finished-task index.
-pub(super) fn note_finished(w: &Inner, msg: &TaskMessage, failed: bool) {
+/// Notes a task whose result this worker wrote, for the finished-task index (`registered`:
+/// its name as registered here, kept without a copy).
+pub(super) fn note_finished(
+    w: &Inner,
+    msg: &TaskMessage,
+    registered: Option<&'static str>,
+    failed: bool,
+) {
     if !w.config.history {
         return;
     }
     let mut held = w.finished.lock();
     if held.len() < MAX_FINISHED {
+        let task = match registered {
+            Some(name) => Cow::Borrowed(name),
+            None => Cow::Owned(msg.task_name.clone()),
+        };
         held.push(FinishedTask::new(
             msg.task_id.clone(),
-            msg.task_name.as_str(),
+            task,
             failed,
             w.config.clock.now_unix_ms(),
         ));

@@ -152,8 +152,16 @@ impl Counters {
     }
 
     /// A result of `task` was written.
-    pub(crate) fn result_written(&self, task: &str, is_err: bool) {
-        self.task(Some(task)).results[usize::from(is_err)].fetch_add(1, Ordering::Relaxed);
+    ///
+    /// Returns the task's registered name, if it is registered here: the finished-task index
+    /// keeps it without a copy.
+    pub(crate) fn result_written(&self, task: &str, is_err: bool) -> Option<&'static str> {
+        let (name, counters) = match self.tasks.get_key_value(task) {
+            Some((name, counters)) => (Some(*name), counters),
+            None => (None, self.task(None)),
+        };
+        counters.results[usize::from(is_err)].fetch_add(1, Ordering::Relaxed);
+        name
     }
 
     /// A run of `task` finished it (its result written) at attempt `attempts`.

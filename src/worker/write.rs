@@ -78,8 +78,8 @@ pub(super) async fn finish_returning(
     match written {
         Ok(written @ (CompleteOutcome::Stored | CompleteOutcome::AlreadyStored)) => {
             if let (CompleteOutcome::Stored, Some(r)) = (written, &result) {
-                w.counters.result_written(&msg.task_name, r.is_err);
-                history::note_finished(w, msg, r.is_err);
+                let registered = w.counters.result_written(&msg.task_name, r.is_err);
+                history::note_finished(w, msg, registered, r.is_err);
             }
 
             if !workflow::advance(w, msg, result.as_ref()).await {

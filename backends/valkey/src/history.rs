@@ -145,7 +145,7 @@ impl ValkeyStore {
             let mut entry = String::with_capacity(21 + f.task_id.as_str().len());
             let _ = write!(entry, "{} {}", f.at_ms, f.task_id);
             lists
-                .entry((f.at_ms / 60_000, f.task.as_str(), f.failed))
+                .entry((f.at_ms / 60_000, &*f.task, f.failed))
                 .or_default()
                 .push(Value::String(Str::from(entry)));
         }
@@ -217,7 +217,7 @@ impl ValkeyStore {
                 for e in entries.map_err(store_error)? {
                     if let Some((at_ms, task_id)) = parse(&e) {
                         if (from_ms..=to_ms).contains(&at_ms) {
-                            found.push(FinishedTask::new(task_id, task, *failed, at_ms));
+                            found.push(FinishedTask::new(task_id, task.to_owned(), *failed, at_ms));
                         }
                     }
                 }
