@@ -15,8 +15,9 @@ use crate::argv::{flag, int, micros};
 use crate::claims::{parse_claim, parse_complete, ClaimCall, CompleteCall, Core};
 use crate::error::store_error;
 use crate::limiter_keys::LimiterKeys;
-use crate::limits::{acquire_steps, ADMIT_STEPS, GRACE_US, LIMITER_HEAD, RELEASE_STEPS};
+use crate::limits::{acquire_steps, ADMIT_STEPS, GRACE_US, LIMITER_HEAD};
 use crate::scripts::{self, ANNOUNCE, CLAIM_STEPS, COMPLETE_STEPS, PRELUDE};
+use crate::slots::RELEASE_STEPS;
 
 /// Per call, KEYS: the limiter's three keys (as `ADMIT` or `ACQUIRE` take them), then the
 /// task's claim and result; ARGV (after the grace µs and the claim's time to live ms): task

@@ -69,6 +69,7 @@ mod limits_live;
 mod ops;
 mod schedules;
 mod scripts;
+mod slots;
 mod store;
 mod streams;
 mod tls;

@@ -14,8 +14,9 @@ use crate::error::store_error;
 use crate::gate::{CompleteFreeingCall, GateKind, GatedCall};
 use crate::keys::Keys;
 use crate::limiter_keys::KeyCache;
-use crate::limits::{AdmitCall, ReleaseCall, SlotCall};
+use crate::limits::{AdmitCall, SlotCall};
 use crate::scripts::{self, Scripts};
+use crate::slots::ReleaseCall;
 use crate::waiters::{confirm_subscribed, spawn_dispatcher, Waiters};
 use crate::{ValkeyError, ValkeyStoreBuilder};
 
