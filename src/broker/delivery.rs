@@ -6,6 +6,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
+
+use crate::wire::TaskId;
+
 /// A delivery due within this long is held by the worker until it is due, instead of being
 /// released to its broker again: brokers time a delay in whole seconds (SQS) or coarse tiers
 /// (RabbitMQ). A broker may deliver a message with a shorter delay at once, with its due
@@ -58,11 +62,12 @@ impl fmt::Debug for DeliveryHandle {
 #[derive(Clone)]
 #[non_exhaustive]
 pub struct Delivery {
-    /// The raw body, not yet parsed.
-    pub body: Vec<u8>,
-    /// The task id from a header or attribute, when the broker has one (used when the body is
-    /// not readable).
-    pub task_id: Option<String>,
+    /// The raw body, not yet parsed. Shared, not copied: the broker's handle may keep the
+    /// same bytes to send the message again, and a clone of the delivery costs a count.
+    pub body: Bytes,
+    /// The task id from a header or attribute, when the broker has one that is a valid id
+    /// (used when the body is not readable, or over the size limit and not read).
+    pub task_id: Option<TaskId>,
     /// How many times this message has been received, this time included.
     pub receive_count: u32,
     /// The queue it came from (shared: a broker hands every delivery of a lane the same
@@ -98,14 +103,14 @@ impl fmt::Debug for Delivery {
 impl Delivery {
     /// A delivery, for broker implementations.
     pub fn new(
-        body: Vec<u8>,
-        task_id: Option<String>,
+        body: impl Into<Bytes>,
+        task_id: Option<TaskId>,
         receive_count: u32,
         queue: impl Into<Arc<str>>,
         handle: DeliveryHandle,
     ) -> Self {
         Delivery {
-            body,
+            body: body.into(),
             task_id,
             receive_count,
             queue: queue.into(),

@@ -41,6 +41,15 @@ pub use error::BrokerError;
 pub use message::{OutgoingMessage, RejectedMessage};
 pub use status::{Health, QueueDepth};
 
+/// The shared, cheaply cloned byte buffer a [`Delivery`] carries: the `bytes` crate's,
+/// re-exported so a broker builds its deliveries with the version the core uses.
+///
+/// ```
+/// let body = ferriq::broker::Bytes::from(b"{}".to_vec());
+/// assert_eq!(&body[..], b"{}");
+/// ```
+pub use bytes::Bytes;
+
 /// A message broker (SQS, RabbitMQ, in-memory). Object-safe: workers hold an `Arc<dyn Broker>`.
 ///
 /// The contract (design §4, §7): `publish` returns only once the broker holds the messages

@@ -35,11 +35,11 @@ pub(super) enum Decoded {
 /// Reads `d`'s body: at most `max_payload` bytes are parsed; a newer message is parked after
 /// `max_unroutable_receives` receives.
 pub(super) fn decode(d: &Delivery, max_payload: usize, max_unroutable_receives: u32) -> Decoded {
-    let id_from_broker = || d.task_id.as_deref().and_then(|s| TaskId::parse(s).ok());
+    let id_from_broker = || d.task_id.clone();
     if d.body.len() > max_payload {
         // Never parse it: the limit exists to keep such bodies out of memory twice over.
         tracing::warn!(
-            task_id = d.task_id.as_deref().unwrap_or("unknown"),
+            task_id = d.task_id.as_ref().map_or("unknown", TaskId::as_str),
             queue = %d.queue,
             size = d.body.len(),
             limit = max_payload,
@@ -92,7 +92,7 @@ mod tests {
     fn delivery(body: &str, receive_count: u32) -> Delivery {
         Delivery::new(
             body.as_bytes().to_vec(),
-            Some("7d3bd5b2-3d43-4c84-a3c6-0a8b3c8b9b4e".into()),
+            Some(TaskId::parse("7d3bd5b2-3d43-4c84-a3c6-0a8b3c8b9b4e").unwrap()),
             receive_count,
             "q",
             DeliveryHandle::new(1u32),

@@ -135,12 +135,13 @@ impl OrderedGroups {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wire::TaskId;
 
     fn delivery(n: u32) -> Waiting {
         Waiting {
             delivery: Delivery::new(
                 Vec::new(),
-                Some(n.to_string()),
+                Some(TaskId::parse(n.to_string()).unwrap()),
                 1,
                 "q",
                 DeliveryHandle::new(n),
@@ -150,7 +151,11 @@ mod tests {
     }
 
     fn id(w: &Waiting) -> String {
-        w.delivery.task_id.clone().unwrap_or_default()
+        w.delivery
+            .task_id
+            .as_ref()
+            .map(|id| id.to_string())
+            .unwrap_or_default()
     }
 
     fn ids(ws: &[Waiting]) -> Vec<String> {

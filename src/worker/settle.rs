@@ -9,7 +9,7 @@ use super::running::Outcome;
 use super::Inner;
 use crate::broker::{BrokerError, DeadLetter, Delivery};
 use crate::store::DeadEntry;
-use crate::wire::{TaskId, TaskMessage};
+use crate::wire::TaskMessage;
 
 /// What to do with the message once its outcome is stored.
 #[derive(Debug, Clone)]
@@ -74,8 +74,7 @@ pub(super) async fn park(
     if !w.middleware.is_empty() {
         let id = d
             .task_id
-            .as_deref()
-            .and_then(|s| TaskId::parse(s).ok())
+            .clone()
             .or_else(|| TaskMessage::peek_task_id(&d.body));
         let dead = crate::middleware::DeadLettered {
             task_id: id.as_ref(),
@@ -93,7 +92,7 @@ pub(super) async fn park(
 /// Adds a parked message to the store's dead-letter index. Only what an operator's page
 /// lists depends on it: a failure is logged, and a re-index finds the letter in its queue.
 async fn index_dead(w: &Inner, d: &Delivery, why: &DeadLetter) {
-    let task_id = d.task_id.as_deref().and_then(|s| TaskId::parse(s).ok());
+    let task_id = d.task_id.clone();
     let mut entry = DeadEntry::new(&*d.queue, task_id, &d.body)
         .reason(why.reason.as_str())
         .detail(&why.detail)

@@ -4,9 +4,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use ferriq::broker::{
-    Broker, BrokerError, ConsumerSettings, DeadLetter, Delivery, DeliveryHandle, Health,
+    Broker, BrokerError, Bytes, ConsumerSettings, DeadLetter, Delivery, DeliveryHandle, Health,
     LeaseStatus, OutgoingMessage, QueueDepth,
 };
+use ferriq::wire::TaskId;
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::Acker;
 use tokio::time::Instant;
@@ -14,7 +15,7 @@ use tokio::time::Instant;
 use crate::acks::AckBook;
 use crate::consume::{Incoming, Lanes};
 use crate::headers::{
-    header_int, header_str, long, unix_ms_now, NOT_BEFORE_HEADER, RECEIVES_HEADER,
+    header_int, header_text, long, unix_ms_now, NOT_BEFORE_HEADER, RECEIVES_HEADER,
 };
 use crate::publish::{persistent, Publication};
 use crate::session::{Session, Shared};
@@ -53,7 +54,8 @@ struct Held {
     /// out.
     settled: Arc<AtomicBool>,
     queue: Arc<str>,
-    body: Vec<u8>,
+    /// The delivery's own bytes (shared, not copied): a release or a dead letter sends them.
+    body: Bytes,
     /// Its properties, kept whole (taken from the delivery, not copied): a copy carries its
     /// headers.
     properties: lapin::BasicProperties,
@@ -247,7 +249,8 @@ impl AmqpBroker {
                     .clamp(0, i64::from(u32::MAX)),
             );
         let receive_count = earlier.saturating_add(1).min(i64::from(u32::MAX)) as u32;
-        let task_id = header_str(headers, "task_id");
+        let data = Bytes::from(data);
+        let task_id = header_text(headers, "task_id").and_then(|id| TaskId::parse(id).ok());
         let not_before = header_int(headers, NOT_BEFORE_HEADER).map(|ms| ms as f64 / 1000.0);
         let held = Held {
             generation,
@@ -278,7 +281,7 @@ impl Broker for AmqpBroker {
             return Ok(());
         }
         let publications = batch
-            .iter()
+            .into_iter()
             .map(|m| self.route(m))
             .collect::<Result<Vec<_>, _>>()?;
         self.check_routable(&publications).await?;

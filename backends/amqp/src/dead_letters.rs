@@ -221,7 +221,7 @@ impl DeadLetterQueue for AmqpBroker {
         let copy = Publication {
             exchange: self.shared.config.exchange.clone(),
             routing_key: dead.lane.clone(),
-            body,
+            body: body.into(),
             properties,
         };
         // Confirmed in the lane first; only then is the dead letter removed. A session that

@@ -43,9 +43,14 @@ pub(crate) fn header_int(headers: &FieldTable, name: &str) -> Option<i64> {
 
 /// A text header.
 pub(crate) fn header_str(headers: &FieldTable, name: &str) -> Option<String> {
+    header_text(headers, name).map(str::to_owned)
+}
+
+/// A text header, borrowed (read on every delivery: the task id).
+pub(crate) fn header_text<'a>(headers: &'a FieldTable, name: &str) -> Option<&'a str> {
     match headers.inner().get(name)? {
-        AMQPValue::LongString(s) => String::from_utf8(s.as_bytes().to_vec()).ok(),
-        AMQPValue::ShortString(s) => Some(s.as_str().to_owned()),
+        AMQPValue::LongString(s) => std::str::from_utf8(s.as_bytes()).ok(),
+        AMQPValue::ShortString(s) => Some(s.as_str()),
         _ => None,
     }
 }

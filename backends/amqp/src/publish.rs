@@ -5,7 +5,7 @@ use std::pin::Pin;
 use std::task::Poll;
 use std::time::Duration;
 
-use ferriq::broker::{BrokerError, OutgoingMessage, HOLD_WINDOW};
+use ferriq::broker::{BrokerError, Bytes, OutgoingMessage, HOLD_WINDOW};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use lapin::options::BasicPublishOptions;
 use lapin::types::{AMQPValue, FieldTable, ShortString};
@@ -20,7 +20,8 @@ use crate::{AmqpBroker, AmqpBrokerBuilder};
 pub(crate) struct Publication {
     pub(crate) exchange: String,
     pub(crate) routing_key: String,
-    pub(crate) body: Vec<u8>,
+    /// Shared with the delivery it copies, when it is one (a release, a dead letter).
+    pub(crate) body: Bytes,
     pub(crate) properties: BasicProperties,
 }
 
@@ -39,7 +40,7 @@ pub(crate) fn persistent(headers: FieldTable) -> BasicProperties {
 }
 
 impl AmqpBroker {
-    pub(crate) fn route(&self, msg: &OutgoingMessage) -> Result<Publication, BrokerError> {
+    pub(crate) fn route(&self, msg: OutgoingMessage) -> Result<Publication, BrokerError> {
         let config = &self.shared.config;
         let lane = msg
             .queue
@@ -77,7 +78,7 @@ impl AmqpBroker {
         }
         Ok(match delay {
             Some(delay) if held_by_worker.is_none() => {
-                self.delayed(lane, delay, msg.body.clone(), properties)
+                self.delayed(lane, delay, msg.body.into(), properties)
             }
             _ => Publication {
                 exchange: if config.publish_to_lanes_directly {
@@ -86,7 +87,7 @@ impl AmqpBroker {
                     config.exchange.clone()
                 },
                 routing_key: lane,
-                body: msg.body.clone(),
+                body: msg.body.into(),
                 properties,
             },
         })
@@ -107,7 +108,7 @@ impl AmqpBroker {
         &self,
         lane: String,
         delay: Duration,
-        body: Vec<u8>,
+        body: Bytes,
         properties: BasicProperties,
     ) -> Publication {
         if delay < HOLD_WINDOW {
@@ -220,7 +221,7 @@ async fn publish_on(session: &Session, batch: &[Publication]) -> Result<(), Publ
                 mandatory: true,
                 ..Default::default()
             },
-            &p.body,
+            &p.body[..],
             p.properties.clone(),
         )
     });

@@ -34,7 +34,7 @@ async fn receive(broker: &ferriq_amqp::AmqpBroker, n: usize) -> Vec<Delivery> {
 fn ids(deliveries: &[Delivery]) -> BTreeSet<String> {
     deliveries
         .iter()
-        .map(|d| d.task_id.clone().expect("the task_id header"))
+        .map(|d| d.task_id.as_ref().expect("the task_id header").to_string())
         .collect()
 }
 

@@ -254,7 +254,7 @@ async fn receive_acking(broker: &ferriq_amqp::AmqpBroker, n: usize) -> Vec<Strin
             .await
             .unwrap()
         {
-            received.push(d.task_id.clone().expect("the task_id header"));
+            received.push(d.task_id.as_ref().expect("the task_id header").to_string());
             broker.ack(&d.handle).await.unwrap();
         }
     }

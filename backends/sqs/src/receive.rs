@@ -9,7 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use aws_sdk_sqs::types::{Message, MessageAttributeValue, MessageSystemAttributeName};
-use ferriq::broker::{BrokerError, Delivery, DeliveryHandle};
+use ferriq::broker::{BrokerError, Bytes, Delivery, DeliveryHandle};
+use ferriq::wire::TaskId;
 use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -40,13 +41,22 @@ pub(crate) struct Held {
     /// SQS's own count for this copy (`ApproximateReceiveCount`): what `maxReceiveCount`
     /// compares.
     pub(crate) sqs_receive_count: u32,
-    pub(crate) body: String,
+    /// The delivery's own bytes, shared with it (SQS sent them as text, so they are UTF-8):
+    /// a copy is made only when a release or a dead letter sends them again.
+    pub(crate) body: Bytes,
     pub(crate) attributes: HashMap<String, MessageAttributeValue>,
     pub(crate) group_id: Option<String>,
     /// Set once this broker deleted the message or replaced it with a copy: later calls on
     /// the handle are answered without SQS (a delete proves nothing there: SQS accepts stale
     /// handles).
     pub(crate) gone: AtomicBool,
+}
+
+impl Held {
+    /// The body as the text SQS takes (it came as text: nothing is replaced).
+    pub(crate) fn body_text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
 }
 
 #[derive(Default)]
@@ -364,7 +374,7 @@ fn delivery(
         .map(|g| Arc::<str>::from(format!("{}\n{g}", lane.url)));
     let attributes = m.message_attributes.unwrap_or_default();
     let text = |name: &str| attributes.get(name).and_then(|v| v.string_value());
-    let task_id = text("task_id").map(str::to_owned);
+    let task_id = text("task_id").and_then(|id| TaskId::parse(id).ok());
     let receive_count = text(EARLIER_RECEIVES_ATTRIBUTE)
         .and_then(|n| n.parse::<u32>().ok())
         .unwrap_or(0)
@@ -372,7 +382,7 @@ fn delivery(
     let not_before = text(NOT_BEFORE_ATTRIBUTE)
         .and_then(|ms| ms.parse::<f64>().ok())
         .map(|ms| ms / 1000.0);
-    let body = m.body.unwrap_or_default();
+    let body = Bytes::from(m.body.unwrap_or_default());
     let held = Held {
         broker: shared.id,
         queue: Arc::clone(lane),
@@ -387,7 +397,7 @@ fn delivery(
     };
     Some(
         Delivery::new(
-            body.into_bytes(),
+            body,
             task_id,
             receive_count,
             lane.name.clone(),

@@ -226,7 +226,7 @@ impl Shared {
         }
         let copy = Entry {
             task_id: task_id_of(held),
-            body: held.body.clone(),
+            body: held.body_text(),
             attributes,
             delay_secs: secs.min(MAX_DELAY_SECS),
             group_id: None,
@@ -277,7 +277,7 @@ impl Shared {
         }
         let copy = Entry {
             task_id: task_id_of(held),
-            body: held.body.clone(),
+            body: held.body_text(),
             attributes,
             delay_secs: 0,
             group_id: dead
@@ -403,7 +403,7 @@ fn task_id_of(held: &Held) -> ferriq::wire::TaskId {
         .get("task_id")
         .and_then(|v| v.string_value())
         .and_then(|s| ferriq::wire::TaskId::parse(s).ok())
-        .or_else(|| ferriq::wire::TaskMessage::peek_task_id(held.body.as_bytes()))
+        .or_else(|| ferriq::wire::TaskMessage::peek_task_id(&held.body))
         .unwrap_or_else(ferriq::wire::TaskId::random)
 }
 

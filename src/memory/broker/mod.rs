@@ -10,12 +10,15 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 mod dead_letters;
+mod in_flight;
 mod waiting;
 
 use crate::broker::{
-    Broker, BrokerError, DeadLetter, Delivery, DeliveryHandle, Health, LeaseStatus,
+    Broker, BrokerError, Bytes, DeadLetter, Delivery, DeliveryHandle, Health, LeaseStatus,
     OutgoingMessage, QueueDepth,
 };
+use crate::wire::TaskId;
+use in_flight::{InFlight, InFlightSet};
 
 /// The default queue name, taskiq's.
 const DEFAULT_QUEUE: &str = "taskiq";
@@ -69,21 +72,16 @@ pub(super) struct State {
 struct Queue {
     /// Waiting messages by (visible at, id).
     pending: waiting::Waiting<Stored>,
-    in_flight: crate::FastMap<u64, InFlight>,
+    in_flight: InFlightSet<Stored>,
 }
 
 #[derive(Clone)]
 struct Stored {
     id: u64,
-    body: Vec<u8>,
-    task_id: Option<String>,
+    /// Shared with each delivery of it: a receive costs a count, not a copy.
+    body: Bytes,
+    task_id: Option<TaskId>,
     receive_count: u32,
-}
-
-struct InFlight {
-    stored: Stored,
-    receipt: u64,
-    visible_at: Instant,
 }
 
 #[derive(Debug, Clone)]
@@ -225,10 +223,7 @@ impl MemoryBroker {
         let mut state = self.lock();
         let mut n = 0;
         for q in state.queues.values_mut() {
-            for (_, f) in q.in_flight.iter_mut() {
-                f.visible_at = now;
-                n += 1;
-            }
+            n += q.in_flight.expire_all(now);
         }
         drop(state);
         self.shared.notify.notify_waiters();
@@ -241,17 +236,10 @@ impl MemoryBroker {
             return false;
         };
         let mut state = self.lock();
-        let hit = match state
-            .queues
-            .get_mut(&*h.queue)
-            .and_then(|q| q.in_flight.get_mut(&h.id))
-        {
-            Some(f) if f.receipt == h.receipt => {
-                f.visible_at = Instant::now();
-                true
-            }
-            _ => false,
-        };
+        let hit = state.queues.get_mut(&*h.queue).is_some_and(|q| {
+            q.in_flight
+                .move_lease(h.id, h.receipt, |_| true, Instant::now())
+        });
         drop(state);
         self.shared.notify.notify_waiters();
         hit
@@ -265,15 +253,15 @@ impl MemoryBroker {
     }
 
     /// Takes the in-flight entry of a current handle, moving expired leases back first.
-    fn take_current(&self, state: &mut State, h: &Handle) -> Result<InFlight, BrokerError> {
+    fn take_current(&self, state: &mut State, h: &Handle) -> Result<InFlight<Stored>, BrokerError> {
         let now = Instant::now();
         let visibility_lost = {
             let Some(q) = state.queues.get_mut(&*h.queue) else {
                 return Err(BrokerError::DeliveryLost);
             };
-            match q.in_flight.get(&h.id) {
+            match q.in_flight.get(h.id) {
                 Some(f) if f.receipt == h.receipt && f.visible_at > now => {
-                    return Ok(q.in_flight.remove(&h.id).expect("checked above"));
+                    return Ok(q.in_flight.remove(h.id).expect("checked above"));
                 }
                 Some(f) => f.visible_at <= now,
                 None => false,
@@ -289,18 +277,11 @@ impl MemoryBroker {
         let Some(q) = state.queues.get_mut(queue) else {
             return;
         };
-        let expired: Vec<u64> = q
-            .in_flight
-            .iter()
-            .filter(|(_, f)| f.visible_at <= now)
-            .map(|(id, _)| *id)
-            .collect();
-        for id in &expired {
-            if let Some(f) = q.in_flight.remove(id) {
-                q.pending.insert(f.visible_at, f.stored.id, f.stored);
-            }
-        }
+        let expired = q.in_flight.take_expired(now);
         state.stats.expired += expired.len() as u64;
+        for f in expired {
+            q.pending.insert(f.visible_at, f.stored.id, f.stored);
+        }
     }
 
     /// Pops up to `max` visible messages; otherwise returns when the next one becomes visible.
@@ -339,7 +320,7 @@ impl MemoryBroker {
                     );
                     *next_id += 1;
                     dead.push(ParkedMessage {
-                        body: stored.body,
+                        body: stored.body.into(),
                         why,
                         queue: queue.to_string(),
                         id: *next_id,
@@ -378,7 +359,7 @@ impl MemoryBroker {
                 .pending
                 .first_visible()
                 .into_iter()
-                .chain(q.in_flight.values().map(|f| f.visible_at));
+                .chain(q.in_flight.next_expiry());
             for t in candidates {
                 next_visible = Some(next_visible.map_or(t, |n: Instant| n.min(t)));
             }
@@ -399,9 +380,8 @@ impl Broker for MemoryBroker {
             let visible_at = now + msg.delay.unwrap_or_default();
             let stored = Stored {
                 id,
-                task_id: Some(msg.task_id.as_str().to_owned())
-                    .filter(|_| !msg.task_name.is_empty()),
-                body: msg.body,
+                task_id: Some(msg.task_id).filter(|_| !msg.task_name.is_empty()),
+                body: msg.body.into(),
                 receive_count: 0,
             };
             // Looked up before it is named a key: no copy of the name per message.
@@ -471,17 +451,14 @@ impl Broker for MemoryBroker {
         let mut out = Vec::with_capacity(deliveries.len());
         for d in deliveries {
             let h = self.handle(d)?;
-            let held = state
-                .queues
-                .get_mut(&*h.queue)
-                .and_then(|q| q.in_flight.get_mut(&h.id))
-                .filter(|f| f.receipt == h.receipt && f.visible_at > now);
-            out.push(match held {
-                Some(f) => {
-                    f.visible_at = now + lease;
-                    LeaseStatus::Kept
-                }
-                None => LeaseStatus::Lost,
+            let kept = state.queues.get_mut(&*h.queue).is_some_and(|q| {
+                q.in_flight
+                    .move_lease(h.id, h.receipt, |until| until > now, now + lease)
+            });
+            out.push(if kept {
+                LeaseStatus::Kept
+            } else {
+                LeaseStatus::Lost
             });
         }
         Ok(out)
@@ -494,7 +471,7 @@ impl Broker for MemoryBroker {
         state.next_id += 1;
         let id = state.next_id;
         state.dead.push(ParkedMessage {
-            body: f.stored.body,
+            body: f.stored.body.into(),
             why: why.clone(),
             queue: h.queue.to_string(),
             id,

@@ -257,7 +257,7 @@ impl Broker for StreamBroker {
             held.lane.dead.clone(),
         ];
         let extra = vec![
-            Value::from(delivery.body.as_slice()),
+            Value::Bytes(delivery.body.clone()),
             Value::from(why.reason.as_str()),
             Value::from(why.detail.as_str()),
             Value::from(why.task_name.clone().unwrap_or_default()),

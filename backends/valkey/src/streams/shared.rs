@@ -264,7 +264,7 @@ impl Shared {
     }
 
     pub(crate) fn delivery(&self, lane: &Arc<Lane>, entry: Entry) -> Delivery {
-        let task_id = ferriq::wire::TaskMessage::peek_task_id(&entry.data).map(|id| id.to_string());
+        let task_id = ferriq::wire::TaskMessage::peek_task_id(&entry.data);
         Delivery::new(
             entry.data,
             task_id,
