@@ -7,6 +7,7 @@ use base64::Engine as _;
 use serde_json::{Map, Value};
 
 use super::float::format_float;
+use super::label_map::{LabelMap, Name};
 use super::TaskId;
 
 /// taskiq's `LabelType` codes, as written in `labels_types`.
@@ -268,11 +269,8 @@ impl From<Vec<u8>> for LabelValue {
 pub struct Labels(
     // Shared, copied on write: a run's context and its message hold the same labels without
     // a copy of every name and value per delivery.
-    Arc<BTreeMap<Name, LabelValue>>,
+    Arc<LabelMap>,
 );
-
-/// A label's name: a well-known one's static text (no copy), or a copy of the message's own.
-type Name = Cow<'static, str>;
 
 /// `name` as a [`Name`]: the names ferriq and taskiq write on every message are not copied
 /// for each message read or built.
@@ -546,12 +544,14 @@ impl Labels {
             };
             raw.and_then(type_code)
         };
-        let mut out = BTreeMap::new();
-        for (name, raw) in labels {
-            let code = code_of(name.as_ref());
-            out.insert(name_of(name), LabelValue::from_typed(raw, code));
-        }
-        Labels(Arc::new(out))
+        let labels = labels
+            .into_iter()
+            .map(|(name, raw)| {
+                let code = code_of(name.as_ref());
+                (name_of(name), LabelValue::from_typed(raw, code))
+            })
+            .collect();
+        Labels(Arc::new(LabelMap::from_pairs(labels)))
     }
 
     /// Labels from plain JSON values, as a result carries them (the inverse of
@@ -597,11 +597,11 @@ fn type_code(v: &Value) -> Option<i64> {
 
 impl<K: Into<String>, V: Into<LabelValue>> FromIterator<(K, V)> for Labels {
     fn from_iter<I: IntoIterator<Item = (K, V)>>(iter: I) -> Self {
-        Labels(Arc::new(
+        Labels(Arc::new(LabelMap::from_pairs(
             iter.into_iter()
                 .map(|(k, v)| (name_of(k.into()), v.into()))
                 .collect(),
-        ))
+        )))
     }
 }
 

@@ -7,6 +7,7 @@
 mod args;
 mod error;
 mod float;
+mod label_map;
 pub(crate) mod labels;
 mod message;
 mod parse;

@@ -1,0 +1,121 @@
+//! A message's labels by name: a vector kept sorted, not a tree. A message carries a handful of
+//! labels, and a vector built from the ones just read reuses the reader's own allocation
+//! (a tree allocates a node of its own for every message read or built), is searched in as
+//! few steps, and is dropped without walking nodes.
+
+use std::borrow::Cow;
+
+use super::LabelValue;
+
+/// A label's name: a well-known one's static text (no copy), or a copy of the message's own.
+pub(super) type Name = Cow<'static, str>;
+
+/// Labels sorted by name, each name once.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub(super) struct LabelMap(Vec<(Name, LabelValue)>);
+
+impl LabelMap {
+    /// Sorts `pairs` by name; of one name given more than once, the last value is kept (as a
+    /// JSON object read twice over keeps its last).
+    pub(super) fn from_pairs(mut pairs: Vec<(Name, LabelValue)>) -> Self {
+        // Stable: equal names stay in the order given, and each later one hands its value to
+        // the first before it is dropped.
+        pairs.sort_by(|a, b| a.0.cmp(&b.0));
+        pairs.dedup_by(|later, kept| {
+            let same = later.0 == kept.0;
+            if same {
+                std::mem::swap(&mut later.1, &mut kept.1);
+            }
+            same
+        });
+        LabelMap(pairs)
+    }
+
+    fn find(&self, name: &str) -> Result<usize, usize> {
+        self.0.binary_search_by(|(k, _)| k.as_ref().cmp(name))
+    }
+
+    pub(super) fn get(&self, name: &str) -> Option<&LabelValue> {
+        self.find(name).ok().map(|at| &self.0[at].1)
+    }
+
+    pub(super) fn contains_key(&self, name: &str) -> bool {
+        self.find(name).is_ok()
+    }
+
+    /// Sets `name`, replacing any earlier value.
+    pub(super) fn insert(&mut self, name: Name, value: LabelValue) {
+        match self.find(&name) {
+            Ok(at) => self.0[at].1 = value,
+            Err(at) => {
+                if self.0.capacity() == 0 {
+                    // Labels built one by one (a client's call) are usually a few more than
+                    // the four a vector starts with: one allocation instead of two.
+                    self.0.reserve(8);
+                }
+                self.0.insert(at, (name, value))
+            }
+        }
+    }
+
+    pub(super) fn remove(&mut self, name: &str) -> Option<LabelValue> {
+        self.find(name).ok().map(|at| self.0.remove(at).1)
+    }
+
+    /// In name order.
+    pub(super) fn iter(&self) -> impl ExactSizeIterator<Item = (&Name, &LabelValue)> {
+        self.0.iter().map(|(k, v)| (k, v))
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(pairs: &[(&'static str, i64)]) -> LabelMap {
+        LabelMap::from_pairs(
+            pairs
+                .iter()
+                .map(|(k, v)| (Cow::Borrowed(*k), LabelValue::Int(*v)))
+                .collect(),
+        )
+    }
+
+    fn names(m: &LabelMap) -> Vec<&str> {
+        m.iter().map(|(k, _)| k.as_ref()).collect()
+    }
+
+    #[test]
+    fn names_are_kept_sorted_and_the_last_of_a_repeated_name_wins() {
+        let m = map(&[("b", 1), ("a", 2), ("b", 3), ("c", 4), ("b", 5)]);
+        assert_eq!(names(&m), ["a", "b", "c"]);
+        assert_eq!(m.get("b"), Some(&LabelValue::Int(5)));
+        assert_eq!(m.get("a"), Some(&LabelValue::Int(2)));
+        assert_eq!(m.get("d"), None);
+    }
+
+    #[test]
+    fn insert_and_remove_keep_the_order() {
+        let mut m = map(&[("b", 1), ("d", 2)]);
+        m.insert(Cow::Borrowed("c"), LabelValue::Int(3));
+        m.insert(Cow::Borrowed("a"), LabelValue::Int(4));
+        m.insert(Cow::Borrowed("d"), LabelValue::Int(5));
+        assert_eq!(names(&m), ["a", "b", "c", "d"]);
+        assert_eq!(m.get("d"), Some(&LabelValue::Int(5)));
+        assert_eq!(m.remove("b"), Some(LabelValue::Int(1)));
+        assert_eq!(m.remove("b"), None);
+        assert!(!m.contains_key("b"));
+        assert_eq!(names(&m), ["a", "c", "d"]);
+        assert_eq!(m.len(), 3);
+        // Equal maps compare equal however they were built.
+        assert_eq!(m, map(&[("d", 5), ("c", 3), ("a", 4)]));
+    }
+}
