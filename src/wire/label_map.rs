@@ -4,6 +4,7 @@
 //! few steps, and is dropped without walking nodes.
 
 use std::borrow::Cow;
+use std::fmt;
 
 use super::LabelValue;
 
@@ -11,8 +12,15 @@ use super::LabelValue;
 pub(super) type Name = Cow<'static, str>;
 
 /// Labels sorted by name, each name once.
-#[derive(Debug, Clone, PartialEq, Default)]
+#[derive(Clone, PartialEq, Default)]
 pub(super) struct LabelMap(Vec<(Name, LabelValue)>);
+
+/// As a map (`{"name": value}`), the way the tree it replaced printed.
+impl fmt::Debug for LabelMap {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_map().entries(self.iter()).finish()
+    }
+}
 
 impl LabelMap {
     /// Sorts `pairs` by name; of one name given more than once, the last value is kept (as a
@@ -117,5 +125,9 @@ mod tests {
         assert_eq!(m.len(), 3);
         // Equal maps compare equal however they were built.
         assert_eq!(m, map(&[("d", 5), ("c", 3), ("a", 4)]));
+        assert_eq!(
+            format!("{m:?}"),
+            r#"{"a": Int(4), "c": Int(3), "d": Int(5)}"#
+        );
     }
 }
