@@ -120,20 +120,28 @@ mod tests {
 
     use super::*;
 
-    fn entry(receipt: u64, visible_at: Instant) -> InFlight<()> {
-        InFlight {
-            stored: (),
-            receipt,
-            visible_at,
+    /// A set holding messages 1, 2, … (each on its first receipt, the same number) whose
+    /// leases run out `secs` after `t0`.
+    fn leases(t0: Instant, secs: &[u64]) -> InFlightSet<()> {
+        let mut set = InFlightSet::default();
+        for (id, s) in (1..).zip(secs) {
+            let visible_at = t0 + Duration::from_secs(*s);
+            set.insert(
+                id,
+                InFlight {
+                    stored: (),
+                    receipt: id,
+                    visible_at,
+                },
+            );
         }
+        set
     }
 
     #[test]
     fn a_scan_takes_what_ran_out_and_the_floor_follows_what_is_left() {
         let t0 = Instant::now();
-        let mut set = InFlightSet::default();
-        set.insert(1, entry(1, t0 + Duration::from_secs(1)));
-        set.insert(2, entry(2, t0 + Duration::from_secs(5)));
+        let mut set = leases(t0, &[1, 5]);
         assert!(set.take_expired(t0).is_empty());
         assert_eq!(set.next_expiry(), Some(t0 + Duration::from_secs(1)));
         let taken = set.take_expired(t0 + Duration::from_secs(2));
@@ -145,8 +153,7 @@ mod tests {
     #[test]
     fn a_lease_moved_sooner_is_found_by_the_next_scan() {
         let t0 = Instant::now();
-        let mut set = InFlightSet::default();
-        set.insert(1, entry(1, t0 + Duration::from_secs(30)));
+        let mut set = leases(t0, &[30]);
         assert!(
             !set.move_lease(1, 2, |_| true, t0),
             "a stale receipt moves nothing"
@@ -161,9 +168,7 @@ mod tests {
     #[test]
     fn expiring_everything_makes_every_lease_due_now() {
         let t0 = Instant::now();
-        let mut set = InFlightSet::default();
-        set.insert(1, entry(1, t0 + Duration::from_secs(30)));
-        set.insert(2, entry(2, t0 + Duration::from_secs(40)));
+        let mut set = leases(t0, &[30, 40]);
         assert_eq!(set.expire_all(t0), 2);
         assert_eq!(set.take_expired(t0).len(), 2);
     }
