@@ -1,19 +1,25 @@
 //! A message's labels by name: a vector kept sorted, not a tree. A message carries a handful of
-//! labels, and a vector built from the ones just read reuses the reader's own allocation
-//! (a tree allocates a node of its own for every message read or built), is searched in as
-//! few steps, and is dropped without walking nodes.
+//! labels: up to [`INLINE`] of them are kept in place, so a message's labels are one
+//! allocation (the shared block they live in) where a tree took one per label and a vector
+//! one more; they are searched in as few steps and dropped without walking nodes.
 
 use std::borrow::Cow;
 use std::fmt;
 
+use smallvec::SmallVec;
+
 use super::LabelValue;
+
+/// Labels kept in place before they move to an allocation of their own: ferriq's producers
+/// write two to five on a message (when it was sent, where the reply goes, a task's options).
+pub(super) const INLINE: usize = 6;
 
 /// A label's name: a well-known one's static text (no copy), or a copy of the message's own.
 pub(super) type Name = Cow<'static, str>;
 
 /// Labels sorted by name, each name once.
 #[derive(Clone, PartialEq, Default)]
-pub(super) struct LabelMap(Vec<(Name, LabelValue)>);
+pub(super) struct LabelMap(SmallVec<[(Name, LabelValue); INLINE]>);
 
 /// As a map (`{"name": value}`), the way the tree it replaced printed.
 impl fmt::Debug for LabelMap {
@@ -25,7 +31,8 @@ impl fmt::Debug for LabelMap {
 impl LabelMap {
     /// Sorts `pairs` by name; of one name given more than once, the last value is kept (as a
     /// JSON object read twice over keeps its last).
-    pub(super) fn from_pairs(mut pairs: Vec<(Name, LabelValue)>) -> Self {
+    pub(super) fn from_pairs(pairs: impl IntoIterator<Item = (Name, LabelValue)>) -> Self {
+        let mut pairs: SmallVec<[_; INLINE]> = pairs.into_iter().collect();
         // Stable: equal names stay in the order given, and each later one hands its value to
         // the first before it is dropped.
         pairs.sort_by(|a, b| a.0.cmp(&b.0));
@@ -55,14 +62,7 @@ impl LabelMap {
     pub(super) fn insert(&mut self, name: Name, value: LabelValue) {
         match self.find(&name) {
             Ok(at) => self.0[at].1 = value,
-            Err(at) => {
-                if self.0.capacity() == 0 {
-                    // Labels built one by one (a client's call) are usually a few more than
-                    // the four a vector starts with: one allocation instead of two.
-                    self.0.reserve(8);
-                }
-                self.0.insert(at, (name, value))
-            }
+            Err(at) => self.0.insert(at, (name, value)),
         }
     }
 
@@ -92,8 +92,7 @@ mod tests {
         LabelMap::from_pairs(
             pairs
                 .iter()
-                .map(|(k, v)| (Cow::Borrowed(*k), LabelValue::Int(*v)))
-                .collect(),
+                .map(|(k, v)| (Cow::Borrowed(*k), LabelValue::Int(*v))),
         )
     }
 
@@ -129,5 +128,27 @@ mod tests {
             format!("{m:?}"),
             r#"{"a": Int(4), "c": Int(3), "d": Int(5)}"#
         );
+    }
+
+    #[test]
+    fn more_labels_than_are_kept_in_place_keep_the_same_rules() {
+        let names: Vec<String> = (0..3 * INLINE).rev().map(|i| format!("l{i:02}")).collect();
+        let mut m = LabelMap::from_pairs(
+            names
+                .iter()
+                .chain(&names)
+                .enumerate()
+                .map(|(i, k)| (Cow::Owned(k.clone()), LabelValue::Int(i as i64))),
+        );
+        assert_eq!(m.len(), 3 * INLINE);
+        let sorted: Vec<&str> = names.iter().rev().map(String::as_str).collect();
+        assert_eq!(self::names(&m), sorted);
+        // The second of each name, written later, wins.
+        assert_eq!(
+            m.get("l00"),
+            Some(&LabelValue::Int((6 * INLINE - 1) as i64))
+        );
+        m.insert(Cow::Borrowed("a"), LabelValue::Int(-1));
+        assert_eq!(self::names(&m)[0], "a");
     }
 }

@@ -265,12 +265,22 @@ impl From<Vec<u8>> for LabelValue {
 /// assert_eq!(labels.timeout(), Some(std::time::Duration::from_millis(2500)));
 /// assert_eq!(labels.max_retries(), Some(5));
 /// ```
-#[derive(Debug, Clone, PartialEq, Default)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Labels(
     // Shared, copied on write: a run's context and its message hold the same labels without
     // a copy of every name and value per delivery.
     Arc<LabelMap>,
 );
+
+impl Default for Labels {
+    /// No labels: one shared empty set, so a result or message without labels allocates
+    /// nothing for them (the first insert makes a set of its own).
+    fn default() -> Self {
+        static EMPTY: std::sync::LazyLock<Arc<LabelMap>> =
+            std::sync::LazyLock::new(|| Arc::new(LabelMap::default()));
+        Labels(Arc::clone(&EMPTY))
+    }
+}
 
 /// `name` as a [`Name`]: the names ferriq and taskiq write on every message are not copied
 /// for each message read or built.
@@ -372,6 +382,13 @@ fn secs(v: f64, max: f64) -> Option<Duration> {
 }
 
 impl Labels {
+    fn of(map: LabelMap) -> Self {
+        if map.is_empty() {
+            return Labels::default();
+        }
+        Labels(Arc::new(map))
+    }
+
     /// No labels.
     pub fn new() -> Self {
         Labels::default()
@@ -521,7 +538,7 @@ impl Labels {
     /// Reads `labels` and `labels_types` as taskiq writes them (a name written twice keeps
     /// its last value and its last type, as a JSON object read into a map does).
     pub(crate) fn from_wire<N: AsRef<str> + Into<String>, K: AsRef<str>>(
-        labels: Vec<(N, Value)>,
+        labels: impl IntoIterator<Item = (N, Value)>,
         types: &[(K, Value)],
     ) -> Self {
         // Messages carry a handful of labels: a scan beats building a map, but a body with
@@ -544,14 +561,11 @@ impl Labels {
             };
             raw.and_then(type_code)
         };
-        let labels = labels
-            .into_iter()
-            .map(|(name, raw)| {
-                let code = code_of(name.as_ref());
-                (name_of(name), LabelValue::from_typed(raw, code))
-            })
-            .collect();
-        Labels(Arc::new(LabelMap::from_pairs(labels)))
+        let labels = labels.into_iter().map(|(name, raw)| {
+            let code = code_of(name.as_ref());
+            (name_of(name), LabelValue::from_typed(raw, code))
+        });
+        Labels::of(LabelMap::from_pairs(labels))
     }
 
     /// Labels from plain JSON values, as a result carries them (the inverse of
@@ -569,7 +583,7 @@ impl Labels {
     /// [`from_json_map`](Self::from_json_map), taking the map.
     pub(crate) fn from_plain(map: Map<String, Value>) -> Self {
         let none: &[(String, Value)] = &[];
-        Self::from_wire(map.into_iter().collect(), none)
+        Self::from_wire(map, none)
     }
 
     /// Sets `queue_name`: the lane a message goes to (taskiq's routing label).
@@ -597,17 +611,29 @@ fn type_code(v: &Value) -> Option<i64> {
 
 impl<K: Into<String>, V: Into<LabelValue>> FromIterator<(K, V)> for Labels {
     fn from_iter<I: IntoIterator<Item = (K, V)>>(iter: I) -> Self {
-        Labels(Arc::new(LabelMap::from_pairs(
-            iter.into_iter()
-                .map(|(k, v)| (name_of(k.into()), v.into()))
-                .collect(),
-        )))
+        Labels::of(LabelMap::from_pairs(
+            iter.into_iter().map(|(k, v)| (name_of(k.into()), v.into())),
+        ))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn empty_labels_share_one_set_and_an_insert_makes_its_own() {
+        let (mut a, b) = (Labels::new(), Labels::default());
+        assert!(Arc::ptr_eq(&a.0, &b.0));
+        a.insert("x", 1);
+        assert!(!Arc::ptr_eq(&a.0, &b.0));
+        assert!(b.is_empty() && Labels::new().is_empty());
+        assert_eq!(a.get("x"), Some(&LabelValue::Int(1)));
+        // Read empty, or emptied by reading: the shared set again.
+        assert!(Arc::ptr_eq(&Labels::from_json_map(&Map::new()).0, &b.0));
+        a.remove("x");
+        assert_eq!(a, b);
+    }
 
     #[test]
     fn a_well_known_name_is_itself_and_any_other_is_copied() {

@@ -13,6 +13,7 @@ use std::fmt;
 
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
+use smallvec::SmallVec;
 
 use super::WireError;
 
@@ -66,7 +67,9 @@ pub(super) fn invalid(field: &'static str, what: &str, got: Option<&'static str>
 /// Names and values of `labels` or `labels_types` in the order written, the names borrowed
 /// from the body unless they hold escapes (a type's name is only looked up; a label's is
 /// copied once, into its `Labels`).
-pub(super) type Pairs<'de> = Vec<(Cow<'de, str>, Value)>;
+/// Kept on the stack up to as many as [`Labels`](super::Labels) keeps in place: reading a
+/// message's labels and their types allocates nothing on the way.
+pub(super) type Pairs<'de> = SmallVec<[(Cow<'de, str>, Value); super::label_map::INLINE]>;
 
 /// The top-level fields of a message body.
 pub(super) struct RawMessage<'de> {
@@ -204,6 +207,9 @@ enum Kind {
 }
 
 /// A field's value read as its expected type, or the name of the type it has instead.
+// Large on purpose: the labels it carries stay on the stack (a box would be the allocation
+// their in-place storage saves), and it lives only while one field is read.
+#[allow(clippy::large_enum_variant)]
 enum Read<'de> {
     Str(Cow<'de, str>),
     Pairs(Pairs<'de>),
@@ -316,14 +322,8 @@ impl<'de> Visitor<'de> for Of {
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Read<'de>, A::Error> {
         match self.0 {
             Kind::Pairs => {
-                // JSON gives no length: at the first entry, room for the labels a message
-                // usually has, so the vector is allocated once rather than grown (4, then 8);
-                // an empty object allocates nothing.
-                let mut pairs = Vec::new();
+                let mut pairs = Pairs::new();
                 while let Some((KeyCow(k), v)) = map.next_entry::<KeyCow<'de>, Value>()? {
-                    if pairs.is_empty() {
-                        pairs.reserve(map.size_hint().unwrap_or(8).clamp(1, 64));
-                    }
                     pairs.push((k, v));
                 }
                 Ok(Read::Pairs(pairs))
@@ -435,7 +435,7 @@ mod tests {
         Ok(TaskMessage {
             task_id,
             task_name,
-            labels: Labels::from_wire(labels.into_iter().collect(), &types),
+            labels: Labels::from_wire(labels, &types),
             args,
             kwargs,
         })

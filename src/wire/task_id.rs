@@ -1,6 +1,8 @@
 use std::fmt;
 use std::sync::Arc;
 
+use arrayvec::ArrayString;
+
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::WireError;
@@ -19,12 +21,58 @@ use super::WireError;
 /// assert!(TaskId::parse("order-42").is_ok());
 /// assert!(TaskId::parse("a{b}").is_err());
 /// ```
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct TaskId(
-    // Shared: an id is copied into the run, the claim, the result, the waiter and the log
-    // lines of every task, and a copy is then a count, not an allocation.
-    Arc<str>,
-);
+#[derive(Clone)]
+pub struct TaskId(Repr);
+
+/// Longest id kept inline: a uuid with its dashes (taskiq's ids are 32 characters).
+const INLINE: usize = 36;
+
+#[derive(Clone)]
+enum Repr {
+    // An id is copied into the run, the claim, the result, the waiter and the log lines of
+    // every task: a uuid-sized one is kept in place, so making, reading or copying one
+    // allocates nothing.
+    Inline(ArrayString<INLINE>),
+    // Longer ids (up to 200 characters) are shared: a copy is then a count.
+    Shared(Arc<str>),
+}
+
+impl TaskId {
+    /// `id`, already checked.
+    fn of(id: &str) -> Self {
+        match ArrayString::from(id) {
+            Ok(inline) => TaskId(Repr::Inline(inline)),
+            Err(_) => TaskId(Repr::Shared(Arc::from(id))),
+        }
+    }
+}
+
+// Compared, ordered and hashed as their text, however they are kept.
+impl PartialEq for TaskId {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_str() == other.as_str()
+    }
+}
+
+impl Eq for TaskId {}
+
+impl std::hash::Hash for TaskId {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.as_str().hash(state)
+    }
+}
+
+impl PartialOrd for TaskId {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for TaskId {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.as_str().cmp(other.as_str())
+    }
+}
 
 /// Longest accepted task id.
 const MAX_LEN: usize = 200;
@@ -35,9 +83,7 @@ impl TaskId {
         // uuid's `fast-rng`: a thread-local CSPRNG instead of a getrandom system call per id;
         // encoded into a stack buffer rather than through `fmt`.
         let mut buf = uuid::Uuid::encode_buffer();
-        TaskId(Arc::from(
-            &*uuid::Uuid::new_v4().simple().encode_lower(&mut buf),
-        ))
+        TaskId::of(uuid::Uuid::new_v4().simple().encode_lower(&mut buf))
     }
 
     /// An id derived from `parts`: the same parts always give the same id (a uuid5 in
@@ -63,11 +109,11 @@ impl TaskId {
             name.extend_from_slice(p.as_bytes());
         }
         let mut buf = uuid::Uuid::encode_buffer();
-        TaskId(Arc::from(
-            &*uuid::Uuid::new_v5(&NAMESPACE, &name)
+        TaskId::of(
+            uuid::Uuid::new_v5(&NAMESPACE, &name)
                 .simple()
                 .encode_lower(&mut buf),
-        ))
+        )
     }
 
     /// The id of member `index` of the group whose id this is (`workflow::member_id`).
@@ -101,7 +147,7 @@ impl TaskId {
             None
         };
         match reason {
-            None => Ok(TaskId(Arc::from(id))),
+            None => Ok(TaskId::of(id)),
             Some(reason) => Err(WireError::InvalidTaskId {
                 id: id.chars().take(64).collect(),
                 reason,
@@ -111,19 +157,22 @@ impl TaskId {
 
     /// The id as a string.
     pub fn as_str(&self) -> &str {
-        &self.0
+        match &self.0 {
+            Repr::Inline(id) => id.as_str(),
+            Repr::Shared(id) => id,
+        }
     }
 }
 
 impl fmt::Display for TaskId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(self.as_str())
     }
 }
 
 impl fmt::Debug for TaskId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "TaskId({})", self.0)
+        write!(f, "TaskId({})", self.as_str())
     }
 }
 
@@ -136,13 +185,13 @@ impl std::str::FromStr for TaskId {
 
 impl AsRef<str> for TaskId {
     fn as_ref(&self) -> &str {
-        &self.0
+        self.as_str()
     }
 }
 
 impl Serialize for TaskId {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&self.0)
+        s.serialize_str(self.as_str())
     }
 }
 
@@ -160,5 +209,45 @@ impl<'de> Deserialize<'de> for TaskId {
             }
         }
         d.deserialize_str(IdVisitor)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::hash_map::DefaultHasher;
+    use std::hash::{Hash, Hasher};
+
+    use super::*;
+
+    fn hash(id: &TaskId) -> u64 {
+        let mut h = DefaultHasher::new();
+        id.hash(&mut h);
+        h.finish()
+    }
+
+    #[test]
+    fn short_and_long_ids_read_compare_and_hash_as_their_text() {
+        let inline = "a".repeat(INLINE);
+        let longer = "a".repeat(INLINE + 1);
+        let longest = "z".repeat(MAX_LEN);
+        for text in ["x", inline.as_str(), longer.as_str(), longest.as_str()] {
+            let id = TaskId::parse(text).unwrap();
+            assert_eq!(id.as_str(), text);
+            assert_eq!(id.to_string(), text);
+            assert_eq!(id.clone(), id);
+            assert_eq!(hash(&id), hash(&TaskId::parse(text).unwrap()));
+            let json = serde_json::to_string(&id).unwrap();
+            assert_eq!(serde_json::from_str::<TaskId>(&json).unwrap(), id);
+        }
+        // Kept inline up to a dashed uuid's length, shared past it.
+        assert!(matches!(TaskId::parse(&inline).unwrap().0, Repr::Inline(_)));
+        assert!(matches!(TaskId::parse(&longer).unwrap().0, Repr::Shared(_)));
+        // Ordered as text across the two forms.
+        let (a, b) = (TaskId::parse(&longer).unwrap(), TaskId::parse("b").unwrap());
+        assert!(a < b);
+        assert_eq!(b.cmp(&a), std::cmp::Ordering::Greater);
+        assert!(TaskId::parse(&inline).unwrap() < a);
+        assert_ne!(TaskId::parse(&inline).unwrap(), a);
+        assert!(TaskId::parse("a".repeat(MAX_LEN + 1)).is_err());
     }
 }

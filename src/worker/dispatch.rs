@@ -27,43 +27,46 @@ use crate::broker::Delivery;
 /// saves most of the spawns of a batch.
 const MAX_GROUP: usize = 8;
 
-/// Runs each delivery, holding its concurrency slot (`None`: a delivery the broker returned
-/// beyond what was asked, handled rather than left unheartbeated) until it is settled.
-/// Deliveries with an ordering key run one at a time per key, in the order received
-/// (`ordered.rs`): a key's first delivery runs, and the others wait behind it.
+/// Runs each delivery, holding a concurrency slot taken from `permits` (none left: a delivery
+/// the broker returned beyond what was asked, handled rather than left unheartbeated) until it
+/// is settled. Deliveries with an ordering key run one at a time per key, in the order
+/// received (`ordered.rs`): a key's first delivery runs, and the others wait behind it.
 pub(super) fn dispatch(
     inner: &Arc<Inner>,
     tracker: &TaskTracker,
-    deliveries: Vec<(Delivery, Option<OwnedSemaphorePermit>)>,
+    deliveries: Vec<Delivery>,
+    permits: &mut Vec<OwnedSemaphorePermit>,
 ) {
-    let deliveries: Vec<_> = deliveries
+    let threads = tokio::runtime::Handle::current()
+        .metrics()
+        .num_workers()
+        .max(1);
+    // Grouped by the batch's size: deliveries admitted behind their key's run leave a group
+    // smaller, which is all they change.
+    let per_group = deliveries.len().div_ceil(threads).clamp(1, MAX_GROUP);
+    let mut waiting = deliveries
         .into_iter()
-        .filter_map(|(delivery, permit)| {
-            let waiting = Waiting { delivery, permit };
+        .filter_map(|delivery| {
+            let waiting = Waiting {
+                delivery,
+                permit: permits.pop(),
+            };
             match waiting.delivery.ordering_key.clone() {
                 None => Some(waiting),
                 Some(key) => inner.ordered.admit(&key, waiting),
             }
         })
-        .collect();
-    let threads = tokio::runtime::Handle::current()
-        .metrics()
-        .num_workers()
-        .max(1);
-    let per_group = deliveries.len().div_ceil(threads).clamp(1, MAX_GROUP);
-    let mut deliveries = deliveries.into_iter();
-    while deliveries.len() > 0 {
+        .peekable();
+    while let Some(first) = waiting.next() {
         let inner = Arc::clone(inner);
-        if deliveries.len().min(per_group) == 1 {
+        if per_group == 1 || waiting.peek().is_none() {
             // A lone delivery needs no set around it.
-            let first = deliveries.next().expect("one delivery");
             tracker.spawn(process_in_turn(inner, first));
             continue;
         }
-        let runs: FuturesUnordered<_> = deliveries
-            .by_ref()
-            .take(per_group)
-            .map(|first| process_in_turn(Arc::clone(&inner), first))
+        let runs: FuturesUnordered<_> = std::iter::once(first)
+            .chain(waiting.by_ref().take(per_group - 1))
+            .map(|next| process_in_turn(Arc::clone(&inner), next))
             .collect();
         tracker.spawn(runs.for_each(|()| async {}));
     }

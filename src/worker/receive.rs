@@ -16,6 +16,8 @@ use super::{dispatch, Inner, Shutdown};
 pub(super) async fn until_drain(inner: &Arc<Inner>, shutdown: &Shutdown, tracker: &TaskTracker) {
     let slots = Arc::new(Semaphore::new(inner.config.concurrency));
     let mut backoff = Duration::from_millis(100);
+    // One vector for every batch's slots, sized once: a receive then allocates none.
+    let mut permits = Vec::with_capacity(inner.config.concurrency);
     loop {
         let first = tokio::select! {
             biased;
@@ -25,8 +27,6 @@ pub(super) async fn until_drain(inner: &Arc<Inner>, shutdown: &Shutdown, tracker
         let Some(first) = first else {
             return;
         };
-        // Sized once: a batch's permits would otherwise grow the vector a few times.
-        let mut permits = Vec::with_capacity(slots.available_permits() + 1);
         permits.push(first);
         while let Ok(p) = Arc::clone(&slots).try_acquire_owned() {
             permits.push(p);
@@ -43,8 +43,7 @@ pub(super) async fn until_drain(inner: &Arc<Inner>, shutdown: &Shutdown, tracker
                     // Handled anyway rather than held unheartbeated.
                     tracing::warn!("broker returned more deliveries than requested");
                 }
-                let with_slots = deliveries.into_iter().map(|d| (d, permits.pop())).collect();
-                dispatch::dispatch(inner, tracker, with_slots);
+                dispatch::dispatch(inner, tracker, deliveries, &mut permits);
             }
             Err(e) => {
                 tracing::warn!(error = %e, retry_in = ?backoff, "receive failed");
@@ -55,5 +54,7 @@ pub(super) async fn until_drain(inner: &Arc<Inner>, shutdown: &Shutdown, tracker
                 backoff = (backoff * 2).min(Duration::from_secs(10));
             }
         }
+        // Slots the broker had nothing for are free again.
+        permits.clear();
     }
 }

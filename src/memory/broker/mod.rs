@@ -302,6 +302,11 @@ impl MemoryBroker {
             let Some(q) = queues.get_mut(&**queue) else {
                 continue;
             };
+            if out.is_empty() {
+                // Room for what this receive can take at most, so the vector is not grown on
+                // the way (a worker asks for all its free slots at once).
+                out.reserve(max.min(q.pending.len()));
+            }
             while out.len() < max {
                 let Some(mut stored) = q.pending.pop_visible(now) else {
                     break;
