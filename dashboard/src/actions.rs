@@ -271,7 +271,7 @@ async fn run_now(state: &State, id: &str) -> Result<(), (StatusCode, String)> {
     }
     let msg = TaskMessage {
         task_id: TaskId::random(),
-        task_name: spec.task.clone(),
+        task_name: spec.task.as_str().into(),
         labels,
         args: spec.args.clone(),
         kwargs: spec.kwargs.clone(),

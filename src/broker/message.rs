@@ -5,7 +5,7 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::clock::Clock;
-use crate::wire::{Labels, TaskId, TaskMessage, WireError, MAX_DELAY};
+use crate::wire::{Labels, TaskId, TaskMessage, TaskName, WireError, MAX_DELAY};
 
 /// A message ready to publish: the taskiq body plus what brokers need to route it. `Debug`
 /// shows the body's size, never its content (user data).
@@ -15,7 +15,7 @@ pub struct OutgoingMessage {
     /// The task's id (also sent as a header/attribute, as taskiq-aio-pika does).
     pub task_id: TaskId,
     /// The task's name.
-    pub task_name: String,
+    pub task_name: TaskName,
     /// The compact JSON body.
     pub body: Vec<u8>,
     /// The message's labels, which brokers that carry headers write as
@@ -72,7 +72,7 @@ impl OutgoingMessage {
     /// The message with its routing read from its labels.
     fn routed(
         task_id: TaskId,
-        task_name: String,
+        task_name: TaskName,
         body: Vec<u8>,
         labels: Labels,
         now_unix: f64,
@@ -123,7 +123,7 @@ impl OutgoingMessage {
     pub fn raw(body: impl Into<Vec<u8>>) -> Self {
         OutgoingMessage {
             task_id: TaskId::random(),
-            task_name: String::new(),
+            task_name: TaskName::default(),
             body: body.into(),
             labels: Labels::new(),
             queue: None,

@@ -207,7 +207,7 @@ impl<T> Call<T> {
         }
         let mut msg = TaskMessage {
             task_id: self.task_id.unwrap_or_else(TaskId::random),
-            task_name: self.name.to_owned(),
+            task_name: crate::wire::TaskName::from_static(self.name),
             labels,
             args: self.args?,
             kwargs: self.kwargs,

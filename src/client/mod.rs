@@ -372,7 +372,7 @@ impl Client {
             return Ok(());
         }
         Err(EnqueueError::TooLarge {
-            task_name: out.task_name.clone(),
+            task_name: out.task_name.to_string(),
             size: out.body.len(),
             limit: self.max_payload,
         })

@@ -408,7 +408,7 @@ impl Scheduler {
             }
             let msg = TaskMessage {
                 task_id: spec.tick_id(*tick),
-                task_name: spec.task.clone(),
+                task_name: spec.task.as_str().into(),
                 labels,
                 args: spec.args.clone(),
                 kwargs: spec.kwargs.clone(),

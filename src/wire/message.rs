@@ -3,7 +3,7 @@ use serde_json::{Map, Value};
 
 use super::parse::invalid;
 use super::typed_labels::{LabelTypes, TypedLabels};
-use super::{Labels, TaskId, WireError};
+use super::{Labels, TaskId, TaskName, WireError};
 
 /// The wire version this build writes and the newest it runs (label `ferriq_wire`).
 pub const WIRE_VERSION: u32 = 1;
@@ -23,7 +23,7 @@ pub struct TaskMessage {
     /// The task's identity, shared by every copy of the message.
     pub task_id: TaskId,
     /// The registered name of the task to run.
-    pub task_name: String,
+    pub task_name: TaskName,
     /// Labels: options and metadata (see [`Labels`]).
     pub labels: Labels,
     /// Positional arguments.
@@ -44,7 +44,7 @@ struct WireOut<'a> {
 
 impl TaskMessage {
     /// A message for `task_name` with a fresh id and no arguments or labels.
-    pub fn new(task_name: impl Into<String>) -> Self {
+    pub fn new(task_name: impl Into<TaskName>) -> Self {
         TaskMessage {
             task_id: TaskId::random(),
             task_name: task_name.into(),
@@ -63,7 +63,7 @@ impl TaskMessage {
             .ok_or_else(|| WireError::NotJson("the top-level value is not an object".into()))?;
         let task_id = TaskId::parse(raw.task_id.required("task_id", "must be a string")?)?;
         let name_rule = "must be a non-empty string";
-        let task_name = raw.task_name.required("task_name", name_rule)?.into_owned();
+        let task_name = TaskName::from(raw.task_name.required("task_name", name_rule)?);
         if task_name.is_empty() {
             return Err(invalid("task_name", name_rule, Some("a string")));
         }

@@ -13,6 +13,7 @@ mod message;
 mod parse;
 mod result;
 mod task_id;
+mod task_name;
 mod typed_labels;
 
 pub use args::{ArgumentBinder, ArgumentError};
@@ -22,3 +23,4 @@ pub use labels::{LabelValue, Labels, MAX_DELAY};
 pub use message::{TaskMessage, WIRE_VERSION};
 pub use result::{ErrorKind, ExceptionRepr, TaskFailure, TaskResult};
 pub use task_id::TaskId;
+pub use task_name::TaskName;

@@ -434,7 +434,7 @@ mod tests {
         let types: Vec<(String, Value)> = types.into_iter().collect();
         Ok(TaskMessage {
             task_id,
-            task_name,
+            task_name: task_name.into(),
             labels: Labels::from_wire(labels, &types),
             args,
             kwargs,

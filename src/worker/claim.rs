@@ -112,7 +112,7 @@ async fn expired(w: &Inner, d: &Delivery, msg: &TaskMessage, token: Token) -> Ou
         Settle::DeadLetter(DeadLetter::new(
             DeadLetterReason::Expired,
             detail,
-            Some(msg.task_name.clone()),
+            Some(msg.task_name.to_string()),
             0,
         ))
     };

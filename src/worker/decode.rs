@@ -75,7 +75,7 @@ pub(super) fn decode(d: &Delivery, max_payload: usize, max_unroutable_receives: 
             DeadLetter::new(
                 DeadLetterReason::UnsupportedWireVersion,
                 detail.clone(),
-                Some(msg.task_name.clone()),
+                Some(msg.task_name.to_string()),
                 0,
             )
         });

@@ -64,7 +64,7 @@ pub(super) fn note_finished(
     if held.len() < MAX_FINISHED {
         let task = match registered {
             Some(name) => Cow::Borrowed(name),
-            None => Cow::Owned(msg.task_name.clone()),
+            None => Cow::Owned(msg.task_name.to_string()),
         };
         held.push(FinishedTask::new(
             msg.task_id.clone(),

@@ -61,7 +61,7 @@ pub(super) async fn unknown_task(w: &Inner, d: &Delivery, msg: &TaskMessage) -> 
             let why = DeadLetter::new(
                 DeadLetterReason::UnknownTask,
                 detail,
-                Some(msg.task_name.clone()),
+                Some(msg.task_name.to_string()),
                 0,
             );
             write::finish(

@@ -285,7 +285,7 @@ async fn fail_for_good(
         Settle::DeadLetter(DeadLetter::new(
             reason,
             error.message(),
-            Some(msg.task_name.clone()),
+            Some(msg.task_name.to_string()),
             attempts,
         ))
     } else {

@@ -85,7 +85,7 @@ pub(crate) fn entry(queue: &Queue, msg: OutgoingMessage, now_ms: u64) -> Result<
         msg.labels
             .get("group_id")
             .map(|v| v.header_value().into_owned())
-            .unwrap_or_else(|| msg.task_name.clone())
+            .unwrap_or_else(|| msg.task_name.to_string())
     });
     Ok(Entry {
         dedup_id: queue.fifo.then(|| msg.task_id.to_string()),

@@ -75,7 +75,7 @@ impl DeadLetterQueue for MemoryBroker {
         let id = self.dead_id(held)?;
         let mut copy = OutgoingMessage::raw(body);
         copy.task_id = held.task_id.clone().unwrap_or_else(TaskId::random);
-        copy.task_name = held.task_name.clone().unwrap_or_default();
+        copy.task_name = held.task_name.as_deref().unwrap_or_default().into();
         copy.queue = Some(held.lane.clone());
         self.publish(vec![copy]).await?;
         if !self.remove_dead(id) {

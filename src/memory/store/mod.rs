@@ -266,6 +266,15 @@ impl MemoryStore {
         Some(Token(c.token))
     }
 
+    /// A task's result, if stored: `get` without the boxed future its trait method is, for
+    /// `wait`'s own checks.
+    pub(super) fn status(&self, id: &TaskId) -> crate::store::ResultStatus {
+        match self.lock().results.get(id) {
+            Some(r) => crate::store::ResultStatus::Ready(r.clone()),
+            None => crate::store::ResultStatus::Pending,
+        }
+    }
+
     pub(super) fn store_result(state: &mut State, id: &TaskId, result: &TaskResult) -> bool {
         if state.results.contains_key(id) {
             return false;

@@ -154,10 +154,7 @@ impl ResultStore for MemoryStore {
     }
 
     async fn get(&self, id: &TaskId) -> Result<ResultStatus, StoreError> {
-        Ok(match self.lock().results.get(id) {
-            Some(r) => ResultStatus::Ready(r.clone()),
-            None => ResultStatus::Pending,
-        })
+        Ok(self.status(id))
     }
 
     async fn wait(&self, id: &TaskId, timeout: Duration) -> Result<ResultStatus, StoreError> {
@@ -172,11 +169,11 @@ impl ResultStore for MemoryStore {
         tokio::pin!(notified);
         notified.as_mut().enable();
         // Checked again after subscribing: a completion in between is not missed.
-        if let ResultStatus::Ready(r) = self.get(id).await? {
+        if let ResultStatus::Ready(r) = self.status(id) {
             return Ok(ResultStatus::Ready(r));
         }
         let _ = tokio::time::timeout(timeout, notified).await;
-        let status = self.get(id).await;
+        let status = Ok(self.status(id));
         // Forget the waiter entry unless another waiter still holds it.
         let mut state = self.lock();
         if state
