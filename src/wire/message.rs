@@ -1,7 +1,7 @@
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-use super::parse::invalid;
+use super::parse::{invalid, Pairs};
 use super::typed_labels::{LabelTypes, TypedLabels};
 use super::{Labels, TaskId, TaskName, WireError};
 
@@ -58,7 +58,8 @@ impl TaskMessage {
     /// missing or null, labels may be typed strings or raw JSON values, and missing `labels`,
     /// `args` or `kwargs` read as empty.
     pub fn from_json(body: &[u8]) -> Result<Self, WireError> {
-        let raw = super::parse::read(body)
+        let (mut labels, mut types) = (Pairs::new(), Pairs::new());
+        let raw = super::parse::read(body, &mut labels, &mut types)
             .map_err(|e| WireError::NotJson(e.to_string()))?
             .ok_or_else(|| WireError::NotJson("the top-level value is not an object".into()))?;
         let task_id = TaskId::parse(raw.task_id.required("task_id", "must be a string")?)?;
@@ -67,9 +68,8 @@ impl TaskMessage {
         if task_name.is_empty() {
             return Err(invalid("task_name", name_rule, Some("a string")));
         }
-        let labels = raw.labels.or_empty("labels", "must be an object")?;
-        let types = raw
-            .labels_types
+        raw.labels.or_empty("labels", "must be an object")?;
+        raw.labels_types
             .or_empty("labels_types", "must be an object or null")?;
         let args = raw.args.or_empty("args", "must be an array")?;
         let kwargs = raw.kwargs.or_empty("kwargs", "must be an object")?;

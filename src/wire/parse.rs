@@ -71,38 +71,50 @@ pub(super) fn invalid(field: &'static str, what: &str, got: Option<&'static str>
 /// message's labels and their types allocates nothing on the way.
 pub(super) type Pairs<'de> = SmallVec<[(Cow<'de, str>, Value); super::label_map::INLINE]>;
 
-/// The top-level fields of a message body.
+/// The top-level fields of a message body. `labels` and `labels_types` say what those fields
+/// held; their entries are in the vectors given to [`read`].
 pub(super) struct RawMessage<'de> {
     pub(super) task_id: Field<Cow<'de, str>>,
     pub(super) task_name: Field<Cow<'de, str>>,
-    pub(super) labels: Field<Pairs<'de>>,
-    pub(super) labels_types: Field<Pairs<'de>>,
+    pub(super) labels: Field<()>,
+    pub(super) labels_types: Field<()>,
     pub(super) args: Field<Vec<Value>>,
     pub(super) kwargs: Field<Map<String, Value>>,
 }
 
-/// Parses `body`. `Ok(None)`: valid JSON whose top-level value is not an object.
-pub(super) fn read(body: &[u8]) -> Result<Option<RawMessage<'_>>, serde_json::Error> {
+/// Parses `body`, its `labels` and `labels_types` entries into `labels` and `types` (read in
+/// place: moving a few hundred bytes of entries through every field read cost more than the
+/// allocation it saves). `Ok(None)`: valid JSON whose top-level value is not an object.
+pub(super) fn read<'de>(
+    body: &'de [u8],
+    labels: &mut Pairs<'de>,
+    types: &mut Pairs<'de>,
+) -> Result<Option<RawMessage<'de>>, serde_json::Error> {
+    let top = TopLevel { labels, types };
     // UTF-8 checked once for the whole body: the slice reader checks every string on its own,
     // which was a tenth of reading a message. A body that is not UTF-8 goes to the slice
     // reader, so its error names the string that breaks it, as before.
     match std::str::from_utf8(body) {
-        Ok(text) => read_from(serde_json::Deserializer::from_str(text)),
-        Err(_) => read_from(serde_json::Deserializer::from_slice(body)),
+        Ok(text) => read_from(serde_json::Deserializer::from_str(text), top),
+        Err(_) => read_from(serde_json::Deserializer::from_slice(body), top),
     }
 }
 
 fn read_from<'de, R: serde_json::de::Read<'de>>(
     mut de: serde_json::Deserializer<R>,
+    top: TopLevel<'_, 'de>,
 ) -> Result<Option<RawMessage<'de>>, serde_json::Error> {
-    let raw = (&mut de).deserialize_any(TopLevel)?;
+    let raw = (&mut de).deserialize_any(top)?;
     de.end()?;
     Ok(raw)
 }
 
-struct TopLevel;
+struct TopLevel<'a, 'de> {
+    labels: &'a mut Pairs<'de>,
+    types: &'a mut Pairs<'de>,
+}
 
-impl<'de> Visitor<'de> for TopLevel {
+impl<'de> Visitor<'de> for TopLevel<'_, 'de> {
     type Value = Option<RawMessage<'de>>;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -123,9 +135,9 @@ impl<'de> Visitor<'de> for TopLevel {
             match key {
                 Key::TaskId => raw.task_id = map.next_value_seed(Of(Kind::Str))?.into_str(),
                 Key::TaskName => raw.task_name = map.next_value_seed(Of(Kind::Str))?.into_str(),
-                Key::Labels => raw.labels = map.next_value_seed(Of(Kind::Pairs))?.into_pairs(),
+                Key::Labels => raw.labels = map.next_value_seed(PairsInto(&mut *self.labels))?,
                 Key::LabelsTypes => {
-                    raw.labels_types = map.next_value_seed(Of(Kind::Pairs))?.into_pairs()
+                    raw.labels_types = map.next_value_seed(PairsInto(&mut *self.types))?
                 }
                 Key::Args => raw.args = map.next_value_seed(Of(Kind::Array))?.into_array(),
                 Key::Kwargs => raw.kwargs = map.next_value_seed(Of(Kind::Object))?.into_object(),
@@ -201,18 +213,13 @@ impl<'de> de::Deserialize<'de> for Key {
 #[derive(Clone, Copy)]
 enum Kind {
     Str,
-    Pairs,
     Array,
     Object,
 }
 
 /// A field's value read as its expected type, or the name of the type it has instead.
-// Large on purpose: the labels it carries stay on the stack (a box would be the allocation
-// their in-place storage saves), and it lives only while one field is read.
-#[allow(clippy::large_enum_variant)]
 enum Read<'de> {
     Str(Cow<'de, str>),
-    Pairs(Pairs<'de>),
     Array(Vec<Value>),
     Object(Map<String, Value>),
     Null,
@@ -223,12 +230,6 @@ impl<'de> Read<'de> {
     fn into_str(self) -> Field<Cow<'de, str>> {
         match self {
             Read::Str(s) => Field::Read(s),
-            other => other.mismatch(),
-        }
-    }
-    fn into_pairs(self) -> Field<Pairs<'de>> {
-        match self {
-            Read::Pairs(p) => Field::Read(p),
             other => other.mismatch(),
         }
     }
@@ -249,7 +250,7 @@ impl<'de> Read<'de> {
             Read::Null => Field::Null,
             Read::Wrong(kind) => Field::Wrong(kind),
             Read::Str(_) => Field::Wrong("a string"),
-            Read::Pairs(_) | Read::Object(_) => Field::Wrong("an object"),
+            Read::Object(_) => Field::Wrong("an object"),
             Read::Array(_) => Field::Wrong("an array"),
         }
     }
@@ -321,13 +322,6 @@ impl<'de> Visitor<'de> for Of {
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Read<'de>, A::Error> {
         match self.0 {
-            Kind::Pairs => {
-                let mut pairs = Pairs::new();
-                while let Some((KeyCow(k), v)) = map.next_entry::<KeyCow<'de>, Value>()? {
-                    pairs.push((k, v));
-                }
-                Ok(Read::Pairs(pairs))
-            }
             Kind::Object => {
                 let mut object = Map::new();
                 while let Some((k, v)) = map.next_entry::<String, Value>()? {
@@ -340,6 +334,72 @@ impl<'de> Visitor<'de> for Of {
                 Ok(Read::Wrong("an object"))
             }
         }
+    }
+}
+
+/// Reads `labels` or `labels_types` into the vector it holds, in the order written (emptied
+/// first: of a field written twice, the last counts).
+struct PairsInto<'a, 'de>(&'a mut Pairs<'de>);
+
+impl<'de> DeserializeSeed<'de> for PairsInto<'_, 'de> {
+    type Value = Field<()>;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Field<()>, D::Error> {
+        self.0.clear();
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> PairsInto<'_, 'de> {
+    /// What a value that is not an object was, named as for any object field.
+    fn not_an_object(read: Read<'de>) -> Field<()> {
+        match read.into_object() {
+            Field::Read(_) => Field::Wrong("an object"),
+            Field::Missing => Field::Missing,
+            Field::Null => Field::Null,
+            Field::Wrong(kind) => Field::Wrong(kind),
+        }
+    }
+}
+
+impl<'de> Visitor<'de> for PairsInto<'_, 'de> {
+    type Value = Field<()>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Field<()>, A::Error> {
+        while let Some((KeyCow(k), v)) = map.next_entry::<KeyCow<'de>, Value>()? {
+            self.0.push((k, v));
+        }
+        Ok(Field::Read(()))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Field<()>, A::Error> {
+        Of(Kind::Object).visit_seq(seq).map(Self::not_an_object)
+    }
+    fn visit_borrowed_str<E: de::Error>(self, s: &'de str) -> Result<Field<()>, E> {
+        Of(Kind::Object)
+            .visit_borrowed_str(s)
+            .map(Self::not_an_object)
+    }
+    fn visit_str<E: de::Error>(self, s: &str) -> Result<Field<()>, E> {
+        Of(Kind::Object).visit_str(s).map(Self::not_an_object)
+    }
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<Field<()>, E> {
+        Of(Kind::Object).visit_bool(v).map(Self::not_an_object)
+    }
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Field<()>, E> {
+        Of(Kind::Object).visit_i64(v).map(Self::not_an_object)
+    }
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Field<()>, E> {
+        Of(Kind::Object).visit_u64(v).map(Self::not_an_object)
+    }
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Field<()>, E> {
+        Of(Kind::Object).visit_f64(v).map(Self::not_an_object)
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<Field<()>, E> {
+        Ok(Field::Null)
     }
 }
 
