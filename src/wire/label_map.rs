@@ -29,21 +29,32 @@ impl fmt::Debug for LabelMap {
 }
 
 impl LabelMap {
-    /// Sorts `pairs` by name; of one name given more than once, the last value is kept (as a
+    /// Labels from `pairs`; of one name given more than once, the last value is kept (as a
     /// JSON object read twice over keeps its last).
+    #[cfg(test)]
     pub(super) fn from_pairs(pairs: impl IntoIterator<Item = (Name, LabelValue)>) -> Self {
-        let mut pairs: SmallVec<[_; INLINE]> = pairs.into_iter().collect();
+        let mut map = LabelMap::default();
+        map.fill(pairs);
+        map
+    }
+
+    /// Adds `pairs` to an empty map, in place (a map moved by value is a few hundred bytes:
+    /// built where it will live, it is not copied there). Of one name given more than once,
+    /// the last value is kept.
+    pub(super) fn fill(&mut self, pairs: impl IntoIterator<Item = (Name, LabelValue)>) {
+        debug_assert!(self.0.is_empty());
+        let map = &mut self.0;
+        map.extend(pairs);
         // Stable: equal names stay in the order given, and each later one hands its value to
         // the first before it is dropped.
-        pairs.sort_by(|a, b| a.0.cmp(&b.0));
-        pairs.dedup_by(|later, kept| {
+        map.sort_by(|a, b| a.0.cmp(&b.0));
+        map.dedup_by(|later, kept| {
             let same = later.0 == kept.0;
             if same {
                 std::mem::swap(&mut later.1, &mut kept.1);
             }
             same
         });
-        LabelMap(pairs)
     }
 
     fn find(&self, name: &str) -> Result<usize, usize> {

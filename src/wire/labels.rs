@@ -382,11 +382,16 @@ fn secs(v: f64, max: f64) -> Option<Duration> {
 }
 
 impl Labels {
-    fn of(map: LabelMap) -> Self {
-        if map.is_empty() {
+    /// Labels from `pairs` (see [`LabelMap::fill`]), built in their shared block.
+    fn of(pairs: impl IntoIterator<Item = (Name, LabelValue)>) -> Self {
+        let mut pairs = pairs.into_iter().peekable();
+        if pairs.peek().is_none() {
             return Labels::default();
         }
-        Labels(Arc::new(map))
+        let mut map = Arc::new(LabelMap::default());
+        // Not shared yet: filled where it is, not copied.
+        Arc::make_mut(&mut map).fill(pairs);
+        Labels(map)
     }
 
     /// No labels.
@@ -565,7 +570,7 @@ impl Labels {
             let code = code_of(name.as_ref());
             (name_of(name), LabelValue::from_typed(raw, code))
         });
-        Labels::of(LabelMap::from_pairs(labels))
+        Labels::of(labels)
     }
 
     /// Labels from plain JSON values, as a result carries them (the inverse of
@@ -611,9 +616,7 @@ fn type_code(v: &Value) -> Option<i64> {
 
 impl<K: Into<String>, V: Into<LabelValue>> FromIterator<(K, V)> for Labels {
     fn from_iter<I: IntoIterator<Item = (K, V)>>(iter: I) -> Self {
-        Labels::of(LabelMap::from_pairs(
-            iter.into_iter().map(|(k, v)| (name_of(k.into()), v.into())),
-        ))
+        Labels::of(iter.into_iter().map(|(k, v)| (name_of(k.into()), v.into())))
     }
 }
 

@@ -76,7 +76,8 @@ impl TaskMessage {
         Ok(TaskMessage {
             task_id,
             task_name,
-            labels: Labels::from_wire(labels, &types),
+            // Drained, not moved: the entries are read where they lie.
+            labels: Labels::from_wire(labels.drain(..), &types),
             args,
             kwargs,
         })
