@@ -638,4 +638,41 @@ mod tests {
             .to_string();
         assert!(err.contains("not a JSON"), "{err}");
     }
+
+    #[test]
+    fn labels_written_twice_read_as_the_last_and_more_than_fit_in_place_read_whole() {
+        let id = r#""task_id":"0123456789abcdef0123456789abcdef","task_name":"t""#;
+        let many = (0..20)
+            .map(|i| format!(r#""l{i}":"{i}""#))
+            .collect::<Vec<_>>()
+            .join(",");
+        for (labels, expect) in [
+            (r#""labels":{"a":"1"},"labels":null"#.to_owned(), Ok(0)),
+            (r#""labels":{"a":"1"},"labels":{"b":"2"}"#.to_owned(), Ok(1)),
+            (
+                r#""labels":{"a":"1"},"labels":"x""#.to_owned(),
+                Err("got a string"),
+            ),
+            (
+                r#""labels":[1],"labels":{"a":"1","a":"2"}"#.to_owned(),
+                Ok(1),
+            ),
+            (
+                r#""labels_types":{"a":2},"labels_types":[],"labels":{"a":"1"}"#.to_owned(),
+                Err("got an array"),
+            ),
+            (format!(r#""labels":{{{many}}}"#), Ok(20)),
+        ] {
+            let body = format!("{{{id},{labels}}}");
+            agree(body.as_bytes()).unwrap();
+            match (TaskMessage::from_json(body.as_bytes()), expect) {
+                (Ok(msg), Ok(n)) => assert_eq!(msg.labels.len(), n, "{body}"),
+                (Err(e), Err(got)) => assert!(e.to_string().contains(got), "{body}: {e}"),
+                (other, _) => panic!("{body}: {other:?}"),
+            }
+        }
+        let twice = format!(r#"{{{id},"labels":{{"a":"1","a":"2"}}}}"#);
+        let msg = TaskMessage::from_json(twice.as_bytes()).unwrap();
+        assert_eq!(msg.labels.get("a").and_then(|v| v.as_str()), Some("2"));
+    }
 }

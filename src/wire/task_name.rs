@@ -150,6 +150,12 @@ impl PartialEq<TaskName> for &str {
     }
 }
 
+impl PartialEq<TaskName> for String {
+    fn eq(&self, other: &TaskName) -> bool {
+        self.as_str() == other.as_str()
+    }
+}
+
 impl std::hash::Hash for TaskName {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
         self.as_str().hash(state)
@@ -221,6 +227,9 @@ mod tests {
         let json = serde_json::to_string(&names[2]).unwrap();
         assert_eq!(serde_json::from_str::<TaskName>(&json).unwrap(), names[2]);
         assert_eq!(String::from(names[1].clone()), "mail.send");
+        let text = String::from("mail.send");
+        assert!(text == names[0]);
+        assert_eq!(names[0], text);
         assert!(TaskName::default().is_empty());
     }
 }

@@ -16,8 +16,8 @@ use super::{dispatch, Inner, Shutdown};
 pub(super) async fn until_drain(inner: &Arc<Inner>, shutdown: &Shutdown, tracker: &TaskTracker) {
     let slots = Arc::new(Semaphore::new(inner.config.concurrency));
     let mut backoff = Duration::from_millis(100);
-    // One vector for every batch's slots, sized once: a receive then allocates none.
-    let mut permits = Vec::with_capacity(inner.config.concurrency);
+    // Kept from batch to batch: a receive allocates no vector of the worker's own.
+    let mut batch = dispatch::Batch::with_capacity(inner.config.concurrency);
     loop {
         let first = tokio::select! {
             biased;
@@ -27,23 +27,23 @@ pub(super) async fn until_drain(inner: &Arc<Inner>, shutdown: &Shutdown, tracker
         let Some(first) = first else {
             return;
         };
-        permits.push(first);
+        batch.permits.push(first);
         while let Ok(p) = Arc::clone(&slots).try_acquire_owned() {
-            permits.push(p);
+            batch.permits.push(p);
         }
         let received = tokio::select! {
             biased;
             _ = shutdown.draining() => return,
-            r = inner.broker.receive(permits.len(), inner.config.receive_wait) => r,
+            r = inner.broker.receive(batch.permits.len(), inner.config.receive_wait) => r,
         };
         match received {
             Ok(deliveries) => {
                 backoff = Duration::from_millis(100);
-                if deliveries.len() > permits.len() {
+                if deliveries.len() > batch.permits.len() {
                     // Handled anyway rather than held unheartbeated.
                     tracing::warn!("broker returned more deliveries than requested");
                 }
-                dispatch::dispatch(inner, tracker, deliveries, &mut permits);
+                dispatch::dispatch(inner, tracker, deliveries, &mut batch);
             }
             Err(e) => {
                 tracing::warn!(error = %e, retry_in = ?backoff, "receive failed");
@@ -55,6 +55,6 @@ pub(super) async fn until_drain(inner: &Arc<Inner>, shutdown: &Shutdown, tracker
             }
         }
         // Slots the broker had nothing for are free again.
-        permits.clear();
+        batch.permits.clear();
     }
 }
