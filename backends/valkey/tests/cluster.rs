@@ -253,12 +253,7 @@ async fn the_streams_broker_follows_a_cluster_failover() {
         &queue,
         // Replication is asynchronous: what the replica lacks at the kill is the server's
         // loss, not the broker's.
-        || {
-            assert_eq!(
-                common::redis_cli(master, &["WAIT", "1", "5000"]).trim(),
-                "1"
-            )
-        },
+        || common::replicated(master),
         || cluster.kill(master),
         || common::redis_cli(replica, &["role"]).starts_with("master"),
     )

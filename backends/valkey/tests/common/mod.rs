@@ -212,6 +212,19 @@ pub fn redis_cli(port: u16, args: &[&str]) -> String {
         .unwrap_or_default()
 }
 
+/// Waits until a replica of the server on `port` has every write made so far, asking for up
+/// to 30 s: a replica still making its first sync takes longer than one `WAIT` may block
+/// (redis-cli is stopped after 5 s).
+pub fn replicated(port: u16) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while redis_cli(port, &["WAIT", "1", "1000"]).trim() != "1" {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no replica of the server on port {port} caught up within 30 s"
+        );
+    }
+}
+
 /// A Valkey Cluster of the test's own: `masters` redis-servers on free ports, slots spread
 /// over them (each with `replicas` of its own when started so), removed (processes and files)
 /// when dropped.
