@@ -72,7 +72,8 @@ pub fn max_in_flight(events: &[Event], deaths: &HashMap<u32, u64>) -> usize {
             "start" => {
                 open.insert(key, e.at_ms);
             }
-            "done" => {
+            // A body its worker cut off (`cut`) ends there too.
+            "done" | "cut" => {
                 if let Some(start) = open.remove(&key) {
                     marks.push((start, 1));
                     marks.push((e.at_ms, -1));

@@ -55,9 +55,24 @@ pub const LIMITED_SLOTS: usize = 2;
 #[ferriq::task(name = "fault.limited", max_attempts = 3, concurrency = 2)]
 pub async fn limited(ctx: TaskContext, ms: u64) -> Result<u64, TaskError> {
     report("start", &ctx);
+    // A run its worker cuts off (its claim or delivery lost, a shutdown) ends too: its body
+    // is dropped, and says so, or the runs at once would count it running for ever.
+    let cut = ReportOnDrop(Some(ctx.clone()));
     tokio::time::sleep(Duration::from_millis(ms)).await;
+    std::mem::forget(cut);
     report("done", &ctx);
     Ok(ms)
+}
+
+/// Reports `cut` when dropped (a run's body cut off before its end).
+struct ReportOnDrop(Option<TaskContext>);
+
+impl Drop for ReportOnDrop {
+    fn drop(&mut self) {
+        if let Some(ctx) = self.0.take() {
+            report("cut", &ctx);
+        }
+    }
 }
 
 /// Always panics.

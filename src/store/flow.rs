@@ -344,7 +344,8 @@ pub trait FlowStore: Send + Sync + 'static {
     }
 
     /// Frees task `id`'s slot of `limiter`: its run ended after holding it for `held` (folded
-    /// into the limiter's average, which times the waiting tasks' returns).
+    /// into the limiter's average, which times the waiting tasks' returns; `held` zero — a
+    /// copy of a finished task that took the slot and did not run — is not).
     async fn release_slot(
         &self,
         limiter: &str,
@@ -372,8 +373,9 @@ pub trait FlowStore: Send + Sync + 'static {
     }
 
     /// [`ResultStore::complete`](super::ResultStore::complete), and the run's concurrency
-    /// `slot` freed (as [`release_slot`](Self::release_slot) would, whatever the write
-    /// answered), in one round trip. `None`, the default: this store does them apart.
+    /// `slot` freed (as [`release_slot`](Self::release_slot) would) unless the write answered
+    /// [`CompleteOutcome::Stale`]: the task's claim belongs to another run then, and the
+    /// task's slot with it. One round trip. `None`, the default: this store does them apart.
     async fn complete_freeing_slot(
         &self,
         id: &TaskId,
@@ -648,9 +650,17 @@ impl SlotState {
     }
 
     pub(crate) fn release(&mut self, id: &TaskId, ran: f64) {
-        if self.held.remove(id).is_some() {
-            self.average_run = Some(self.average_run.map_or(ran, |a| a * 0.8 + ran * 0.2));
+        if self.held.remove(id).is_none() {
+            return;
         }
+        // A slot freed by a copy that never ran (`ran` zero) says nothing of how long runs
+        // take; it still marks the limiter as used (see `renew`), at the default estimate.
+        self.average_run = Some(match self.average_run {
+            Some(a) if ran > 0.0 => a * 0.8 + ran * 0.2,
+            Some(a) => a,
+            None if ran > 0.0 => ran,
+            None => 1.0,
+        });
     }
 }
 

@@ -96,8 +96,10 @@ pub enum Gated {
     /// this long (as [`RateDecision::Wait`](super::RateDecision::Wait) and
     /// [`SlotDecision::Wait`](super::SlotDecision::Wait) say).
     Wait(Duration),
-    /// Within the limit (the start counted, or the slot held — give it back when the run
-    /// ends, whatever the claim said), then the claim's answer.
+    /// Within the limit (the start counted, or the task's slot held), then the claim's
+    /// answer. The store keeps a slot per task: with [`ClaimOutcome::Defer`] it is the slot
+    /// of the run holding the claim, and stays that run's; with `Done` or `Revoked` nothing
+    /// runs under it, and it is freed; otherwise it is this run's until it ends.
     Claimed(ClaimOutcome),
 }
 

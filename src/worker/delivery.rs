@@ -11,6 +11,7 @@ use tracing::field::Empty;
 use tracing::Instrument;
 
 use super::decode::{self, Decoded};
+use super::limits::SlotHolder;
 use super::running::Outcome;
 use super::{claim, due, limits, pending, route, settle, write, Inner};
 use crate::broker::Delivery;
@@ -128,11 +129,24 @@ async fn limited(
             return outcome;
         }
     }
-    let id = msg.task_id.clone();
-    let outcome = match limits::claim_with_slot(w, d, &msg, &limiter, limit).await {
-        Ok(claim) => claim::claim_and_run(w, d, msg, task, Some(claim)).await,
-        Err(outcome) => outcome,
+    let claimed = match limits::claim_with_slot(w, d, &msg, &limiter, limit).await {
+        Ok(claim) => claim,
+        Err(outcome) => return outcome,
     };
-    limits::give_slot_back(w, &limiter, &id).await;
-    outcome
+    let id = msg.task_id.clone();
+    match SlotHolder::of(&claimed) {
+        SlotHolder::This(token) => {
+            limits::note_held(w, &id, &limiter, token);
+            let outcome = claim::claim_and_run(w, d, msg, task, Some(claimed)).await;
+            limits::after_run(w, &id, token, outcome).await;
+            outcome
+        }
+        // Deferred: the slot is the running copy's.
+        SlotHolder::Other => claim::claim_and_run(w, d, msg, task, Some(claimed)).await,
+        SlotHolder::Nobody => {
+            let outcome = claim::claim_and_run(w, d, msg, task, Some(claimed)).await;
+            limits::free_unrun(w, &limiter, &id).await;
+            outcome
+        }
+    }
 }

@@ -329,9 +329,9 @@ async fn claim(w: &Inner, d: &Delivery, msg: &TaskMessage) -> Result<ClaimOutcom
 
 /// Takes a slot of `limiter` for the message's run and claims the task (`Err`: what became
 /// of the delivery — handed back until its turn among the waiting, or released). The slot
-/// and the claim go out together where the store can answer both at once. A slot taken is
-/// held whatever the claim said, renewed with the claims' heartbeats until it is freed: with
-/// the run's result ([`complete_freeing`]), or by [`give_slot_back`] once the delivery is settled.
+/// and the claim go out together where the store can answer both at once. The store keeps a
+/// slot per task, not per delivery: what the claim answered says whose it is
+/// ([`SlotHolder`]).
 pub(super) async fn claim_with_slot(
     w: &Inner,
     d: &Delivery,
@@ -356,10 +356,7 @@ pub(super) async fn claim_with_slot(
         Some(answer) => answer,
     };
     match decision {
-        Ok(Gated::Claimed(claim)) => {
-            note_held(w, msg, limiter);
-            Ok(claim)
-        }
+        Ok(Gated::Claimed(claim)) => Ok(claim),
         Ok(Gated::Wait(wait)) => Err(every_slot_taken(w, d, wait).await),
         Err(e) => Err(limiter_unreachable(w, d, &e).await),
     }
@@ -379,21 +376,59 @@ async fn take_slot(
         .acquire_slot(limiter, &msg.task_id, limit, w.config.lease)
         .await
     {
-        Ok(SlotDecision::Held) => {
-            note_held(w, msg, limiter);
-            Ok(())
-        }
+        Ok(SlotDecision::Held) => Ok(()),
         Ok(SlotDecision::Wait(wait)) => Err(every_slot_taken(w, d, wait).await),
         Err(e) => Err(limiter_unreachable(w, d, &e).await),
     }
 }
 
-/// The run holds a slot of `limiter`: renewed with the claims' heartbeats from now on.
-fn note_held(w: &Inner, msg: &TaskMessage, limiter: &Limiter) {
+/// Whose a task's slot is, once its claim answered. The store keeps one slot per task (a
+/// redelivery of a task whose run died takes that run's slot again), so a copy of a task
+/// received while another copy runs is told its slot is held — and must not free it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum SlotHolder {
+    /// This delivery's run, under its claim's token: renewed from now on, freed when the run
+    /// ends ([`after_run`]).
+    This(Token),
+    /// Another delivery's run holds the task's live claim, and its slot: left alone.
+    Other,
+    /// The task runs no more (finished, or revoked): the slot is freed now.
+    Nobody,
+}
+
+impl SlotHolder {
+    /// Whose the slot is, by what the claim answered.
+    pub(super) fn of(claim: &ClaimOutcome) -> SlotHolder {
+        match claim {
+            ClaimOutcome::Run { token, .. } | ClaimOutcome::Expired { token } => {
+                SlotHolder::This(*token)
+            }
+            ClaimOutcome::Defer { .. } => SlotHolder::Other,
+            _ => SlotHolder::Nobody,
+        }
+    }
+}
+
+/// A slot held by one of this worker's runs: its limiter, when the run took it, and the
+/// run's claim token (a copy of the task received meanwhile takes nothing from it).
+pub(crate) struct HeldByRun {
+    limiter: Limiter,
+    since: Instant,
+    token: Token,
+}
+
+/// The run under `token` holds a slot of `limiter`: renewed with the claims' heartbeats from
+/// now on.
+pub(super) fn note_held(w: &Inner, id: &TaskId, limiter: &Limiter, token: Token) {
+    let held = HeldByRun {
+        limiter: limiter.clone(),
+        since: Instant::now(),
+        token,
+    };
     w.slots
         .lock()
         .unwrap_or_else(|p| p.into_inner())
-        .insert(msg.task_id.clone(), (limiter.clone(), Instant::now()));
+        .insert(id.clone(), held);
 }
 
 async fn every_slot_taken(w: &Inner, d: &Delivery, wait: Duration) -> Outcome {
@@ -401,8 +436,8 @@ async fn every_slot_taken(w: &Inner, d: &Delivery, wait: Duration) -> Outcome {
     settle::release(w, d, wait, Outcome::ConcurrencyLimited).await
 }
 
-/// The slot this run holds, if any: its limiter and how long it has held it.
-pub(super) fn held_slot(w: &Inner, id: &TaskId) -> Option<(Limiter, Duration)> {
+/// The slot the run under `token` holds, if any: its limiter and how long it has held it.
+pub(super) fn held_slot(w: &Inner, id: &TaskId, token: Token) -> Option<(Limiter, Duration)> {
     let slots = w.slots.lock().unwrap_or_else(|p| p.into_inner());
     // Most workers hold no slot: the id is not hashed then.
     if slots.is_empty() {
@@ -410,12 +445,23 @@ pub(super) fn held_slot(w: &Inner, id: &TaskId) -> Option<(Limiter, Duration)> {
     }
     slots
         .get(id)
-        .map(|(limiter, at)| (limiter.clone(), at.elapsed()))
+        .filter(|held| held.token == token)
+        .map(|held| (held.limiter.clone(), held.since.elapsed()))
 }
 
-/// Writes the result of a run that holds a slot of `limiter`
-/// ([`crate::store::ResultStore::complete`]), and frees the slot in the same round trip where
-/// the store can: the run has ended, and the slot is not kept while the delivery is settled.
+/// Stops renewing the slot of the run under `token` (it is freed, or no longer its).
+fn forget(w: &Inner, id: &TaskId, token: Token) -> Option<HeldByRun> {
+    let mut slots = w.slots.lock().unwrap_or_else(|p| p.into_inner());
+    match slots.get(id) {
+        Some(held) if held.token == token => slots.remove(id),
+        _ => None,
+    }
+}
+
+/// Writes the result of the run under `token`, which holds a slot of `limiter`
+/// ([`crate::store::ResultStore::complete`]), and frees the slot before the message is
+/// settled — in the same round trip where the store can. A write fenced off (`Stale`)
+/// frees nothing: the task's claim, and its slot, belong to another run now.
 pub(super) async fn complete_freeing(
     w: &Inner,
     id: &TaskId,
@@ -428,33 +474,59 @@ pub(super) async fn complete_freeing(
         limiter: &limiter,
         held,
     };
-    let written = w
+    let written = match w
         .store
         .complete_freeing_slot(id, token, result, reply_to, slot)
-        .await;
-    match written {
-        Some(written) => {
-            if written.is_ok() {
-                w.slots.lock().unwrap_or_else(|p| p.into_inner()).remove(id);
+        .await
+    {
+        Some(written) => written,
+        None => {
+            // A store that does them apart: the slot is freed next, still before the message
+            // is settled (a retry released at once could otherwise take it back first).
+            let written = w.store.complete(id, token, result, reply_to).await;
+            if matches!(written, Ok(ref outcome) if frees_slot(*outcome)) {
+                free(w, &limiter, id, held).await;
             }
             written
         }
-        // A store that does them apart: the slot is freed once the delivery is settled.
-        None => w.store.complete(id, token, result, reply_to).await,
+    };
+    if written.is_ok() {
+        forget(w, id, token);
+    }
+    written
+}
+
+/// Whether a write that answered `outcome` ends its run's hold on the task's slot.
+fn frees_slot(outcome: CompleteOutcome) -> bool {
+    !matches!(outcome, CompleteOutcome::Stale)
+}
+
+/// The run under `token` (if it held a slot of `limiter`) ended as `outcome`, its slot not
+/// freed by a result's write. The slot is freed when the task is over for good; otherwise
+/// its message is back in its queue, or another run holds its claim: the slot is the task's,
+/// its next run takes it again, and it lapses within a lease if none comes (freed now, a
+/// redelivery that took it back already would run without one).
+pub(super) async fn after_run(w: &Inner, id: &TaskId, token: Token, outcome: Outcome) {
+    let Some(held) = forget(w, id, token) else {
+        return;
+    };
+    if outcome.removed() {
+        free(w, &held.limiter, id, held.since.elapsed()).await;
     }
 }
 
-/// Frees the run's slot (it is settled), if it took one. A slot that cannot be freed now runs
+/// Frees task `id`'s slot of `limiter`, held for `held`. A slot that cannot be freed now runs
 /// out with its lease, no longer renewed (as does one a store took but could not say so).
-pub(super) async fn give_slot_back(w: &Inner, limiter: &str, id: &TaskId) {
-    let taken = w.slots.lock().unwrap_or_else(|p| p.into_inner()).remove(id);
-    let Some((_, at)) = taken else {
-        return;
-    };
-    let held = at.elapsed();
+async fn free(w: &Inner, limiter: &str, id: &TaskId, held: Duration) {
     if let Err(e) = w.store.release_slot(limiter, id, held).await {
         tracing::warn!(error = %e, "could not free a concurrency slot; it frees itself within a lease");
     }
+}
+
+/// Frees the slot a copy of a finished or revoked task took without running: held for no
+/// time, which the store does not count as a run's length.
+pub(super) async fn free_unrun(w: &Inner, limiter: &str, id: &TaskId) {
+    free(w, limiter, id, Duration::ZERO).await;
 }
 
 /// The slots held by this worker's runs, to renew with their claims.
@@ -463,6 +535,6 @@ pub(super) fn held_slots(w: &Inner) -> Vec<(String, TaskId)> {
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .iter()
-        .map(|(id, (limiter, _))| (limiter.to_string(), id.clone()))
+        .map(|(id, held)| (held.limiter.to_string(), id.clone()))
         .collect()
 }

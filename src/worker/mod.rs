@@ -89,8 +89,8 @@ pub(crate) struct Inner {
     probe_listener: Mutex<Option<std::net::TcpListener>>,
     /// Deliveries waiting for the run of their message group ahead of them.
     ordered: ordered::OrderedGroups,
-    /// Concurrency slots held by this worker's runs: task → limiter, and when it was taken.
-    slots: Mutex<crate::FastMap<crate::wire::TaskId, (crate::task::Limiter, tokio::time::Instant)>>,
+    /// Concurrency slots held by this worker's runs, by task.
+    slots: Mutex<crate::FastMap<crate::wire::TaskId, limits::HeldByRun>>,
     /// Limits set at run time, and the limiters used since they were last noted.
     limits: limits::LiveLimits,
     /// The connections the builder made itself: closed when `run_until_signal` ends.

@@ -56,7 +56,7 @@ pub(super) async fn finish_returning(
     // its wait returns sends a new task. (If the write is then fenced off or fails, the task
     // runs on with its key free: a second enqueue meanwhile sends a second task.)
     release_dedup(w, msg).await;
-    let written = match limits::held_slot(w, &msg.task_id) {
+    let written = match limits::held_slot(w, &msg.task_id, token) {
         None => {
             w.store
                 .complete(&msg.task_id, token, result.as_ref(), reply_to)

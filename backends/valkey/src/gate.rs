@@ -56,8 +56,9 @@ static ACQUIRE_CLAIM: LazyLock<Script> =
 /// ARGV (after the result's and the claim's time to live ms): token, store, result JSON,
 /// channel, task id (as `COMPLETE` takes them), then how long the run held its slot µs and
 /// note (as `RELEASE`'s).
-/// Returns per call the completion's answer; the slot is freed whatever it says (the run
-/// ended), as the worker would free it apart.
+/// Returns per call the completion's answer; the slot is freed unless the write failed or
+/// was fenced off (`stale`: the task's claim, and its slot, are another run's now), as the
+/// worker would free it apart.
 const COMPLETE_FREEING_LOOP: &str = r#"
 local out = {}
 for i = 0, #KEYS / 4 - 1 do
@@ -65,7 +66,9 @@ for i = 0, #KEYS / 4 - 1 do
   local ok, res = pcall(complete, KEYS[k + 1], KEYS[k + 2], ARGV[a], ARGV[a + 1], ARGV[a + 2],
     ARGV[a + 3], ARGV[a + 4], ARGV[1], ARGV[2])
   if ok then out[i + 1] = res else out[i + 1] = 'err ' .. tostring(res) end
-  pcall(free_slot, KEYS[k + 3], KEYS[k + 4], ARGV[a + 4], tonumber(ARGV[a + 5]), ARGV[a + 6])
+  if ok and res ~= 'stale' then
+    pcall(free_slot, KEYS[k + 3], KEYS[k + 4], ARGV[a + 4], tonumber(ARGV[a + 5]), ARGV[a + 6])
+  end
 end
 "#;
 

@@ -70,11 +70,15 @@ pub(crate) const RELEASE_STEPS: &str = r#"
 local function free_slot(held, stats, id, ran, note)
   local sampled = note == '1' or (string.byte(id, -1) or 0) % 4 == 0
   if redis.call('ZREM', held, id) == 1 and sampled then
+    -- A slot freed by a copy that never ran (ran 0) says nothing of how long runs take; it
+    -- still marks the limiter as used, at the default estimate.
     local avg = redis.call('HGET', stats, 'avg')
     if avg then
-      redis.call('HSET', stats, 'avg', string.format('%d', tonumber(avg) * 0.8 + ran * 0.2))
+      if ran > 0 then
+        redis.call('HSET', stats, 'avg', string.format('%d', tonumber(avg) * 0.8 + ran * 0.2))
+      end
     else
-      redis.call('HSET', stats, 'avg', string.format('%d', ran))
+      redis.call('HSET', stats, 'avg', string.format('%d', ran > 0 and ran or 1000000))
       -- A limiter used once is forgotten like any other (an hour past its last use).
       redis.call('PEXPIRE', stats, 3600000)
     end

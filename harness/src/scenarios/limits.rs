@@ -16,11 +16,14 @@ use crate::tasks::{limited, LIMITED_SLOTS};
 use crate::world::{now_ms, Backend, Settings, World};
 
 /// Runs of `fault.limited` going on over time: `(at_ms, running after it)`, a run ending at
-/// its `done`, or at its process's death.
+/// its `done`, when its worker cut it off (`cut`), or at its process's death.
 fn running_over_time(events: &[Event], deaths: &HashMap<u32, u64>) -> Vec<(u64, usize)> {
     let mut changes: Vec<(u64, i32)> = Vec::new();
     let mut done: HashMap<(&str, u32, u32), u64> = HashMap::new();
-    for e in events.iter().filter(|e| e.kind == "done") {
+    for e in events
+        .iter()
+        .filter(|e| e.kind == "done" || e.kind == "cut")
+    {
         done.insert((&e.task_id, e.attempt, e.pid), e.at_ms);
     }
     for e in events.iter().filter(|e| e.kind == "start") {

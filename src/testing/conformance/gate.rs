@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use crate::store::{
     ClaimAsk, ClaimOutcome, CompleteOutcome, Gated, HeldSlot, LimitGate, Rate, ResultStatus,
-    SlotDecision, Store,
+    SlotDecision, Store, Token,
 };
 use crate::wire::{Labels, TaskId, TaskResult};
 
@@ -117,6 +117,26 @@ pub(super) async fn a_claim_past_a_limit_is_the_limit_then_the_claim(store: Arc<
         limiter: &name,
         held: Duration::from_millis(100),
     };
+    // A write fenced off frees nothing: the task's slot is its claim holder's.
+    let stale = Token(token.0.wrapping_add(1));
+    if let Some(written) = store
+        .complete_freeing_slot(&third, stale, Some(&result), None, slot)
+        .await
+    {
+        assert_eq!(
+            written.expect("complete_freeing_slot"),
+            CompleteOutcome::Stale,
+            "conformance {check}: a write under a token not current is fenced off"
+        );
+        assert!(
+            matches!(
+                store.acquire_slot(&name, &TaskId::random(), 1, LEASE).await,
+                Ok(SlotDecision::Wait(_))
+            ),
+            "conformance {check}: a write fenced off must not free the slot of the run \
+             holding the claim"
+        );
+    }
     let Some(written) = store
         .complete_freeing_slot(&third, token, Some(&result), None, slot)
         .await

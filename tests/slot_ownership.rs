@@ -1,0 +1,94 @@
+//! A concurrency slot is the task's, held by the run that holds its claim: a copy of the task
+//! received while it runs (a broker's duplicate, a redelivery, the same id published twice)
+//! is deferred and frees nothing; a copy of a finished task frees the slot it took. Memory
+//! backends, paused time.
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{eventually, Harness};
+use ferriq::broker::{Broker, OutgoingMessage};
+use ferriq::store::{FlowStore, SlotDecision};
+use ferriq::worker::Outcome;
+use ferriq::State;
+
+const LONG: Duration = Duration::from_secs(600);
+
+/// Runs going on now, and the most at once.
+#[derive(Default)]
+struct Running {
+    now: AtomicUsize,
+    most: AtomicUsize,
+}
+
+#[ferriq::task(name = "slots.one_at_a_time", concurrency = 1)]
+async fn one_at_a_time(running: State<Arc<Running>>, n: u32) -> u32 {
+    let now = running.now.fetch_add(1, Ordering::SeqCst) + 1;
+    running.most.fetch_max(now, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    running.now.fetch_sub(1, Ordering::SeqCst);
+    n
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_copy_of_a_running_task_leaves_it_its_slot() {
+    let h = Harness::new();
+    let running = Arc::new(Running::default());
+    let w = h.start(h.worker(&[one_at_a_time::NAME]).state(Arc::clone(&running)));
+    let msg = one_at_a_time::call(1).into_message().unwrap();
+    let copy = OutgoingMessage::from_message(&msg).unwrap();
+    h.broker.publish(vec![copy.clone()]).await.unwrap();
+    eventually("the first copy runs", LONG, || {
+        running.now.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    // The same task again while it runs: told its slot is held (the task's), then deferred
+    // by the claim.
+    h.broker.publish(vec![copy]).await.unwrap();
+    eventually("the second copy deferred", LONG, || {
+        w.worker.stats().count(Outcome::Deferred) == 1
+    })
+    .await;
+    // Another task waits for the slot the running copy still holds.
+    let other = one_at_a_time::kiq(&h.client, 2).await.unwrap();
+    assert_eq!(other.wait(LONG).await.unwrap(), 2);
+    assert_eq!(
+        running.most.load(Ordering::SeqCst),
+        1,
+        "a deferred copy freed the running copy's slot"
+    );
+    w.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_copy_of_a_finished_task_frees_the_slot_it_took() {
+    let h = Harness::new();
+    let running = Arc::new(Running::default());
+    let w = h.start(h.worker(&[one_at_a_time::NAME]).state(Arc::clone(&running)));
+    let msg = one_at_a_time::call(1).into_message().unwrap();
+    let copy = OutgoingMessage::from_message(&msg).unwrap();
+    h.broker.publish(vec![copy.clone()]).await.unwrap();
+    eventually("the first copy done", LONG, || {
+        w.worker.stats().count(Outcome::Succeeded) == 1
+    })
+    .await;
+    h.broker.publish(vec![copy]).await.unwrap();
+    eventually("the late copy acked", LONG, || {
+        w.worker.stats().count(Outcome::Duplicate) == 1
+    })
+    .await;
+    // Its one slot is free again at once, not after a lease.
+    let limiter = one_at_a_time::NAME;
+    let next = ferriq::wire::TaskId::random();
+    assert_eq!(
+        h.memory()
+            .acquire_slot(limiter, &next, 1, Duration::from_secs(30))
+            .await
+            .unwrap(),
+        SlotDecision::Held
+    );
+    w.stop().await;
+}
