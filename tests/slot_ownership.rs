@@ -1,7 +1,7 @@
 //! A concurrency slot is the task's, held by the run that holds its claim: a copy of the task
 //! received while it runs (a broker's duplicate, a redelivery, the same id published twice)
-//! is deferred and frees nothing; a copy of a finished task frees the slot it took. Memory
-//! backends, paused time.
+//! is deferred and frees nothing; a copy of a finished task frees the slot it took; a failed
+//! attempt frees its slot before its retry's backoff. Memory backends, paused time.
 
 mod common;
 
@@ -13,7 +13,7 @@ use common::{eventually, Harness};
 use ferriq::broker::{Broker, OutgoingMessage};
 use ferriq::store::{FlowStore, SlotDecision};
 use ferriq::worker::Outcome;
-use ferriq::State;
+use ferriq::{State, TaskContext, TaskError};
 
 const LONG: Duration = Duration::from_secs(600);
 
@@ -90,5 +90,36 @@ async fn a_copy_of_a_finished_task_frees_the_slot_it_took() {
             .unwrap(),
         SlotDecision::Held
     );
+    w.stop().await;
+}
+
+#[ferriq::task(name = "slots.fails_first", concurrency = 1)]
+async fn fails_first(ctx: TaskContext, n: u32) -> Result<u32, TaskError> {
+    if ctx.attempt() == 1 && n == 1 {
+        return Err(TaskError::retryable("not yet").retry_after(Duration::from_secs(60)));
+    }
+    Ok(n)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_attempt_frees_its_slot_through_its_backoff() {
+    let h = Harness::new();
+    let w = h.start(h.worker(&[fails_first::NAME]));
+    let first = fails_first::kiq(&h.client, 1).await.unwrap();
+    eventually("the first attempt failed", LONG, || {
+        w.worker.stats().count(Outcome::Retried) == 1
+    })
+    .await;
+    // Its retry comes back in a minute; meanwhile another task takes the one slot at once,
+    // not after the failed attempt's lease.
+    let sent = tokio::time::Instant::now();
+    let other = fails_first::kiq(&h.client, 2).await.unwrap();
+    assert_eq!(other.wait(LONG).await.unwrap(), 2);
+    assert!(
+        sent.elapsed() < Duration::from_secs(3),
+        "waited {:?} for a slot nothing ran in",
+        sent.elapsed()
+    );
+    assert_eq!(first.wait(LONG).await.unwrap(), 1);
     w.stop().await;
 }

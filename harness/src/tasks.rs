@@ -57,9 +57,9 @@ pub async fn limited(ctx: TaskContext, ms: u64) -> Result<u64, TaskError> {
     report("start", &ctx);
     // A run its worker cuts off (its claim or delivery lost, a shutdown) ends too: its body
     // is dropped, and says so, or the runs at once would count it running for ever.
-    let cut = ReportOnDrop(Some(ctx.clone()));
+    let mut cut = ReportOnDrop(Some(ctx.clone()));
     tokio::time::sleep(Duration::from_millis(ms)).await;
-    std::mem::forget(cut);
+    cut.0 = None;
     report("done", &ctx);
     Ok(ms)
 }

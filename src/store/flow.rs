@@ -374,8 +374,10 @@ pub trait FlowStore: Send + Sync + 'static {
 
     /// [`ResultStore::complete`](super::ResultStore::complete), and the run's concurrency
     /// `slot` freed (as [`release_slot`](Self::release_slot) would) unless the write answered
-    /// [`CompleteOutcome::Stale`]: the task's claim belongs to another run then, and the
-    /// task's slot with it. One round trip. `None`, the default: this store does them apart.
+    /// [`CompleteOutcome::Stale`] — the task's claim belongs to another run then, and the
+    /// task's slot with it — or failed (the worker keeps the result for the redelivery, which
+    /// takes the slot again). One round trip. `None`, the default: this store does them
+    /// apart.
     async fn complete_freeing_slot(
         &self,
         id: &TaskId,

@@ -105,8 +105,9 @@ async fn stages(w: &Inner, d: &Delivery, served: &mut Option<&'static str>) -> O
 }
 
 /// A task under a rate limit, a concurrency limit or both: its turn, its slot, then its run.
-/// A slot taken is freed with the result's write, or else once the delivery is settled,
-/// whatever the outcome.
+/// The slot is the task's and belongs to the run holding its claim (see `SlotHolder`): freed
+/// with the result's write or the failed attempt's record, or once the delivery is settled
+/// when the task is over for good.
 async fn limited(
     w: &Inner,
     d: &Delivery,
@@ -137,6 +138,7 @@ async fn limited(
     match SlotHolder::of(&claimed) {
         SlotHolder::This(token) => {
             limits::note_held(w, &id, &limiter, token);
+            let _unrenewed_if_cut = limits::ForgetOnDrop::new(w, &id, token);
             let outcome = claim::claim_and_run(w, d, msg, task, Some(claimed)).await;
             limits::after_run(w, &id, token, outcome).await;
             outcome

@@ -461,7 +461,8 @@ fn forget(w: &Inner, id: &TaskId, token: Token) -> Option<HeldByRun> {
 /// Writes the result of the run under `token`, which holds a slot of `limiter`
 /// ([`crate::store::ResultStore::complete`]), and frees the slot before the message is
 /// settled — in the same round trip where the store can. A write fenced off (`Stale`)
-/// frees nothing: the task's claim, and its slot, belong to another run now.
+/// frees nothing: the task's claim, and its slot, belong to another run now; nor does one
+/// that failed (the result is kept for the redelivery, which takes the slot again).
 pub(super) async fn complete_freeing(
     w: &Inner,
     id: &TaskId,
@@ -501,17 +502,53 @@ fn frees_slot(outcome: CompleteOutcome) -> bool {
     !matches!(outcome, CompleteOutcome::Stale)
 }
 
-/// The run under `token` (if it held a slot of `limiter`) ended as `outcome`, its slot not
-/// freed by a result's write. The slot is freed when the task is over for good; otherwise
-/// its message is back in its queue, or another run holds its claim: the slot is the task's,
-/// its next run takes it again, and it lapses within a lease if none comes (freed now, a
-/// redelivery that took it back already would run without one).
+/// The run under `token` (if it held a slot) ended as `outcome`, its slot not freed by a
+/// result's write or a failed attempt's record. The slot is freed when the task is over for
+/// good; otherwise its message is back in its queue, or another run holds its claim: the
+/// slot is the task's, its next run takes it again, and it lapses within a lease if none
+/// comes (freed now, a redelivery that took it back already would run without one).
 pub(super) async fn after_run(w: &Inner, id: &TaskId, token: Token, outcome: Outcome) {
-    let Some(held) = forget(w, id, token) else {
-        return;
-    };
     if outcome.removed() {
+        free_held(w, id, token).await;
+    } else {
+        forget(w, id, token);
+    }
+}
+
+/// The failed attempt under `token` is recorded and its claim given back: its slot (if it
+/// held one) goes back too, before its message does, so the retry waits for its turn like
+/// any other task instead of keeping a slot through its backoff.
+pub(super) async fn free_after_attempt(w: &Inner, id: &TaskId, token: Token) {
+    free_held(w, id, token).await;
+}
+
+/// Frees the slot the run under `token` holds, if any.
+async fn free_held(w: &Inner, id: &TaskId, token: Token) {
+    if let Some(held) = forget(w, id, token) {
         free(w, &held.limiter, id, held.since.elapsed()).await;
+    }
+}
+
+/// Stops renewing the slot of the run under `token` if the run ends without saying so (a
+/// panic in the worker's own code, the delivery's future dropped): the slot then lapses
+/// within a lease instead of being renewed for as long as the worker lives.
+pub(super) struct ForgetOnDrop<'a> {
+    w: &'a Inner,
+    id: &'a TaskId,
+    token: Token,
+}
+
+impl<'a> ForgetOnDrop<'a> {
+    /// Guards the slot the run under `token` holds.
+    pub(super) fn new(w: &'a Inner, id: &'a TaskId, token: Token) -> Self {
+        ForgetOnDrop { w, id, token }
+    }
+}
+
+impl Drop for ForgetOnDrop<'_> {
+    fn drop(&mut self) {
+        // After a normal end the entry is gone already (or is another run's): a no-op.
+        forget(self.w, self.id, self.token);
     }
 }
 

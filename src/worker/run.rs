@@ -13,7 +13,7 @@ use tracing::Instrument;
 use super::running::{Outcome, Running, StopReason};
 use super::settle::{self, Settle};
 use super::Inner;
-use super::{claim, workflow, write};
+use super::{claim, limits, workflow, write};
 use crate::broker::{DeadLetter, DeadLetterReason, Delivery};
 use crate::middleware::{AfterError, Run};
 use crate::store::{FailureRecord, Token};
@@ -221,6 +221,7 @@ pub(super) async fn run(
             .await;
         return match w.store.record_failure(&msg.task_id, token).await {
             Ok(FailureRecord::Recorded { .. }) => {
+                limits::free_after_attempt(w, &msg.task_id, token).await;
                 settle::release(w, d, delay, Outcome::Retried).await
             }
             Ok(_) => settle::release(w, d, w.config.min_defer, Outcome::ClaimLost).await,

@@ -16,23 +16,31 @@ use crate::tasks::{limited, LIMITED_SLOTS};
 use crate::world::{now_ms, Backend, Settings, World};
 
 /// Runs of `fault.limited` going on over time: `(at_ms, running after it)`, a run ending at
-/// its `done`, when its worker cut it off (`cut`), or at its process's death.
+/// its `done`, when its worker cut it off (`cut`), or at its process's death. A process's
+/// events are in the order it wrote them: each end closes the earliest open start of its
+/// task and attempt there (a cut run received again by the same process starts again).
 fn running_over_time(events: &[Event], deaths: &HashMap<u32, u64>) -> Vec<(u64, usize)> {
     let mut changes: Vec<(u64, i32)> = Vec::new();
-    let mut done: HashMap<(&str, u32, u32), u64> = HashMap::new();
-    for e in events
-        .iter()
-        .filter(|e| e.kind == "done" || e.kind == "cut")
-    {
-        done.insert((&e.task_id, e.attempt, e.pid), e.at_ms);
+    let mut open: HashMap<(&str, u32, u32), std::collections::VecDeque<u64>> = HashMap::new();
+    for e in events {
+        let key = (e.task_id.as_str(), e.attempt, e.pid);
+        match e.kind.as_str() {
+            "start" => open.entry(key).or_default().push_back(e.at_ms),
+            "done" | "cut" => {
+                if let Some(start) = open.get_mut(&key).and_then(|s| s.pop_front()) {
+                    changes.push((start, 1));
+                    changes.push((e.at_ms, -1));
+                }
+            }
+            _ => {}
+        }
     }
-    for e in events.iter().filter(|e| e.kind == "start") {
-        changes.push((e.at_ms, 1));
-        let end = done
-            .get(&(e.task_id.as_str(), e.attempt, e.pid))
-            .or_else(|| deaths.get(&e.pid));
-        if let Some(end) = end {
-            changes.push((*end, -1));
+    for ((_, _, pid), starts) in open {
+        for start in starts {
+            changes.push((start, 1));
+            if let Some(death) = deaths.get(&pid) {
+                changes.push((*death, -1));
+            }
         }
     }
     // An end and a start in the same millisecond: the end first.
