@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/services.sh
 
-step() { printf '\n==> %s\n' "$*"; }
+step() { printf '\n==> %s (%s UTC)\n' "$*" "$(date -u +%H:%M:%S)"; }
 
 step "services"
 ensure_redis
