@@ -12,6 +12,7 @@ use std::time::Duration;
 use common::{eventually, Harness};
 use ferriq::broker::{Broker, OutgoingMessage};
 use ferriq::store::{FlowStore, SlotDecision};
+use ferriq::testing::RunningWorker;
 use ferriq::worker::Outcome;
 use ferriq::{State, TaskContext, TaskError};
 
@@ -33,14 +34,21 @@ async fn one_at_a_time(running: State<Arc<Running>>, n: u32) -> u32 {
     n
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_copy_of_a_running_task_leaves_it_its_slot() {
-    let h = Harness::new();
+/// A worker serving `one_at_a_time`, what its runs count, and a task of it already published
+/// once (publish the copy again for a second copy of the same task).
+async fn published_once(h: &Harness) -> (RunningWorker, Arc<Running>, OutgoingMessage) {
     let running = Arc::new(Running::default());
     let w = h.start(h.worker(&[one_at_a_time::NAME]).state(Arc::clone(&running)));
     let msg = one_at_a_time::call(1).into_message().unwrap();
     let copy = OutgoingMessage::from_message(&msg).unwrap();
     h.broker.publish(vec![copy.clone()]).await.unwrap();
+    (w, running, copy)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_copy_of_a_running_task_leaves_it_its_slot() {
+    let h = Harness::new();
+    let (w, running, copy) = published_once(&h).await;
     eventually("the first copy runs", LONG, || {
         running.now.load(Ordering::SeqCst) == 1
     })
@@ -66,11 +74,7 @@ async fn a_copy_of_a_running_task_leaves_it_its_slot() {
 #[tokio::test(start_paused = true)]
 async fn a_copy_of_a_finished_task_frees_the_slot_it_took() {
     let h = Harness::new();
-    let running = Arc::new(Running::default());
-    let w = h.start(h.worker(&[one_at_a_time::NAME]).state(Arc::clone(&running)));
-    let msg = one_at_a_time::call(1).into_message().unwrap();
-    let copy = OutgoingMessage::from_message(&msg).unwrap();
-    h.broker.publish(vec![copy.clone()]).await.unwrap();
+    let (w, _running, copy) = published_once(&h).await;
     eventually("the first copy done", LONG, || {
         w.worker.stats().count(Outcome::Succeeded) == 1
     })

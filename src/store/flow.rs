@@ -661,17 +661,22 @@ impl SlotState {
             Some(a) if ran > 0.0 => a * 0.8 + ran * 0.2,
             Some(a) => a,
             None if ran > 0.0 => ran,
-            None => 1.0,
+            None => DEFAULT_RUN_S,
         });
     }
 }
+
+/// How long a run holds a slot before a limiter has timed one (seconds): the Valkey store's
+/// scripts assume the same (`1000000` µs).
+#[cfg(feature = "memory")]
+const DEFAULT_RUN_S: f64 = 1.0;
 
 /// How long a task with `ahead` due waiters before it waits for a slot: its turn comes after
 /// `ahead / limit` rounds of the average run, and at least a second (every hand-back costs a
 /// receive).
 #[cfg(feature = "memory")]
 fn slot_wait(ahead: usize, limit: u32, average_run: Option<f64>) -> f64 {
-    let run = average_run.unwrap_or(1.0).clamp(0.05, 600.0);
+    let run = average_run.unwrap_or(DEFAULT_RUN_S).clamp(0.05, 600.0);
     let rounds = (ahead / limit.max(1) as usize + 1) as f64;
     (rounds * run).clamp(1.0, 600.0)
 }

@@ -137,10 +137,9 @@ async fn limited(
     let id = msg.task_id.clone();
     match SlotHolder::of(&claimed) {
         SlotHolder::This(token) => {
-            limits::note_held(w, &id, &limiter, token);
-            let _unrenewed_if_cut = limits::ForgetOnDrop::new(w, &id, token);
+            let slot = limits::RunSlot::hold(w, &id, &limiter, token);
             let outcome = claim::claim_and_run(w, d, msg, task, Some(claimed)).await;
-            limits::after_run(w, &id, token, outcome).await;
+            slot.after_run(outcome).await;
             outcome
         }
         // Deferred: the slot is the running copy's.

@@ -388,7 +388,7 @@ async fn take_slot(
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum SlotHolder {
     /// This delivery's run, under its claim's token: renewed from now on, freed when the run
-    /// ends ([`after_run`]).
+    /// ends ([`RunSlot::after_run`]).
     This(Token),
     /// Another delivery's run holds the task's live claim, and its slot: left alone.
     Other,
@@ -417,18 +417,60 @@ pub(crate) struct HeldByRun {
     token: Token,
 }
 
-/// The run under `token` holds a slot of `limiter`: renewed with the claims' heartbeats from
-/// now on.
-pub(super) fn note_held(w: &Inner, id: &TaskId, limiter: &Limiter, token: Token) {
-    let held = HeldByRun {
-        limiter: limiter.clone(),
-        since: Instant::now(),
-        token,
-    };
-    w.slots
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .insert(id.clone(), held);
+/// The slot a run of this worker holds, from its claim to its end: renewed with the claims'
+/// heartbeats meanwhile, then freed or left to the task's next run ([`RunSlot::after_run`]).
+/// If the run ends without saying so (a panic in the worker's own code, the delivery's future
+/// dropped), the slot is no longer renewed: it lapses within a lease instead of being renewed
+/// for as long as the worker lives.
+pub(super) struct RunSlot<'a> {
+    w: &'a Inner,
+    id: &'a TaskId,
+    token: Token,
+    ended: bool,
+}
+
+impl<'a> RunSlot<'a> {
+    /// The run under `token` holds task `id`'s slot of `limiter`.
+    pub(super) fn hold(w: &'a Inner, id: &'a TaskId, limiter: &Limiter, token: Token) -> Self {
+        let held = HeldByRun {
+            limiter: limiter.clone(),
+            since: Instant::now(),
+            token,
+        };
+        w.slots
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id.clone(), held);
+        RunSlot {
+            w,
+            id,
+            token,
+            ended: false,
+        }
+    }
+
+    /// The run ended as `outcome`, its slot not freed by a result's write or a failed
+    /// attempt's record. The slot is freed when the task is over for good; otherwise its
+    /// message is back in its queue, or another run holds its claim: the slot is the task's,
+    /// its next run takes it again, and it lapses within a lease if none comes (freed now, a
+    /// redelivery that took it back already would run without one).
+    pub(super) async fn after_run(mut self, outcome: Outcome) {
+        // Both ways forget the entry before their first await.
+        self.ended = true;
+        if outcome.removed() {
+            free_held(self.w, self.id, self.token).await;
+        } else {
+            forget(self.w, self.id, self.token);
+        }
+    }
+}
+
+impl Drop for RunSlot<'_> {
+    fn drop(&mut self) {
+        if !self.ended {
+            forget(self.w, self.id, self.token);
+        }
+    }
 }
 
 async fn every_slot_taken(w: &Inner, d: &Delivery, wait: Duration) -> Outcome {
@@ -502,53 +544,12 @@ fn frees_slot(outcome: CompleteOutcome) -> bool {
     !matches!(outcome, CompleteOutcome::Stale)
 }
 
-/// The run under `token` (if it held a slot) ended as `outcome`, its slot not freed by a
-/// result's write or a failed attempt's record. The slot is freed when the task is over for
-/// good; otherwise its message is back in its queue, or another run holds its claim: the
-/// slot is the task's, its next run takes it again, and it lapses within a lease if none
-/// comes (freed now, a redelivery that took it back already would run without one).
-pub(super) async fn after_run(w: &Inner, id: &TaskId, token: Token, outcome: Outcome) {
-    if outcome.removed() {
-        free_held(w, id, token).await;
-    } else {
-        forget(w, id, token);
-    }
-}
-
-/// The failed attempt under `token` is recorded and its claim given back: its slot (if it
-/// held one) goes back too, before its message does, so the retry waits for its turn like
-/// any other task instead of keeping a slot through its backoff.
-pub(super) async fn free_after_attempt(w: &Inner, id: &TaskId, token: Token) {
-    free_held(w, id, token).await;
-}
-
-/// Frees the slot the run under `token` holds, if any.
-async fn free_held(w: &Inner, id: &TaskId, token: Token) {
+/// Frees the slot the run under `token` holds, if any: a failed attempt's, once its
+/// failure is recorded and its claim given back, before its message goes back too (its retry
+/// then waits for its turn like any other task instead of keeping a slot through its backoff).
+pub(super) async fn free_held(w: &Inner, id: &TaskId, token: Token) {
     if let Some(held) = forget(w, id, token) {
         free(w, &held.limiter, id, held.since.elapsed()).await;
-    }
-}
-
-/// Stops renewing the slot of the run under `token` if the run ends without saying so (a
-/// panic in the worker's own code, the delivery's future dropped): the slot then lapses
-/// within a lease instead of being renewed for as long as the worker lives.
-pub(super) struct ForgetOnDrop<'a> {
-    w: &'a Inner,
-    id: &'a TaskId,
-    token: Token,
-}
-
-impl<'a> ForgetOnDrop<'a> {
-    /// Guards the slot the run under `token` holds.
-    pub(super) fn new(w: &'a Inner, id: &'a TaskId, token: Token) -> Self {
-        ForgetOnDrop { w, id, token }
-    }
-}
-
-impl Drop for ForgetOnDrop<'_> {
-    fn drop(&mut self) {
-        // After a normal end the entry is gone already (or is another run's): a no-op.
-        forget(self.w, self.id, self.token);
     }
 }
 

@@ -221,7 +221,7 @@ pub(super) async fn run(
             .await;
         return match w.store.record_failure(&msg.task_id, token).await {
             Ok(FailureRecord::Recorded { .. }) => {
-                limits::free_after_attempt(w, &msg.task_id, token).await;
+                limits::free_held(w, &msg.task_id, token).await;
                 settle::release(w, d, delay, Outcome::Retried).await
             }
             Ok(_) => settle::release(w, d, w.config.min_defer, Outcome::ClaimLost).await,
