@@ -67,10 +67,12 @@ async fn a_worker_adds_its_results_and_run_times_per_task_and_minute() {
     let (history, env) = run(|b| b).await;
     let ok = total(&history, ok::NAME);
     assert_eq!((ok.succeeded, ok.failed, ok.runs()), (5, 0, 5));
-    assert_eq!(
-        ok.quantile(0.95),
-        Some(0.005),
-        "fast runs fall in the first bucket"
+    // A run that returns at once falls in the lowest buckets (5 ms, 10 ms, ...): on a loaded
+    // machine its measured time is stretched past the first one's 5 ms now and then.
+    let p95 = ok.quantile(0.95);
+    assert!(
+        matches!(p95, Some(q) if q <= 0.1),
+        "fast runs fall in the lowest buckets: p95 {p95:?}"
     );
     let fails = total(&history, fails::NAME);
     assert_eq!((fails.succeeded, fails.failed, fails.runs()), (0, 2, 2));

@@ -1,8 +1,9 @@
 //! `fault-harness`: runs the fault scenarios and prints (or writes) RELIABILITY.md's table.
 //!
 //! ```text
-//! cargo run -p ferriq-harness --bin fault-harness -- [--size small|full] [--broker amqp|sqs|cluster|all]
+//! cargo run -p ferriq-harness --bin fault-harness -- [--size small|full] [--broker amqp|sqs|cluster|redis|all]
 //!     [--only NAME[,NAME…]] [--write RELIABILITY.md]
+//! fault-harness --list    # the scenarios, and the backends each runs on
 //! fault-harness worker    # a worker process (started by the harness itself)
 //! ```
 
@@ -17,8 +18,108 @@ use ferriq_amqp as _;
 use ferriq_sqs as _;
 use ferriq_valkey as _;
 
-fn arg(name: &str, default: &str) -> String {
-    ferriq_examples::arg(name, default)
+const USAGE: &str = "\
+usage: fault-harness [--size small|full] [--broker amqp|sqs|cluster|redis|all]
+                     [--only NAME[,NAME...]] [--write RELIABILITY.md]
+       fault-harness --list     the scenarios, and the backends each runs on
+       fault-harness --help";
+
+/// What the command line asks for.
+struct Options {
+    size: Size,
+    backends: Vec<Backend>,
+    /// The scenarios to run (every one unless `--only` names some).
+    names: Vec<&'static str>,
+    /// Some scenarios or backends only: the rows written replace their own, not the table.
+    partial: bool,
+    write: Option<String>,
+}
+
+/// What to do, or why the command line is wrong.
+enum Command {
+    Run(Options),
+    List,
+    Help,
+}
+
+fn every_scenario() -> Vec<&'static str> {
+    let mut names: Vec<&'static str> = scenarios::ALL.to_vec();
+    names.push("bad_input");
+    names
+}
+
+const EVERY_BACKEND: [Backend; 4] = [
+    Backend::Amqp,
+    Backend::Sqs,
+    Backend::AmqpCluster,
+    Backend::Streams,
+];
+
+/// Parses `args` (without the program's name). Unknown flags, sizes, backends or scenario
+/// names are errors: a misspelt `--only` would otherwise run nothing and pass.
+fn parse(args: &[String]) -> Result<Command, String> {
+    let mut options = Options {
+        size: Size::SMALL,
+        backends: EVERY_BACKEND.to_vec(),
+        names: every_scenario(),
+        partial: false,
+        write: None,
+    };
+    let mut args = args.iter();
+    while let Some(flag) = args.next() {
+        let mut value = || {
+            args.next()
+                .ok_or_else(|| format!("{flag} needs a value"))
+                .cloned()
+        };
+        match flag.as_str() {
+            "--help" | "-h" => return Ok(Command::Help),
+            "--list" => return Ok(Command::List),
+            "--size" => {
+                options.size = match value()?.as_str() {
+                    "small" => Size::SMALL,
+                    "full" => Size::FULL,
+                    other => return Err(format!("unknown size {other:?}: small or full")),
+                }
+            }
+            "--broker" => {
+                let broker = value()?;
+                options.backends = match broker.as_str() {
+                    "amqp" => vec![Backend::Amqp],
+                    "sqs" => vec![Backend::Sqs],
+                    "cluster" => vec![Backend::AmqpCluster],
+                    "redis" => vec![Backend::Streams],
+                    "all" | "both" => EVERY_BACKEND.to_vec(),
+                    other => {
+                        return Err(format!(
+                            "unknown broker {other:?}: amqp, sqs, cluster, redis or all"
+                        ))
+                    }
+                };
+                options.partial |= options.backends.len() < EVERY_BACKEND.len();
+            }
+            "--only" => {
+                let only = value()?;
+                let every = every_scenario();
+                let mut names = Vec::new();
+                for name in only.split(',').filter(|n| !n.is_empty()) {
+                    match every.iter().find(|known| **known == name) {
+                        Some(known) => names.push(*known),
+                        None => {
+                            return Err(format!(
+                                "no scenario {name:?}: `fault-harness --list` names them"
+                            ))
+                        }
+                    }
+                }
+                options.names = names;
+                options.partial = true;
+            }
+            "--write" => options.write = Some(value()?),
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+    }
+    Ok(Command::Run(options))
 }
 
 #[tokio::main]
@@ -27,28 +128,36 @@ async fn main() {
         ferriq_harness::tasks::worker_main().await;
         return;
     }
-    let size = match arg("--size", "small").as_str() {
-        "full" => Size::FULL,
-        _ => Size::SMALL,
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let options = match parse(&args) {
+        Ok(Command::Run(options)) => options,
+        Ok(Command::Help) => {
+            println!("{USAGE}");
+            return;
+        }
+        Ok(Command::List) => {
+            for name in every_scenario() {
+                let on: Vec<&str> = EVERY_BACKEND
+                    .iter()
+                    .filter(|b| scenarios::runs_on(name, **b))
+                    .map(|b| b.name())
+                    .collect();
+                println!("{name}: {}", on.join("; "));
+            }
+            return;
+        }
+        Err(e) => {
+            eprintln!("fault-harness: {e}\n\n{USAGE}");
+            std::process::exit(2);
+        }
     };
-    let backends = match arg("--broker", "both").as_str() {
-        "amqp" => vec![Backend::Amqp],
-        "sqs" => vec![Backend::Sqs],
-        "cluster" => vec![Backend::AmqpCluster],
-        "redis" => vec![Backend::Streams],
-        _ => vec![
-            Backend::Amqp,
-            Backend::Sqs,
-            Backend::AmqpCluster,
-            Backend::Streams,
-        ],
-    };
-    let only = arg("--only", "");
-    let mut names: Vec<&str> = scenarios::ALL.to_vec();
-    names.push("bad_input");
-    if !only.is_empty() {
-        names.retain(|n| only.split(',').any(|o| o == *n));
-    }
+    let Options {
+        size,
+        backends,
+        names,
+        partial,
+        write,
+    } = options;
     let root = std::env::temp_dir().join(format!("ferriq-harness-{}", std::process::id()));
     let started = std::time::Instant::now();
     let mut rows: Vec<Row> = Vec::new();
@@ -104,10 +213,7 @@ async fn main() {
         rows.iter().filter(|r| !r.passed()).count(),
         started.elapsed().as_secs_f64()
     );
-    let write = arg("--write", "");
-    if !write.is_empty() {
-        let partial =
-            !only.is_empty() || !matches!(arg("--broker", "all").as_str(), "all" | "both");
+    if let Some(write) = write {
         write_reliability(&write, &text, partial);
     }
     if rows.iter().any(|r| !r.passed()) {
