@@ -1,7 +1,8 @@
 //! A concurrency slot is the task's, held by the run that holds its claim: a copy of the task
 //! received while it runs (a broker's duplicate, a redelivery, the same id published twice)
-//! is deferred and frees nothing; a copy of a finished task frees the slot it took; a failed
-//! attempt frees its slot before its retry's backoff. Memory backends, paused time.
+//! is deferred and frees nothing, nor does one of a revoked task whose run still goes; a copy
+//! of a finished task frees the slot it took; a failed attempt frees its slot before its
+//! retry's backoff. Memory backends, paused time.
 
 mod common;
 
@@ -67,6 +68,33 @@ async fn a_copy_of_a_running_task_leaves_it_its_slot() {
         running.most.load(Ordering::SeqCst),
         1,
         "a deferred copy freed the running copy's slot"
+    );
+    w.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_copy_of_a_revoked_task_leaves_the_slot_to_its_run_until_it_stops() {
+    let h = Harness::new();
+    let (w, running, copy) = published_once(&h).await;
+    eventually("the first copy runs", LONG, || {
+        running.now.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    // Another task waits for the one slot.
+    let other = one_at_a_time::kiq(&h.client, 2).await.unwrap();
+    // Revoked while it runs (the run stops at its next heartbeat, or ends first); a copy of
+    // it comes meanwhile: told its slot was the task's already, then revoked by its claim.
+    assert!(h.client.revoke(&copy.task_id).await.unwrap());
+    h.broker.publish(vec![copy]).await.unwrap();
+    eventually("the copy acked as revoked", LONG, || {
+        w.worker.stats().count(Outcome::Revoked) >= 1
+    })
+    .await;
+    assert_eq!(other.wait(LONG).await.unwrap(), 2);
+    assert_eq!(
+        running.most.load(Ordering::SeqCst),
+        1,
+        "a copy of a revoked task freed the slot of its run still going"
     );
     w.stop().await;
 }

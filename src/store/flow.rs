@@ -114,9 +114,14 @@ pub enum RateDecision {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum SlotDecision {
-    /// The run holds a slot (for the lease given; renew it with the run's heartbeats and
-    /// release it when the run ends).
+    /// The task holds a slot now, taken by this ask (for the lease given; renew it with the
+    /// run's heartbeats and release it when the run ends).
     Held,
+    /// The task held a slot already and still does (its lease renewed): a run of it whose
+    /// worker died, or a copy of it running now. This ask took nothing: the slot belongs to
+    /// the run that holds the task's claim, and a copy told `Done`, `Revoked` or `Defer` by
+    /// its claim leaves it alone.
+    AlreadyHeld,
     /// Every slot is taken: ask again after this long (an estimate of when this task's turn
     /// among the waiting comes; it keeps its place meanwhile).
     Wait(Duration),
@@ -313,7 +318,8 @@ pub trait FlowStore: Send + Sync + 'static {
     }
 
     /// Takes one of `limit` slots of `limiter` for task `id`'s run, for `lease` (a task that
-    /// holds one already — its redelivery — keeps it). Slots whose lease ran out (their worker
+    /// holds one already — its redelivery, or a copy of it — keeps it:
+    /// [`SlotDecision::AlreadyHeld`]). Slots whose lease ran out (their worker
     /// died) are free. The tasks waiting take free slots in the order they were told to come
     /// back.
     async fn acquire_slot(
@@ -585,7 +591,7 @@ impl SlotState {
         self.waiting.retain(|_, back| *back > now - 3600.0);
         if let Some(until) = self.held.get_mut(id) {
             *until = now + lease;
-            return SlotDecision::Held;
+            return SlotDecision::AlreadyHeld;
         }
         let free = (limit as usize).saturating_sub(self.held.len());
         let mine = self.waiting.get(id).copied();

@@ -96,18 +96,24 @@ pub enum Gated {
     /// this long (as [`RateDecision::Wait`](super::RateDecision::Wait) and
     /// [`SlotDecision::Wait`](super::SlotDecision::Wait) say).
     Wait(Duration),
-    /// Within the limit (the start counted, or the task's slot held), then the claim's
+    /// Within the limit (the start counted, or a slot taken for the task), then the claim's
     /// answer. The store keeps a slot per task: with [`ClaimOutcome::Defer`] it is the slot
     /// of the run holding the claim, and stays that run's; with `Done` or `Revoked` nothing
     /// runs under it, and it is freed; otherwise it is this run's until it ends.
     Claimed(ClaimOutcome),
+    /// Within a concurrency limit because the task held a slot already
+    /// ([`SlotDecision::AlreadyHeld`](super::SlotDecision::AlreadyHeld)), then the claim's
+    /// answer. This ask took no slot: with `Run` or `Expired` the slot is this run's until
+    /// it ends (the run before it died); with `Defer`, `Done` or `Revoked` it is left to the
+    /// run that held it.
+    ClaimedInHeldSlot(ClaimOutcome),
 }
 
 impl Gated {
     /// The claim's answer, if the limit let the task that far.
     pub fn claim(self) -> Option<ClaimOutcome> {
         match self {
-            Gated::Claimed(claim) => Some(claim),
+            Gated::Claimed(claim) | Gated::ClaimedInHeldSlot(claim) => Some(claim),
             Gated::Wait(_) => None,
         }
     }

@@ -130,19 +130,19 @@ async fn limited(
             return outcome;
         }
     }
-    let claimed = match limits::claim_with_slot(w, d, &msg, &limiter, limit).await {
-        Ok(claim) => claim,
+    let (claimed, holder) = match limits::claim_with_slot(w, d, &msg, &limiter, limit).await {
+        Ok(claimed) => claimed,
         Err(outcome) => return outcome,
     };
     let id = msg.task_id.clone();
-    match SlotHolder::of(&claimed) {
+    match holder {
         SlotHolder::This(token) => {
             let slot = limits::RunSlot::hold(w, &id, &limiter, token);
             let outcome = claim::claim_and_run(w, d, msg, task, Some(claimed)).await;
             slot.after_run(outcome).await;
             outcome
         }
-        // Deferred: the slot is the running copy's.
+        // The slot is the running copy's (or a revoked run's that has not stopped yet).
         SlotHolder::Other => claim::claim_and_run(w, d, msg, task, Some(claimed)).await,
         SlotHolder::Nobody => {
             let outcome = claim::claim_and_run(w, d, msg, task, Some(claimed)).await;

@@ -272,7 +272,7 @@ pub(super) async fn claim_in_turn(
             return Ok(Turn::Now(None));
         };
         Ok(match answer? {
-            Gated::Claimed(claim) => Turn::Now(Some(claim)),
+            Gated::Claimed(claim) | Gated::ClaimedInHeldSlot(claim) => Turn::Now(Some(claim)),
             Gated::Wait(wait) => Turn::In(wait),
         })
     };
@@ -327,18 +327,18 @@ async fn claim(w: &Inner, d: &Delivery, msg: &TaskMessage) -> Result<ClaimOutcom
     }
 }
 
-/// Takes a slot of `limiter` for the message's run and claims the task (`Err`: what became
-/// of the delivery — handed back until its turn among the waiting, or released). The slot
-/// and the claim go out together where the store can answer both at once. The store keeps a
-/// slot per task, not per delivery: what the claim answered says whose it is
-/// ([`SlotHolder`]).
+/// Takes a slot of `limiter` for the message's run and claims the task: the claim, and whose
+/// the slot is (`Err`: what became of the delivery — handed back until its turn among the
+/// waiting, or released). The slot and the claim go out together where the store can answer
+/// both at once. The store keeps a slot per task, not per delivery: the claim's answer, and
+/// whether the task held the slot before this ask, say whose it is ([`SlotHolder`]).
 pub(super) async fn claim_with_slot(
     w: &Inner,
     d: &Delivery,
     msg: &TaskMessage,
     limiter: &Limiter,
     limit: u32,
-) -> Result<ClaimOutcome, Outcome> {
+) -> Result<(ClaimOutcome, SlotHolder), Outcome> {
     let gate = LimitGate::Slot {
         limiter,
         limit,
@@ -350,16 +350,25 @@ pub(super) async fn claim_with_slot(
         .await
     {
         None => {
-            take_slot(w, d, msg, limiter, limit).await?;
-            return claim(w, d, msg).await;
+            let taken = take_slot(w, d, msg, limiter, limit).await?;
+            let claimed = claim(w, d, msg).await?;
+            return Ok((claimed, SlotHolder::of(&claimed, taken)));
         }
         Some(answer) => answer,
     };
     match decision {
-        Ok(Gated::Claimed(claim)) => Ok(claim),
+        Ok(Gated::Claimed(claim)) => Ok((claim, SlotHolder::of(&claim, Taken::Now))),
+        Ok(Gated::ClaimedInHeldSlot(claim)) => Ok((claim, SlotHolder::of(&claim, Taken::Before))),
         Ok(Gated::Wait(wait)) => Err(every_slot_taken(w, d, wait).await),
         Err(e) => Err(limiter_unreachable(w, d, &e).await),
     }
+}
+
+/// Whether the task's slot was taken by this ask, or held by the task before it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Taken {
+    Now,
+    Before,
 }
 
 /// Takes a slot of `limiter` for the message's run, or hands the message back until its
@@ -370,13 +379,14 @@ async fn take_slot(
     msg: &TaskMessage,
     limiter: &Limiter,
     limit: u32,
-) -> Result<(), Outcome> {
+) -> Result<Taken, Outcome> {
     match w
         .store
         .acquire_slot(limiter, &msg.task_id, limit, w.config.lease)
         .await
     {
-        Ok(SlotDecision::Held) => Ok(()),
+        Ok(SlotDecision::Held) => Ok(Taken::Now),
+        Ok(SlotDecision::AlreadyHeld) => Ok(Taken::Before),
         Ok(SlotDecision::Wait(wait)) => Err(every_slot_taken(w, d, wait).await),
         Err(e) => Err(limiter_unreachable(w, d, &e).await),
     }
@@ -390,21 +400,24 @@ pub(super) enum SlotHolder {
     /// This delivery's run, under its claim's token: renewed from now on, freed when the run
     /// ends ([`RunSlot::after_run`]).
     This(Token),
-    /// Another delivery's run holds the task's live claim, and its slot: left alone.
+    /// Another delivery's run: the one holding the task's live claim, or one that held it
+    /// before (a run revoked but not yet stopped frees it when it stops; a dead run's lapses
+    /// within a lease). Left alone.
     Other,
-    /// The task runs no more (finished, or revoked): the slot is freed now.
+    /// Nobody's: the task runs no more (finished, or revoked) and this copy took the slot
+    /// for nothing. It is freed now.
     Nobody,
 }
 
 impl SlotHolder {
-    /// Whose the slot is, by what the claim answered.
-    pub(super) fn of(claim: &ClaimOutcome) -> SlotHolder {
-        match claim {
-            ClaimOutcome::Run { token, .. } | ClaimOutcome::Expired { token } => {
+    /// Whose the slot is, by what the claim answered and whether this ask took the slot.
+    fn of(claim: &ClaimOutcome, taken: Taken) -> SlotHolder {
+        match (claim, taken) {
+            (ClaimOutcome::Run { token, .. } | ClaimOutcome::Expired { token }, _) => {
                 SlotHolder::This(*token)
             }
-            ClaimOutcome::Defer { .. } => SlotHolder::Other,
-            _ => SlotHolder::Nobody,
+            (ClaimOutcome::Defer { .. }, _) | (_, Taken::Before) => SlotHolder::Other,
+            (_, Taken::Now) => SlotHolder::Nobody,
         }
     }
 }

@@ -23,14 +23,17 @@ use crate::slots::RELEASE_STEPS;
 /// task's claim and result; ARGV (after the grace µs and the claim's time to live ms): task
 /// id, limit, period or lease µs, renew (as `ADMIT`'s), worker, claim lease ms, deadline.
 /// Returns per call {'limit', µs} (over the limit: nothing claimed), else the claim's answer
-/// (as `CLAIM`'s). `GATE` is `admit` or `acquire`.
+/// (as `CLAIM`'s), after 'kept' when the task held its slot already. `GATE` is `admit` or
+/// `acquire`.
 const GATED_LOOP: &str = r#"
 local claim_ttl = ARGV[2]
 local function gated(k, a)
   local d = GATE(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], ARGV[a + 1], tonumber(ARGV[a + 2]),
     tonumber(ARGV[a + 3]), ARGV[a + 4])
   if d[1] == 'wait' then return {'limit', d[2]} end
-  return claim(KEYS[k + 4], KEYS[k + 5], ARGV[a + 5], ARGV[a + 6], ARGV[a + 7], claim_ttl, now)
+  local c = claim(KEYS[k + 4], KEYS[k + 5], ARGV[a + 5], ARGV[a + 6], ARGV[a + 7], claim_ttl, now)
+  if d[1] == 'kept' then table.insert(c, 1, 'kept') end
+  return c
 end
 local out = {}
 for i = 0, #KEYS / 5 - 1 do
@@ -170,10 +173,16 @@ impl Core {
 }
 
 fn parse_gated(answer: Value) -> Result<Gated, StoreError> {
-    let parts = answer.into_array();
-    if parts.first().and_then(Value::as_str).as_deref() == Some("limit") {
-        let us = parts.get(1).and_then(Value::as_u64).unwrap_or(0);
-        return Ok(Gated::Wait(Duration::from_micros(us)));
+    let mut parts = answer.into_array();
+    match parts.first().and_then(Value::as_str).as_deref() {
+        Some("limit") => {
+            let us = parts.get(1).and_then(Value::as_u64).unwrap_or(0);
+            Ok(Gated::Wait(Duration::from_micros(us)))
+        }
+        Some("kept") => {
+            parts.remove(0);
+            parse_claim(parts).map(Gated::ClaimedInHeldSlot)
+        }
+        _ => parse_claim(parts).map(Gated::Claimed),
     }
-    parse_claim(parts).map(Gated::Claimed)
 }

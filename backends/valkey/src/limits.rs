@@ -129,8 +129,9 @@ return out
 /// Per decision, KEYS: a concurrency limiter's held slots (sorted set: task id by lease end),
 /// its waiting tasks (sorted set: task id by when it was told to come back) and its statistics
 /// (hash: `avg`, how long a run holds a slot on average, µs); ARGV (after the grace µs):
-/// task id, limit, lease µs, renew (as `ADMIT`'s). Returns per decision {'held'} or
-/// {'wait', µs}. The same steps as the core's `SlotState`.
+/// task id, limit, lease µs, renew (as `ADMIT`'s). Returns per decision {'held'} (taken now),
+/// {'kept'} (the task held it already) or {'wait', µs}. The same steps as the core's
+/// `SlotState`.
 static ACQUIRE: LazyLock<Script> =
     LazyLock::new(|| Script::from_lua(format!("{LIMITER_HEAD}{}{ACQUIRE_LOOP}", acquire_steps())));
 
@@ -146,11 +147,15 @@ local function acquire(held, waiting, stats, id, n, lease, renew)
   -- Nobody waits and a slot is free (counting slots whose lease ran out as taken: they are
   -- swept when the slots run short): take it. (No slot held: the set may be new, and gets its
   -- time to live.)
+  -- A task that holds a slot already keeps it and is told so ('kept': ZADD added no member),
+  -- so a copy of it that does not run leaves it to the run that holds it. (Here a slot whose
+  -- lease ran out but is not swept yet counts as kept too: it then lapses a lease later.)
   local holding = redis.call('ZCARD', held)
   if holding < n and redis.call('ZCARD', waiting) == 0 then
-    redis.call('ZADD', held, fmt(now + lease), id)
+    local added = redis.call('ZADD', held, fmt(now + lease), id)
     if holding == 0 and renew ~= '1' then redis.call('PEXPIRE', held, ttl) end
     renew_ttls(renew, held, waiting, stats, ttl)
+    if added == 0 then return {'kept'} end
     return {'held'}
   end
   redis.call('ZREMRANGEBYSCORE', held, '-inf', fmt(now))
@@ -158,7 +163,7 @@ local function acquire(held, waiting, stats, id, n, lease, renew)
   if redis.call('ZSCORE', held, id) then
     redis.call('ZADD', held, fmt(now + lease), id)
     renew_ttls(renew, held, waiting, stats, ttl)
-    return {'held'}
+    return {'kept'}
   end
   local free = n - redis.call('ZCARD', held)
   local mine = redis.call('ZSCORE', waiting, id)
@@ -236,7 +241,7 @@ pub(crate) struct SlotCall {
     lease: Duration,
 }
 
-/// A decision's answer: whether its first part is `yes` (`run`, `held`), and the wait µs.
+/// A rate decision's answer: whether its first part is `yes` (`run`), and the wait µs.
 fn decision(answer: Value, yes: &str, what: &str) -> Result<(bool, Option<u64>), StoreError> {
     let parts = answer.into_array();
     match parts.first().and_then(Value::as_str) {
@@ -244,6 +249,22 @@ fn decision(answer: Value, yes: &str, what: &str) -> Result<(bool, Option<u64>),
         None => Err(StoreError::Unavailable(format!(
             "unexpected {what} limiter answer"
         ))),
+    }
+}
+
+/// An `ACQUIRE` decision's answer.
+fn slot_decision(answer: Value) -> Result<SlotDecision, StoreError> {
+    let parts = answer.into_array();
+    match parts.first().and_then(Value::as_str).as_deref() {
+        Some("held") => Ok(SlotDecision::Held),
+        Some("kept") => Ok(SlotDecision::AlreadyHeld),
+        Some("wait") => {
+            let us = parts.get(1).and_then(Value::as_u64).unwrap_or(0);
+            Ok(SlotDecision::Wait(Duration::from_micros(us)))
+        }
+        _ => Err(StoreError::Unavailable(
+            "unexpected concurrency limiter answer".into(),
+        )),
     }
 }
 
@@ -312,13 +333,7 @@ impl Core {
             )
         };
         let answers = self.many(&ACQUIRE, build).await?;
-        Ok(answers
-            .into_iter()
-            .map(|a| match decision(a, "held", "concurrency")? {
-                (true, _) => Ok(SlotDecision::Held),
-                (_, us) => Ok(SlotDecision::Wait(Duration::from_micros(us.unwrap_or(0)))),
-            })
-            .collect())
+        Ok(answers.into_iter().map(slot_decision).collect())
     }
 }
 

@@ -77,6 +77,23 @@ async fn a_slot_no_longer_renewed_frees_itself_within_its_lease(store: Arc<dyn S
         acquire(dead.clone()).await.expect("acquire_slot"),
         SlotDecision::Held
     );
+    assert_eq!(
+        acquire(dead.clone()).await.expect("acquire_slot"),
+        SlotDecision::AlreadyHeld,
+        "conformance {check}: a task asking again for the slot it holds keeps it, and is told so"
+    );
+    // The same with slots to spare (a store may take a free slot by a shorter way).
+    let roomy = format!("{name}.roomy");
+    for (ask, told) in [(1, SlotDecision::Held), (2, SlotDecision::AlreadyHeld)] {
+        assert_eq!(
+            store
+                .acquire_slot(&roomy, &dead, 2, lease)
+                .await
+                .expect("acquire_slot"),
+            told,
+            "conformance {check}: ask {ask} of a task for one of two free slots"
+        );
+    }
     assert!(
         matches!(
             acquire(next.clone()).await.expect("acquire_slot"),

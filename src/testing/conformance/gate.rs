@@ -110,6 +110,15 @@ pub(super) async fn a_claim_past_a_limit_is_the_limit_then_the_claim(store: Arc<
         &format!("conformance {check}: a task waiting for a slot must not be claimed"),
     )
     .await;
+    // A copy of the running task: its slot is the task's already, and the store says so
+    // (the copy, deferred, must leave it to the run).
+    match store.claim_past_limit(gate, &third, ask("w2")).await {
+        Some(Ok(Gated::ClaimedInHeldSlot(ClaimOutcome::Defer { .. }))) => {}
+        other => panic!(
+            "conformance {check}: a copy of a task holding its slot is told the slot was held \
+             already, then deferred, got {other:?}"
+        ),
+    }
 
     // The run ends: its result written and its slot freed, together where the store can.
     let result = TaskResult::success(serde_json::json!(1), 0.1, Labels::default());
