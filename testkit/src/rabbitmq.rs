@@ -51,7 +51,29 @@ impl PrivateNode {
     }
 
     /// Starts one whose Erlang cookie is `cookie` (nodes that will form a cluster share one).
+    /// A node that does not answer within a minute is stopped and a new one (new ports, new
+    /// name) started in its place, once: a start rarely hangs on a loaded machine (a port
+    /// taken between its pick and the node's bind), and the test is not about that.
     pub async fn start_with_cookie(cookie: Option<&str>) -> Self {
+        let mut server = Self::prepare(cookie);
+        match server.try_launch().await {
+            Ok(()) => server,
+            Err(log) => {
+                eprintln!(
+                    "a private RabbitMQ node did not start; starting another. Its log:\n{log}"
+                );
+                drop(server);
+                let mut server = Self::prepare(cookie);
+                if let Err(log) = server.try_launch().await {
+                    panic!("the private RabbitMQ node did not start (twice); its log:\n{log}");
+                }
+                server
+            }
+        }
+    }
+
+    /// Its directory, certificates and configuration, ready to launch.
+    fn prepare(cookie: Option<&str>) -> Self {
         let dir =
             std::env::temp_dir().join(format!("fq-rmq-tls-{}", uuid::Uuid::new_v4().simple()));
         std::fs::create_dir_all(&dir).unwrap();
@@ -146,20 +168,19 @@ impl PrivateNode {
         if as_root() {
             run(&dir, "chown", &["-R", "rabbitmq:rabbitmq", &d.to_string()]);
         }
-        let mut server = PrivateNode {
+        PrivateNode {
             dir,
             tls_port,
             plain_port,
             pid: None,
             node,
             start,
-        };
-        server.launch().await;
-        server
+        }
     }
 
-    /// Runs its start command and waits until both listeners answer (up to a minute).
-    async fn launch(&mut self) {
+    /// Runs its start command and waits until both listeners answer (up to a minute); the
+    /// tail of its log if they do not.
+    async fn try_launch(&mut self) -> Result<(), String> {
         let _ = std::fs::remove_file(self.dir.join("pid"));
         self.pid = None;
         // As root, the node runs as the rabbitmq user (it refuses files it cannot own).
@@ -181,15 +202,32 @@ impl PrivateNode {
             }
             let up = |port: u16| std::net::TcpStream::connect(("127.0.0.1", port)).is_ok();
             if self.pid.is_some() && up(self.tls_port) && up(self.plain_port) {
-                return;
+                return Ok(());
             }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "the private RabbitMQ node did not start: see {}/log",
-                self.dir.display()
-            );
+            if tokio::time::Instant::now() >= deadline {
+                return Err(self.log_tail());
+            }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+
+    /// The last lines of its log files (its directory goes when it is dropped).
+    fn log_tail(&self) -> String {
+        let mut tail = String::new();
+        for entry in std::fs::read_dir(self.dir.join("log"))
+            .into_iter()
+            .flatten()
+        {
+            let Ok(entry) = entry else { continue };
+            let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            tail.push_str(&format!("--- {}\n", entry.path().display()));
+            for line in &lines[lines.len().saturating_sub(30)..] {
+                tail.push_str(line);
+                tail.push('\n');
+            }
+        }
+        tail
     }
 
     /// SIGKILLs the node (no shutdown of any kind) and waits until its process is gone.
@@ -207,7 +245,9 @@ impl PrivateNode {
 
     /// Starts the node again after [`kill`](Self::kill): same name, ports and data.
     pub async fn restart(&mut self) {
-        self.launch().await;
+        if let Err(log) = self.try_launch().await {
+            panic!("the private RabbitMQ node did not start again; its log:\n{log}");
+        }
     }
 
     /// Its TLS listener, as guest.
@@ -223,6 +263,13 @@ impl PrivateNode {
 
 impl Drop for PrivateNode {
     fn drop(&mut self) {
+        if self.pid.is_none() {
+            // Started but never wrote its PID file (it hung starting): found by its name.
+            let _ = Command::new("pkill")
+                .args(["-9", "-f", self.node.as_str()])
+                .stderr(std::process::Stdio::null())
+                .status();
+        }
         if let Some(pid) = self.pid {
             let _ = Command::new("kill")
                 .arg(pid.to_string())
