@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::{ClaimAsk, CompleteOutcome, Gated, HeldSlot, LimitGate, StoreError, Token};
+use super::{
+    ClaimAsk, CompleteOutcome, FailureRecord, Gated, HeldSlot, LimitGate, StoreError, Token,
+};
 use crate::wire::{TaskId, TaskResult};
 
 /// At most `limit` starts in any window of `period`, across every worker: `"50/s"`, `"300/m"`,
@@ -393,6 +395,22 @@ pub trait FlowStore: Send + Sync + 'static {
         slot: HeldSlot<'_>,
     ) -> Option<Result<CompleteOutcome, StoreError>> {
         let _ = (id, token, result, reply_to, slot);
+        None
+    }
+
+    /// [`ClaimStore::record_failure`](super::ClaimStore::record_failure) (the failed attempt
+    /// counted, its claim given back), and the run's concurrency `slot` freed (as
+    /// [`release_slot`](Self::release_slot) would) when the failure is recorded — not when
+    /// the token is stale (the claim, and the task's slot, are another run's) or the call
+    /// fails. One step: freed apart, a copy of the task that claims between the two runs in
+    /// a slot freed under it. `None`, the default: this store does them apart.
+    async fn record_failure_freeing_slot(
+        &self,
+        id: &TaskId,
+        token: Token,
+        slot: HeldSlot<'_>,
+    ) -> Option<Result<FailureRecord, StoreError>> {
+        let _ = (id, token, slot);
         None
     }
 

@@ -11,8 +11,8 @@ use tracing::field::Empty;
 use tracing::Instrument;
 
 use super::decode::{self, Decoded};
-use super::limits::SlotHolder;
 use super::running::Outcome;
+use super::slots::{self, SlotHolder};
 use super::{claim, due, limits, pending, route, settle, write, Inner};
 use crate::broker::Delivery;
 use crate::task::{Limiter, Rate, TaskRegistration};
@@ -130,14 +130,14 @@ async fn limited(
             return outcome;
         }
     }
-    let (claimed, holder) = match limits::claim_with_slot(w, d, &msg, &limiter, limit).await {
+    let (claimed, holder) = match slots::claim_with_slot(w, d, &msg, &limiter, limit).await {
         Ok(claimed) => claimed,
         Err(outcome) => return outcome,
     };
     let id = msg.task_id.clone();
     match holder {
         SlotHolder::This(token) => {
-            let slot = limits::RunSlot::hold(w, &id, &limiter, token);
+            let slot = slots::RunSlot::hold(w, &id, &limiter, token);
             let outcome = claim::claim_and_run(w, d, msg, task, Some(claimed)).await;
             slot.after_run(outcome).await;
             outcome
@@ -146,7 +146,7 @@ async fn limited(
         SlotHolder::Other => claim::claim_and_run(w, d, msg, task, Some(claimed)).await,
         SlotHolder::Nobody => {
             let outcome = claim::claim_and_run(w, d, msg, task, Some(claimed)).await;
-            limits::free_unrun(w, &limiter, &id).await;
+            slots::free_unrun(w, &limiter, &id).await;
             outcome
         }
     }

@@ -5,7 +5,7 @@ use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 
 use super::running::StopReason;
-use super::{dispatch, limits, Inner};
+use super::{dispatch, limits, slots, Inner};
 use crate::broker::LeaseStatus;
 use crate::store::ClaimLease;
 
@@ -139,7 +139,7 @@ async fn broker_beat(inner: Arc<Inner>) {
 async fn claim_beat(inner: Arc<Inner>) {
     inner.pending.sweep();
     // Concurrency slots live as long as their runs do: renewed with the claims.
-    let slots = limits::held_slots(&inner);
+    let slots = slots::held_slots(&inner);
     if !slots.is_empty() {
         if let Err(e) = inner.store.renew_slots(&slots, inner.config.lease).await {
             tracing::warn!(error = %e, "could not renew concurrency slots");

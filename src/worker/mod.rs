@@ -45,6 +45,7 @@ mod run;
 mod running;
 mod settle;
 mod shutdown;
+mod slots;
 mod workflow;
 mod write;
 
@@ -90,7 +91,7 @@ pub(crate) struct Inner {
     /// Deliveries waiting for the run of their message group ahead of them.
     ordered: ordered::OrderedGroups,
     /// Concurrency slots held by this worker's runs, by task.
-    slots: Mutex<crate::FastMap<crate::wire::TaskId, limits::HeldByRun>>,
+    slots: Mutex<crate::FastMap<crate::wire::TaskId, slots::HeldByRun>>,
     /// Limits set at run time, and the limiters used since they were last noted.
     limits: limits::LiveLimits,
     /// The connections the builder made itself: closed when `run_until_signal` ends.

@@ -13,7 +13,7 @@ use tracing::Instrument;
 use super::running::{Outcome, Running, StopReason};
 use super::settle::{self, Settle};
 use super::Inner;
-use super::{claim, limits, workflow, write};
+use super::{claim, slots, workflow, write};
 use crate::broker::{DeadLetter, DeadLetterReason, Delivery};
 use crate::middleware::{AfterError, Run};
 use crate::store::{FailureRecord, Token};
@@ -219,9 +219,9 @@ pub(super) async fn run(
         w.middleware
             .on_error(&hooks, &error, AfterError::Retry(delay))
             .await;
-        return match w.store.record_failure(&msg.task_id, token).await {
+        // The failure recorded, and the run's concurrency slot (if any) freed with it.
+        return match slots::record_failure(w, &msg.task_id, token).await {
             Ok(FailureRecord::Recorded { .. }) => {
-                limits::free_held(w, &msg.task_id, token).await;
                 settle::release(w, d, delay, Outcome::Retried).await
             }
             Ok(_) => settle::release(w, d, w.config.min_defer, Outcome::ClaimLost).await,

@@ -9,7 +9,7 @@ use tokio::time::Instant;
 use super::pending::PendingResult;
 use super::running::Outcome;
 use super::settle::{self, Settle};
-use super::{claim, history, limits, workflow, Inner};
+use super::{claim, history, slots, workflow, Inner};
 use crate::broker::{DeadLetter, DeadLetterReason, Delivery};
 use crate::store::{ClaimOutcome, CompleteOutcome, ResultStatus, StoreError, Token};
 use crate::wire::{ErrorKind, TaskId, TaskMessage, TaskResult};
@@ -56,7 +56,7 @@ pub(super) async fn finish_returning(
     // its wait returns sends a new task. (If the write is then fenced off or fails, the task
     // runs on with its key free: a second enqueue meanwhile sends a second task.)
     release_dedup(w, msg).await;
-    let written = match limits::held_slot(w, &msg.task_id, token) {
+    let written = match slots::held_slot(w, &msg.task_id, token) {
         None => {
             w.store
                 .complete(&msg.task_id, token, result.as_ref(), reply_to)
@@ -64,7 +64,7 @@ pub(super) async fn finish_returning(
         }
         Some(slot) => {
             let id = &msg.task_id;
-            Box::pin(limits::complete_freeing(
+            Box::pin(slots::complete_freeing(
                 w,
                 id,
                 token,

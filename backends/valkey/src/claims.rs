@@ -265,13 +265,7 @@ impl Core {
         })
         .await
         .map_err(store_error)?;
-        Ok(match v.as_i64() {
-            Some(n) if n >= 0 => FailureRecord::Recorded {
-                failures: n.min(i64::from(u32::MAX)) as u32,
-            },
-            Some(_) => FailureRecord::Stale,
-            None => return Err(unexpected("record_failure", v)),
-        })
+        failure_record(v)
     }
 
     pub(crate) async fn revoke(
@@ -341,5 +335,16 @@ pub(crate) fn parse_claim(reply: Vec<Value>) -> Result<ClaimOutcome, StoreError>
             )))
         }
         _ => return Err(unexpected("claim", &reply)),
+    })
+}
+
+/// `record_failure`'s answer: the failure count, or -1 for a stale token.
+pub(crate) fn failure_record(v: Value) -> Result<FailureRecord, StoreError> {
+    Ok(match v.as_i64() {
+        Some(n) if n >= 0 => FailureRecord::Recorded {
+            failures: n.min(i64::from(u32::MAX)) as u32,
+        },
+        Some(_) => FailureRecord::Stale,
+        None => return Err(unexpected("record_failure", v)),
     })
 }

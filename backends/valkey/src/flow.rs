@@ -4,8 +4,9 @@
 
 use async_trait::async_trait;
 use ferriq::store::{
-    ClaimAsk, CompleteOutcome, DebounceTurn, Debounced, FlowStore, Gated, HeldSlot, LimitGate,
-    LimitOverride, LimiterSeen, LimiterUsage, RateDecision, SlotDecision, StoreError, Token,
+    ClaimAsk, CompleteOutcome, DebounceTurn, Debounced, FailureRecord, FlowStore, Gated, HeldSlot,
+    LimitGate, LimitOverride, LimiterSeen, LimiterUsage, RateDecision, SlotDecision, StoreError,
+    Token,
 };
 use ferriq::task::Rate;
 use ferriq::wire::{TaskId, TaskResult};
@@ -126,6 +127,24 @@ impl FlowStore for ValkeyStore {
             held: slot.held,
         };
         Some(batchers.complete_freeings.call(call).await)
+    }
+
+    async fn record_failure_freeing_slot(
+        &self,
+        id: &TaskId,
+        token: Token,
+        slot: HeldSlot<'_>,
+    ) -> Option<Result<FailureRecord, StoreError>> {
+        // On a single server only (the claim's and the limiter's keys in one script), as the
+        // batched fused calls.
+        self.flow_batchers()?;
+        let keys = self.slot_keys(slot.limiter);
+        let note = keys.note_due();
+        Some(
+            self.core()
+                .record_failure_freeing(id, token, &keys, slot.held, note)
+                .await,
+        )
     }
 
     async fn renew_slots(

@@ -7,16 +7,17 @@
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
-use ferriq::store::{CompleteOutcome, Gated, StoreError};
+use ferriq::store::{CompleteOutcome, FailureRecord, Gated, StoreError, Token};
+use ferriq::wire::TaskId;
 use fred::types::scripts::Script;
 use fred::types::{Key, Value};
 
 use crate::argv::{flag, int, micros};
-use crate::claims::{parse_claim, parse_complete, ClaimCall, CompleteCall, Core};
+use crate::claims::{failure_record, parse_claim, parse_complete, ClaimCall, CompleteCall, Core};
 use crate::error::store_error;
 use crate::limiter_keys::LimiterKeys;
 use crate::limits::{acquire_steps, ADMIT_STEPS, GRACE_US, LIMITER_HEAD};
-use crate::scripts::{self, ANNOUNCE, CLAIM_STEPS, COMPLETE_STEPS, PRELUDE};
+use crate::scripts::{self, ANNOUNCE, CLAIM_STEPS, COMPLETE_STEPS, PRELUDE, RECORD_FAILURE_STEPS};
 use crate::slots::RELEASE_STEPS;
 
 /// Per call, KEYS: the limiter's three keys (as `ADMIT` or `ACQUIRE` take them), then the
@@ -82,6 +83,23 @@ static COMPLETE_FREEING: LazyLock<Script> = LazyLock::new(|| {
     ))
 });
 
+/// KEYS: the task's claim, its limiter's held slots and statistics. ARGV: token, claim time
+/// to live ms, task id, how long the run held its slot µs, note (as `RELEASE`'s). Returns
+/// `record_failure`'s answer; the slot is freed when the failure is recorded (not for a
+/// stale token: the claim, and the task's slot, are another run's).
+const RECORD_FAILURE_FREEING: &str = r#"
+local n = record_failure(KEYS[1], ARGV[1], ARGV[2])
+if n >= 0 then pcall(free_slot, KEYS[2], KEYS[3], ARGV[3], tonumber(ARGV[4]), ARGV[5]) end
+return n
+"#;
+
+/// A failed attempt recorded and the run's slot freed.
+static RECORD_FAILURE_FREEING_SCRIPT: LazyLock<Script> = LazyLock::new(|| {
+    Script::from_lua(format!(
+        "{PRELUDE}{RECORD_FAILURE_STEPS}{RELEASE_STEPS}{RECORD_FAILURE_FREEING}"
+    ))
+});
+
 /// A completion, and the slot its run held: the limiter's keys, how long the run held it and
 /// whether to write the limiter's statistics whatever the sample says.
 pub(crate) struct CompleteFreeingCall {
@@ -141,6 +159,38 @@ impl Core {
             .map_err(store_error)?
             .into_array();
         Ok(reply.into_iter().map(parse_gated).collect())
+    }
+
+    /// A failed attempt recorded (its claim given back) and its run's slot of `slot` freed,
+    /// held for `held` (`note`: write the limiter's statistics whatever the sample says).
+    /// Failures are rare: one script run each, not batched.
+    pub(crate) async fn record_failure_freeing(
+        &self,
+        id: &TaskId,
+        token: Token,
+        slot: &LimiterKeys,
+        held: Duration,
+        note: bool,
+    ) -> Result<FailureRecord, StoreError> {
+        let build = || {
+            let keys = vec![
+                Key::from(self.keys.claim(id)),
+                slot.keys[0].clone(),
+                slot.keys[2].clone(),
+            ];
+            let argv = vec![
+                int(token.0),
+                self.claim_ttl(),
+                Value::from(id.as_str()),
+                micros(held),
+                flag(note),
+            ];
+            (keys, argv)
+        };
+        let answer = scripts::call(&self.pool, &RECORD_FAILURE_FREEING_SCRIPT, build)
+            .await
+            .map_err(store_error)?;
+        failure_record(answer)
     }
 
     /// Completions freeing their runs' slots, in one script run; one call's error does not

@@ -145,16 +145,21 @@ save(KEYS[1], r, 'PX', ARGV[2])
 return 1
 "#;
 
-/// KEYS: claim. ARGV: token, claim ttl ms. Returns the failure count, or -1 when the token was
-/// stale.
-const RECORD_FAILURE: &str = r#"
-local r = load(KEYS[1])
-if r.state ~= 'r' or r.token ~= tonumber(ARGV[1]) then return -1 end
-r.state = 'x'
-r.failures = r.failures + 1
-save(KEYS[1], r, 'PX', ARGV[2])
-return r.failures
+/// `record_failure(claim key, token, claim ttl ms)`: the failure count, or -1 when the token
+/// was stale.
+pub(crate) const RECORD_FAILURE_STEPS: &str = r#"
+local function record_failure(ck, tok, claim_ttl)
+  local r = load(ck)
+  if r.state ~= 'r' or r.token ~= tonumber(tok) then return -1 end
+  r.state = 'x'
+  r.failures = r.failures + 1
+  save(ck, r, 'PX', claim_ttl)
+  return r.failures
+end
 "#;
+
+/// KEYS: claim. ARGV: token, claim ttl ms. Returns `record_failure`'s answer.
+const RECORD_FAILURE: &str = "return record_failure(KEYS[1], ARGV[1], ARGV[2])\n";
 
 /// The fenced write, for one task or many at once. KEYS: claim and result of each task, in
 /// pairs. ARGV: result ttl ms ('0' = none), claim ttl ms, then per task: token, store
@@ -352,7 +357,7 @@ impl Scripts {
             claim: script(&format!("{CLAIM_STEPS}{CLAIM}")),
             heartbeat: script(HEARTBEAT),
             release: script(RELEASE),
-            record_failure: script(RECORD_FAILURE),
+            record_failure: script(&format!("{RECORD_FAILURE_STEPS}{RECORD_FAILURE}")),
             complete: script(&format!("{COMPLETE_STEPS}{COMPLETE}{ANNOUNCE}return out\n")),
             revoke: script(REVOKE),
             store_once: script(STORE_ONCE),

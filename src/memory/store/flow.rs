@@ -9,8 +9,8 @@ use tokio::time::Instant;
 
 use super::MemoryStore;
 use crate::store::{
-    DebounceTurn, Debounced, FlowStore, LimitOverride, LimiterKind, LimiterSeen, LimiterUsage,
-    StoreError, LIMITER_LISTED_FOR,
+    DebounceTurn, Debounced, FailureRecord, FlowStore, HeldSlot, LimitOverride, LimiterKind,
+    LimiterSeen, LimiterUsage, StoreError, Token, LIMITER_LISTED_FOR,
 };
 use crate::wire::TaskId;
 
@@ -88,6 +88,22 @@ impl FlowStore for MemoryStore {
             s.release(id, held.as_secs_f64());
         }
         Ok(())
+    }
+
+    async fn record_failure_freeing_slot(
+        &self,
+        id: &TaskId,
+        token: Token,
+        slot: HeldSlot<'_>,
+    ) -> Option<Result<FailureRecord, StoreError>> {
+        let mut state = self.lock();
+        let record = super::traits::record_failure_in(&mut state, id, token);
+        if matches!(record, FailureRecord::Recorded { .. }) {
+            if let Some(s) = state.slots.get_mut(slot.limiter) {
+                s.release(id, slot.held.as_secs_f64());
+            }
+        }
+        Some(Ok(record))
     }
 
     async fn reserve_dedup(

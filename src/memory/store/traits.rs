@@ -13,7 +13,7 @@ use crate::store::{
 };
 use crate::wire::{TaskId, TaskResult};
 
-use super::{Claim, MemoryStore, Phase};
+use super::{Claim, MemoryStore, Phase, State};
 
 #[async_trait]
 impl ClaimStore for MemoryStore {
@@ -102,17 +102,21 @@ impl ClaimStore for MemoryStore {
     }
 
     async fn record_failure(&self, id: &TaskId, token: Token) -> Result<FailureRecord, StoreError> {
-        let mut state = self.lock();
-        Ok(match state.claims.get_mut(id) {
-            Some(c) if c.phase == Phase::Running && c.token == token.0 => {
-                c.failures += 1;
-                c.phase = Phase::Released;
-                FailureRecord::Recorded {
-                    failures: c.failures,
-                }
+        Ok(record_failure_in(&mut self.lock(), id, token))
+    }
+}
+
+/// Counts the failed attempt under `token` and releases its claim, under the store's lock.
+pub(super) fn record_failure_in(state: &mut State, id: &TaskId, token: Token) -> FailureRecord {
+    match state.claims.get_mut(id) {
+        Some(c) if c.phase == Phase::Running && c.token == token.0 => {
+            c.failures += 1;
+            c.phase = Phase::Released;
+            FailureRecord::Recorded {
+                failures: c.failures,
             }
-            _ => FailureRecord::Stale,
-        })
+        }
+        _ => FailureRecord::Stale,
     }
 }
 

@@ -28,6 +28,7 @@ where
     a_waiter_that_never_comes_back_keeps_no_slot(new_store().await).await;
     limits_set_at_run_time_are_kept_and_listed_with_their_use(new_store().await).await;
     super::gate::a_claim_past_a_limit_is_the_limit_then_the_claim(new_store().await).await;
+    super::gate::a_recorded_failure_frees_its_runs_slot(new_store().await).await;
 }
 
 /// A limiter name no other check (or earlier run on a shared server) uses.

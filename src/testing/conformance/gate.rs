@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::store::{
-    ClaimAsk, ClaimOutcome, CompleteOutcome, Gated, HeldSlot, LimitGate, Rate, ResultStatus,
-    SlotDecision, Store, Token,
+    ClaimAsk, ClaimOutcome, CompleteOutcome, FailureRecord, Gated, HeldSlot, LimitGate, Rate,
+    ResultStatus, SlotDecision, Store, Token,
 };
 use crate::wire::{Labels, TaskId, TaskResult};
 
@@ -169,5 +169,63 @@ pub(super) async fn a_claim_past_a_limit_is_the_limit_then_the_claim(store: Arc<
             .ok(),
         Some(SlotDecision::Held),
         "conformance {check}: the slot freed with the result is free at once"
+    );
+}
+
+pub(super) async fn a_recorded_failure_frees_its_runs_slot(store: Arc<dyn Store>) {
+    let check = "a_recorded_failure_frees_its_runs_slot";
+    let name = super::flow::limiter(check);
+    let (id, other) = (TaskId::random(), TaskId::random());
+    assert_eq!(
+        store.acquire_slot(&name, &id, 1, LEASE).await.ok(),
+        Some(SlotDecision::Held)
+    );
+    let Ok(ClaimOutcome::Run { token, .. }) = store.claim(&id, "w1", LEASE, None).await else {
+        panic!("conformance {check}: a new task is claimed");
+    };
+    let slot = HeldSlot::new(&name, Duration::from_millis(100));
+    let stale = Token(token.0.wrapping_add(1));
+    let Some(recorded) = store.record_failure_freeing_slot(&id, stale, slot).await else {
+        // This store does them apart: the worker records, then frees.
+        return;
+    };
+    assert_eq!(
+        recorded.expect("record_failure_freeing_slot"),
+        FailureRecord::Stale,
+        "conformance {check}: a failure under a token not current is not recorded"
+    );
+    assert!(
+        matches!(
+            store.acquire_slot(&name, &other, 1, LEASE).await,
+            Ok(SlotDecision::Wait(_))
+        ),
+        "conformance {check}: a stale failure must not free the slot of the run holding the \
+         claim"
+    );
+    let recorded = store
+        .record_failure_freeing_slot(&id, token, slot)
+        .await
+        .expect("record_failure_freeing_slot answered once, so always");
+    assert_eq!(
+        recorded.expect("record_failure_freeing_slot"),
+        FailureRecord::Recorded { failures: 1 },
+        "conformance {check}: the failed attempt is counted"
+    );
+    // Its slot is free at once (for a task not told to come back later: `other` keeps its
+    // turn), and its claim is given back for the retry.
+    assert_eq!(
+        store
+            .acquire_slot(&name, &TaskId::random(), 1, LEASE)
+            .await
+            .ok(),
+        Some(SlotDecision::Held),
+        "conformance {check}: the slot freed with the failure is free at once"
+    );
+    assert!(
+        matches!(
+            store.claim(&id, "w2", LEASE, None).await,
+            Ok(ClaimOutcome::Run { .. })
+        ),
+        "conformance {check}: a recorded failure gives the claim back"
     );
 }
