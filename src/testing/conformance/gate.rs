@@ -161,14 +161,24 @@ pub(super) async fn a_claim_past_a_limit_is_the_limit_then_the_claim(store: Arc<
         matches!(store.get(&third).await, Ok(ResultStatus::Ready(_))),
         "conformance {check}: the result written with the slot freed is read back"
     );
-    // (A task not told to come back later: those waiting keep their turns.)
+    free_at_once(
+        &store,
+        &name,
+        &format!("{check}: the slot freed with the result"),
+    )
+    .await;
+}
+
+/// Panics with `what` unless the one slot of limiter `name` is free now, for a task not told
+/// to come back later (those waiting keep their turns).
+async fn free_at_once(store: &Arc<dyn Store>, name: &str, what: &str) {
     assert_eq!(
         store
-            .acquire_slot(&name, &TaskId::random(), 1, LEASE)
+            .acquire_slot(name, &TaskId::random(), 1, LEASE)
             .await
             .ok(),
         Some(SlotDecision::Held),
-        "conformance {check}: the slot freed with the result is free at once"
+        "conformance {what} is free at once"
     );
 }
 
@@ -211,16 +221,13 @@ pub(super) async fn a_recorded_failure_frees_its_runs_slot(store: Arc<dyn Store>
         FailureRecord::Recorded { failures: 1 },
         "conformance {check}: the failed attempt is counted"
     );
-    // Its slot is free at once (for a task not told to come back later: `other` keeps its
-    // turn), and its claim is given back for the retry.
-    assert_eq!(
-        store
-            .acquire_slot(&name, &TaskId::random(), 1, LEASE)
-            .await
-            .ok(),
-        Some(SlotDecision::Held),
-        "conformance {check}: the slot freed with the failure is free at once"
-    );
+    // Its slot is free at once (`other` keeps its turn), and its claim is given back.
+    free_at_once(
+        &store,
+        &name,
+        &format!("{check}: the slot freed with the failure"),
+    )
+    .await;
     assert!(
         matches!(
             store.claim(&id, "w2", LEASE, None).await,
