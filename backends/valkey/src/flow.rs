@@ -2,6 +2,8 @@
 //! (`limits`), deduplication keys, debounced enqueues (`debounce`) and the limits set at run
 //! time (`limits_live`).
 
+use std::sync::LazyLock;
+
 use async_trait::async_trait;
 use ferriq::store::{
     ClaimAsk, CompleteOutcome, DebounceTurn, Debounced, FailureRecord, FlowStore, Gated, HeldSlot,
@@ -18,19 +20,28 @@ use crate::scripts;
 use crate::ValkeyStore;
 
 /// KEYS: the dedup key. ARGV: task id, ttl ms. Returns '' when the key is the task's now (or
-/// was), else the id of the task holding it.
-const RESERVE_DEDUP: &str = r#"
+/// was), else the id of the task holding it. (Made once: a `Script` hashes its text, and a
+/// deduplicated task asks at every enqueue and frees at its run's end.)
+static RESERVE_DEDUP: LazyLock<Script> = LazyLock::new(|| {
+    Script::from_lua(
+        r#"
 local cur = redis.call('GET', KEYS[1])
 if cur and cur ~= ARGV[1] then return cur end
 if not cur then redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) end
 return ''
-"#;
+"#,
+    )
+});
 
 /// KEYS: the dedup key. ARGV: task id. Deletes it when the task holds it.
-const RELEASE_DEDUP: &str = r#"
+static RELEASE_DEDUP: LazyLock<Script> = LazyLock::new(|| {
+    Script::from_lua(
+        r#"
 if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
 return 1
-"#;
+"#,
+    )
+});
 
 impl ValkeyStore {
     /// A deduplication key's key (its digest: a key may hold any character).
@@ -172,10 +183,11 @@ impl FlowStore for ValkeyStore {
     ) -> Result<Option<TaskId>, StoreError> {
         let keys = vec![self.dedup_key(key)];
         let argv = vec![id.to_string(), ttl.as_millis().max(1).to_string()];
-        let script = Script::from_lua(RESERVE_DEDUP);
-        let answer = scripts::call(&self.core().pool, &script, || (keys.clone(), argv.clone()))
-            .await
-            .map_err(store_error)?;
+        let answer = scripts::call(&self.core().pool, &RESERVE_DEDUP, || {
+            (keys.clone(), argv.clone())
+        })
+        .await
+        .map_err(store_error)?;
         match answer.as_str().as_deref() {
             None | Some("") => Ok(None),
             Some(holder) => TaskId::parse(holder)
@@ -228,10 +240,11 @@ impl FlowStore for ValkeyStore {
     async fn release_dedup(&self, key: &str, id: &TaskId) -> Result<(), StoreError> {
         let keys = vec![self.dedup_key(key)];
         let argv = vec![id.to_string()];
-        let script = Script::from_lua(RELEASE_DEDUP);
-        scripts::call(&self.core().pool, &script, || (keys.clone(), argv.clone()))
-            .await
-            .map_err(store_error)?;
+        scripts::call(&self.core().pool, &RELEASE_DEDUP, || {
+            (keys.clone(), argv.clone())
+        })
+        .await
+        .map_err(store_error)?;
         Ok(())
     }
 }
