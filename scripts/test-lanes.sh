@@ -38,6 +38,13 @@ for args in share:
     print(" ".join(args))
 ' "$lanes")
 
+# A plan that failed to come out (cargo metadata or python3 failing inside the process
+# substitution) must not pass as a run of nothing.
+if ((${#plan[@]} != lanes)) || [[ "${plan[*]}" != *--test* ]]; then
+  echo "could not split the test targets into $lanes lanes: ${plan[*]:-nothing}" >&2
+  exit 1
+fi
+
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
 pids=()
