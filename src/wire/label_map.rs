@@ -17,9 +17,35 @@ pub(super) const INLINE: usize = 6;
 /// A label's name: a well-known one's static text (no copy), or a copy of the message's own.
 pub(super) type Name = Cow<'static, str>;
 
-/// Labels sorted by name, each name once.
+/// Labels sorted by name, each name once, and a summary of the names present.
+///
+/// Most lookups are of a label a message does not carry (the run asks for its `timeout`,
+/// `max_retries`, `due_at`, limits… on every delivery, and most messages set none of them).
+/// `present` has the bit of every name present (see [`bit_of`]): a name whose bit is clear
+/// is absent without a search. Two names may share a bit; that only costs a search.
 #[derive(Clone, PartialEq, Default)]
-pub(super) struct LabelMap(SmallVec<[(Name, LabelValue); INLINE]>);
+pub(super) struct LabelMap {
+    entries: SmallVec<[(Name, LabelValue); INLINE]>,
+    /// The bits of the names in `entries`, and no others (equal maps have equal summaries).
+    present: u64,
+}
+
+/// A name's bit in [`LabelMap::present`], from its length and its first and last bytes: a
+/// few instructions, folded away for a constant name (the well-known labels).
+#[inline]
+fn bit_of(name: &str) -> u64 {
+    let bytes = name.as_bytes();
+    let (first, last) = match bytes {
+        [] => (0, 0),
+        [first, .., last] => (*first, *last),
+        [only] => (*only, *only),
+    };
+    let mixed = (bytes.len() as u32)
+        .wrapping_mul(31)
+        .wrapping_add(u32::from(first))
+        .wrapping_add(u32::from(last).wrapping_mul(7));
+    1 << (mixed % 64)
+}
 
 /// As a map (`{"name": value}`), the way the tree it replaced printed.
 impl fmt::Debug for LabelMap {
@@ -42,8 +68,8 @@ impl LabelMap {
     /// built where it will live, it is not copied there). Of one name given more than once,
     /// the last value is kept.
     pub(super) fn fill(&mut self, pairs: impl IntoIterator<Item = (Name, LabelValue)>) {
-        debug_assert!(self.0.is_empty());
-        let map = &mut self.0;
+        debug_assert!(self.entries.is_empty());
+        let map = &mut self.entries;
         map.extend(pairs);
         // Stable: equal names stay in the order given, and each later one hands its value to
         // the first before it is dropped.
@@ -55,43 +81,63 @@ impl LabelMap {
             }
             same
         });
+        self.present = map.iter().fold(0, |bits, (k, _)| bits | bit_of(k));
     }
 
-    fn find(&self, name: &str) -> Result<usize, usize> {
-        self.0.binary_search_by(|(k, _)| k.as_ref().cmp(name))
+    #[inline]
+    fn find(&self, name: &str) -> Option<Result<usize, usize>> {
+        if self.present & bit_of(name) == 0 {
+            return None;
+        }
+        Some(self.entries.binary_search_by(|(k, _)| k.as_ref().cmp(name)))
     }
 
+    #[inline]
     pub(super) fn get(&self, name: &str) -> Option<&LabelValue> {
-        self.find(name).ok().map(|at| &self.0[at].1)
+        match self.find(name)? {
+            Ok(at) => Some(&self.entries[at].1),
+            Err(_) => None,
+        }
     }
 
     pub(super) fn contains_key(&self, name: &str) -> bool {
-        self.find(name).is_ok()
+        matches!(self.find(name), Some(Ok(_)))
     }
 
     /// Sets `name`, replacing any earlier value.
     pub(super) fn insert(&mut self, name: Name, value: LabelValue) {
-        match self.find(&name) {
-            Ok(at) => self.0[at].1 = value,
-            Err(at) => self.0.insert(at, (name, value)),
+        let at = self.find(&name).unwrap_or_else(|| {
+            self.entries
+                .binary_search_by(|(k, _)| k.as_ref().cmp(&name))
+        });
+        match at {
+            Ok(at) => self.entries[at].1 = value,
+            Err(at) => {
+                self.present |= bit_of(&name);
+                self.entries.insert(at, (name, value));
+            }
         }
     }
 
     pub(super) fn remove(&mut self, name: &str) -> Option<LabelValue> {
-        self.find(name).ok().map(|at| self.0.remove(at).1)
+        let at = self.find(name)?.ok()?;
+        let (_, value) = self.entries.remove(at);
+        // Another name may share the bit: the summary is made again from what is left.
+        self.present = self.entries.iter().fold(0, |bits, (k, _)| bits | bit_of(k));
+        Some(value)
     }
 
     /// In name order.
     pub(super) fn iter(&self) -> impl ExactSizeIterator<Item = (&Name, &LabelValue)> {
-        self.0.iter().map(|(k, v)| (k, v))
+        self.entries.iter().map(|(k, v)| (k, v))
     }
 
     pub(super) fn len(&self) -> usize {
-        self.0.len()
+        self.entries.len()
     }
 
     pub(super) fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.entries.is_empty()
     }
 }
 
@@ -139,6 +185,29 @@ mod tests {
             format!("{m:?}"),
             r#"{"a": Int(4), "c": Int(3), "d": Int(5)}"#
         );
+    }
+
+    #[test]
+    fn names_that_share_a_bit_are_told_apart() {
+        // A name of the same length, first and last bytes as `timeout` shares its bit.
+        let twin = "tXXXXXt";
+        assert_eq!(bit_of(twin), bit_of("timeout"));
+        let mut m = map(&[("timeout", 1)]);
+        assert_eq!(m.get(twin), None);
+        assert!(!m.contains_key(twin));
+        m.insert(Cow::Borrowed(twin), LabelValue::Int(2));
+        assert_eq!(m.remove("timeout"), Some(LabelValue::Int(1)));
+        // The bit stays for the twin, which is still found; `timeout` is not.
+        assert_eq!(m.get(twin), Some(&LabelValue::Int(2)));
+        assert_eq!(m.get("timeout"), None);
+        assert_eq!(m.remove(twin), Some(LabelValue::Int(2)));
+        assert_eq!(m, LabelMap::default());
+        // A name whose bit is clear is absent however many labels there are.
+        let many = map(&[("a", 1), ("bb", 2), ("ccc", 3), ("dddd", 4), ("eeeee", 5)]);
+        assert_eq!(many.get("timeout"), None);
+        assert_eq!(many.get("ccc"), Some(&LabelValue::Int(3)));
+        assert_eq!(bit_of(""), bit_of(""));
+        assert_eq!(map(&[("", 7)]).get(""), Some(&LabelValue::Int(7)));
     }
 
     #[test]

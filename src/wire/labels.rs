@@ -418,6 +418,7 @@ impl Labels {
     }
 
     /// A label's value.
+    #[inline]
     pub fn get(&self, name: &str) -> Option<&LabelValue> {
         self.0.get(name)
     }

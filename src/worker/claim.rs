@@ -18,7 +18,7 @@ use crate::wire::{names, ErrorKind, TaskId, TaskMessage, TaskResult};
 pub(super) async fn claim_and_run(
     w: &Inner,
     d: &Delivery,
-    msg: TaskMessage,
+    msg: &mut TaskMessage,
     task: &'static crate::task::TaskRegistration,
     claimed: Option<ClaimOutcome>,
 ) -> Outcome {
@@ -39,16 +39,17 @@ pub(super) async fn claim_and_run(
         }
     };
     // Rare paths are boxed (`Box::pin`) throughout: a future is as large as its largest
-    // state, and this one is moved into its task on every delivery. (One future for the
-    // claim and what follows: a second, nested one cost a copy of the message per task.)
+    // state, and this one is moved into its task on every delivery. The message is the
+    // caller's, lent: each future that took it by value held a copy of it (and of its
+    // argument's slot), and every such byte is copied whenever the whole future moves.
     match claim {
-        ClaimOutcome::Done => Box::pin(write::duplicate_of_finished(w, d, &msg)).await,
-        ClaimOutcome::Revoked => Box::pin(workflow::revoked(w, d, &msg)).await,
+        ClaimOutcome::Done => Box::pin(write::duplicate_of_finished(w, d, msg)).await,
+        ClaimOutcome::Revoked => Box::pin(workflow::revoked(w, d, msg)).await,
         ClaimOutcome::Defer { retry_after } => {
             w.counters.claim(task.name, false);
             settle::release(w, d, retry_after, Outcome::Deferred).await
         }
-        ClaimOutcome::Expired { token } => Box::pin(expired(w, d, &msg, token)).await,
+        ClaimOutcome::Expired { token } => Box::pin(expired(w, d, msg, token)).await,
         ClaimOutcome::Run {
             token,
             failures,

@@ -5,8 +5,6 @@
 //! decode → due → debounce → route → kept result → rate turn → concurrency slot → claim → run
 //! → write → settle.
 
-use std::sync::Arc;
-
 use tracing::field::Empty;
 use tracing::Instrument;
 
@@ -20,7 +18,7 @@ use crate::wire::{ErrorKind, TaskMessage};
 
 /// Takes one delivery through the stages, inside a span that records the task and the
 /// outcome, and counts the outcome.
-pub(super) async fn process(w: Arc<Inner>, d: Delivery) -> Outcome {
+pub(super) async fn process(w: &Inner, d: &Delivery) -> Outcome {
     let span = tracing::info_span!(
         "ferriq.delivery",
         queue = %d.queue,
@@ -31,7 +29,7 @@ pub(super) async fn process(w: Arc<Inner>, d: Delivery) -> Outcome {
         outcome = Empty,
     );
     let mut task = None;
-    let outcome = stages(&w, &d, &mut task).instrument(span.clone()).await;
+    let outcome = stages(w, d, &mut task).instrument(span.clone()).await;
     span.record("outcome", outcome.as_str());
     w.counters.record(outcome, task);
     tracing::debug!(parent: &span, outcome = outcome.as_str(), "delivery settled");
@@ -77,7 +75,7 @@ async fn stages(w: &Inner, d: &Delivery, served: &mut Option<&'static str>) -> O
     if let Some(outcome) = due::wait_until_due(w, d, &msg).await {
         return outcome;
     }
-    let msg = match due::debounced(w, d, msg).await {
+    let mut msg = match due::debounced(w, d, msg).await {
         Ok(msg) => msg,
         Err(outcome) => return outcome,
     };
@@ -99,9 +97,9 @@ async fn stages(w: &Inner, d: &Delivery, served: &mut Option<&'static str>) -> O
     let rate = limits::rate_limiter(w, task, &msg);
     let slots = limits::concurrency_limiter(w, task, &msg);
     if rate.is_none() && slots.is_none() {
-        return claim::claim_and_run(w, d, msg, task, None).await;
+        return claim::claim_and_run(w, d, &mut msg, task, None).await;
     }
-    Box::pin(limited(w, d, msg, task, rate, slots)).await
+    Box::pin(limited(w, d, &mut msg, task, rate, slots)).await
 }
 
 /// A task under a rate limit, a concurrency limit or both: its turn, its slot, then its run.
@@ -111,7 +109,7 @@ async fn stages(w: &Inner, d: &Delivery, served: &mut Option<&'static str>) -> O
 async fn limited(
     w: &Inner,
     d: &Delivery,
-    msg: TaskMessage,
+    msg: &mut TaskMessage,
     task: &'static TaskRegistration,
     rate: Option<(Limiter, Rate)>,
     slots: Option<(Limiter, u32)>,
@@ -120,17 +118,17 @@ async fn limited(
         let Some((limiter, rate)) = rate else {
             return claim::claim_and_run(w, d, msg, task, None).await;
         };
-        return match limits::claim_in_turn(w, d, &msg, &limiter, rate).await {
+        return match limits::claim_in_turn(w, d, msg, &limiter, rate).await {
             Ok(claim) => claim::claim_and_run(w, d, msg, task, Some(claim)).await,
             Err(outcome) => outcome,
         };
     };
     if let Some((limiter, rate)) = rate {
-        if let Some(outcome) = limits::wait_for_turn(w, d, &msg, &limiter, rate).await {
+        if let Some(outcome) = limits::wait_for_turn(w, d, msg, &limiter, rate).await {
             return outcome;
         }
     }
-    let (claimed, holder) = match slots::claim_with_slot(w, d, &msg, &limiter, limit).await {
+    let (claimed, holder) = match slots::claim_with_slot(w, d, msg, &limiter, limit).await {
         Ok(claimed) => claimed,
         Err(outcome) => return outcome,
     };

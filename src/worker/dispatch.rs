@@ -95,16 +95,20 @@ pub(super) fn dispatch(
 /// the next only once the previous one's message left its queue for good. When it went back
 /// instead (or the worker drains), what waits is handed back unrun, for the broker to return
 /// after it.
-async fn process_in_turn(inner: Arc<Inner>, first: Waiting) {
-    let Some(key) = first.delivery.ordering_key.clone() else {
-        process_caught(inner, first.delivery).await;
-        drop(first.permit);
+///
+/// The delivery is lent to the stages below, not moved: a future that takes it by value holds
+/// a copy of it, and this future is moved whole (every byte of its largest state) into its
+/// group's set or runtime task on every delivery.
+async fn process_in_turn(inner: Arc<Inner>, mut current: Waiting) {
+    let Some(key) = current.delivery.ordering_key.clone() else {
+        process_caught(&inner, &current.delivery).await;
         return;
     };
-    let mut current = first;
     loop {
-        let outcome = process_caught(Arc::clone(&inner), current.delivery).await;
-        drop(current.permit);
+        let outcome = process_caught(&inner, &current.delivery).await;
+        let Waiting { delivery, permit } = current;
+        // Settled: its slot is free before the next of its key runs.
+        drop((delivery, permit));
         match inner
             .ordered
             .next(&key, outcome.is_some_and(Outcome::removed))
@@ -135,12 +139,11 @@ pub(super) async fn hand_back(w: &Inner, waiting: Vec<Waiting>) {
 /// forever, with nothing running) and released now: RabbitMQ would otherwise hold an
 /// unsettled message until its channel closes. Its claim, no longer heartbeated, runs out
 /// with its lease, and the next run counts as a takeover.
-async fn process_caught(inner: Arc<Inner>, d: Delivery) -> Option<Outcome> {
-    let handle = d.handle.clone();
+async fn process_caught(inner: &Inner, d: &Delivery) -> Option<Outcome> {
     // Not boxed: the delivery's future is moved once into its group's set or runtime task,
     // and that copy costs less than an allocation per delivery (measured: 0.8 fewer
     // allocations per task for 0.6 % more instructions, most of them the copy).
-    let settled = AssertUnwindSafe(super::delivery::process(Arc::clone(&inner), d))
+    let settled = AssertUnwindSafe(super::delivery::process(inner, d))
         .catch_unwind()
         .await;
     match settled {
@@ -151,8 +154,12 @@ async fn process_caught(inner: Arc<Inner>, d: Delivery) -> Option<Outcome> {
                 .map(|s| (*s).to_owned())
                 .or_else(|| panic.downcast_ref::<String>().cloned())
                 .unwrap_or_else(|| "(non-string panic payload)".to_owned());
-            inner.running.remove(handle.key());
-            match inner.broker.release(&handle, inner.config.min_defer).await {
+            inner.running.remove(d.handle.key());
+            match inner
+                .broker
+                .release(&d.handle, inner.config.min_defer)
+                .await
+            {
                 Ok(()) => {
                     tracing::error!(panic = %what, "settling a delivery panicked; its message was released")
                 }

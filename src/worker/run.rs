@@ -34,7 +34,7 @@ enum RunEnd {
 pub(super) async fn run(
     w: &Inner,
     d: &Delivery,
-    mut msg: TaskMessage,
+    msg: &mut TaskMessage,
     task: &'static TaskRegistration,
     token: Token,
     failures: u32,
@@ -79,7 +79,7 @@ pub(super) async fn run(
              or lost the message: on RabbitMQ, a run longer than consumer_timeout)"
         ));
         return Box::pin(fail_for_good(
-            w, d, &msg, &hooks, token, error, attempt, 0.0, true,
+            w, d, msg, &hooks, token, error, attempt, 0.0, true,
         ))
         .await;
     }
@@ -179,7 +179,7 @@ pub(super) async fn run(
                 .get_store_result()
                 .then(|| TaskResult::success(value, secs, msg.labels.clone()));
             let (outcome, written) =
-                write::finish_returning(w, d, &msg, token, result, Settle::Ack, Outcome::Succeeded)
+                write::finish_returning(w, d, msg, token, result, Settle::Ack, Outcome::Succeeded)
                     .await;
             if outcome == Outcome::Succeeded {
                 w.counters.finished_after(task.name, attempt);
@@ -198,7 +198,7 @@ pub(super) async fn run(
             false,
         ),
         RunEnd::Stopped(StopReason::Revoked) => {
-            return Box::pin(workflow::revoked(w, d, &msg)).await
+            return Box::pin(workflow::revoked(w, d, msg)).await
         }
         RunEnd::Stopped(why) => return Box::pin(stopped(w, d, &msg.task_id, token, why)).await,
         RunEnd::Error(e) => e,
@@ -242,7 +242,7 @@ pub(super) async fn run(
         error
     };
     Box::pin(fail_for_good(
-        w, d, &msg, &hooks, token, error, attempt, secs, park,
+        w, d, msg, &hooks, token, error, attempt, secs, park,
     ))
     .await
 }
