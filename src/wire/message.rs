@@ -88,8 +88,14 @@ impl TaskMessage {
         // Sized for a small message's fields, so writing one does not grow the buffer on the
         // way (serde_json starts at 128 bytes, below a message with an id and a few labels).
         let mut out = Vec::with_capacity(384 + self.task_name.len());
-        serde_json::to_writer(&mut out, &self.wire_out())
-            .map_err(|e| WireError::Serialize(e.to_string()))?;
+        super::write::message(
+            &mut out,
+            self.task_id.as_str(),
+            &self.task_name,
+            &self.labels,
+            &self.args,
+            &self.kwargs,
+        )?;
         Ok(out)
     }
 
@@ -191,6 +197,54 @@ mod tests {
 
     use super::*;
     use crate::wire::LabelValue;
+
+    #[test]
+    fn a_message_is_written_as_serde_json_writes_its_fields() {
+        let mut plain = TaskMessage::new("mail.send");
+        plain.args = vec![json!(1), json!("two")];
+        let mut odd = TaskMessage::new("t\u{e9}l\u{e9}\"\\\n\u{1}\u{7f}\u{1F600}".to_owned());
+        odd.task_id = TaskId::parse(r#"a"b\c"#).unwrap();
+        odd.args = vec![json!({"k": [1.5, null, "x\ty"]}), json!(-7)];
+        odd.kwargs.insert("na\"me".into(), json!({"n": 1e300}));
+        for (name, value) in [
+            ("s", LabelValue::Str("plain".into())),
+            (
+                "quote\"d",
+                LabelValue::Str("a\"b\\c\u{0}\u{1f} \u{2028}".into()),
+            ),
+            ("i", LabelValue::Int(-12345678901)),
+            ("f", LabelValue::Float(1733.125)),
+            ("big", LabelValue::Float(1.0e300)),
+            ("nan", LabelValue::Float(f64::NAN)),
+            ("inf", LabelValue::Float(f64::NEG_INFINITY)),
+            ("b", LabelValue::Bool(false)),
+            ("any", LabelValue::Any(json!({"x": [1, "y"]}))),
+            ("bytes", LabelValue::Bytes(vec![0, 255, 34])),
+            (
+                crate::wire::names::ENQUEUED_AT,
+                LabelValue::Float(1765000000.5),
+            ),
+            (
+                crate::wire::names::REPLY_TO,
+                LabelValue::Str("ferriq:results:abc".into()),
+            ),
+        ] {
+            odd.labels.insert(name, value);
+        }
+        for msg in [TaskMessage::new("x"), plain, odd] {
+            let by_serde = serde_json::to_vec(&msg.wire_out()).unwrap();
+            let written = msg.to_json().unwrap();
+            assert_eq!(
+                String::from_utf8(written.clone()).unwrap(),
+                String::from_utf8(by_serde).unwrap()
+            );
+            let back = TaskMessage::from_json(&written).unwrap();
+            assert_eq!(back.task_id, msg.task_id);
+            assert_eq!(back.task_name, msg.task_name);
+            assert_eq!(back.args, msg.args);
+            assert_eq!(back.kwargs, msg.kwargs);
+        }
+    }
 
     #[test]
     fn a_bodys_id_and_name_are_read_even_when_the_rest_is_not_a_message() {
