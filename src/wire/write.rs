@@ -84,7 +84,7 @@ fn number(out: &mut Vec<u8>, n: i64) -> Result<(), WireError> {
 /// `s` as a JSON string: copied whole between its quotes when no byte needs escaping (a
 /// control byte, `"` or `\`, the bytes serde_json escapes), else through serde_json.
 fn string(out: &mut Vec<u8>, s: &str) -> Result<(), WireError> {
-    if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+    if !needs_escape(s.as_bytes()) {
         out.reserve(s.len() + 2);
         out.push(b'"');
         out.extend_from_slice(s.as_bytes());
@@ -95,10 +95,61 @@ fn string(out: &mut Vec<u8>, s: &str) -> Result<(), WireError> {
     }
 }
 
+/// Whether any byte of `bytes` is one JSON escapes: a control byte (below 0x20), `"` or `\`.
+/// Eight bytes at a time (a message's strings are ids, names and channel names of tens of
+/// bytes): the classic tests for a zero byte and a byte below `n` in a word, which say
+/// exactly whether one is there.
+fn needs_escape(bytes: &[u8]) -> bool {
+    const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
+    const HIGHS: u64 = u64::from_ne_bytes([0x80; 8]);
+    let below = |word: u64, n: u8| word.wrapping_sub(ONES * u64::from(n)) & !word & HIGHS != 0;
+    let has = |word: u64, byte: u8| below(word ^ (ONES * u64::from(byte)), 1);
+    let mut words = bytes.chunks_exact(8);
+    for chunk in &mut words {
+        let mut eight = [0u8; 8];
+        eight.copy_from_slice(chunk);
+        let word = u64::from_ne_bytes(eight);
+        if below(word, 0x20) || has(word, b'"') || has(word, b'\\') {
+            return true;
+        }
+    }
+    words
+        .remainder()
+        .iter()
+        .any(|&b| b < 0x20 || b == b'"' || b == b'\\')
+}
+
 fn serialize(e: serde_json::Error) -> WireError {
     WireError::Serialize(e.to_string())
 }
 
 fn io(e: std::io::Error) -> WireError {
     WireError::Serialize(e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_byte_to_escape_is_found_wherever_it_stands() {
+        for byte in 0..=255u8 {
+            let escaped = byte < 0x20 || byte == b'"' || byte == b'\\';
+            for len in [1, 7, 8, 9, 17] {
+                for at in 0..len {
+                    let mut bytes = vec![b'a'; len];
+                    bytes[at] = byte;
+                    assert_eq!(
+                        needs_escape(&bytes),
+                        escaped,
+                        "byte {byte:#x} at {at} of {len}"
+                    );
+                }
+            }
+        }
+        assert!(!needs_escape("ferriq_enqueued_at".as_bytes()));
+        assert!(!needs_escape("télé 😀 \u{7f}".as_bytes()));
+        assert!(needs_escape("télé 😀 \u{1f}".as_bytes()));
+        assert!(!needs_escape(b""));
+    }
 }
