@@ -175,16 +175,23 @@ pub(super) async fn run(
 
     let error = match end {
         RunEnd::Value(value) => {
-            let result = opts
+            let mut result = opts
                 .get_store_result()
                 .then(|| TaskResult::success(value, secs, msg.labels.clone()));
-            let (outcome, written) =
-                write::finish_returning(w, d, msg, token, result, Settle::Ack, Outcome::Succeeded)
-                    .await;
+            let (outcome, written) = write::finish_returning(
+                w,
+                d,
+                msg,
+                token,
+                &mut result,
+                Settle::Ack,
+                Outcome::Succeeded,
+            )
+            .await;
             if outcome == Outcome::Succeeded {
                 w.counters.finished_after(task.name, attempt);
-                if let Some(result) = written {
-                    w.middleware.after_result(&hooks, &result).await;
+                if let (true, Some(result)) = (written, &result) {
+                    w.middleware.after_result(&hooks, result).await;
                 }
             }
             return outcome;
@@ -292,12 +299,13 @@ async fn fail_for_good(
     } else {
         Settle::Ack
     };
+    let mut result = Some(result);
     let (outcome, written) =
-        write::finish_returning(w, d, msg, token, Some(result), settle, Outcome::Failed).await;
+        write::finish_returning(w, d, msg, token, &mut result, settle, Outcome::Failed).await;
     if outcome == Outcome::Failed {
         w.counters.finished_after(hooks.task_name, attempts);
-        if let Some(result) = written {
-            w.middleware.after_result(hooks, &result).await;
+        if let (true, Some(result)) = (written, &result) {
+            w.middleware.after_result(hooks, result).await;
         }
     }
     outcome

@@ -25,7 +25,9 @@ pub(super) enum Settle {
 pub(super) async fn settle(w: &Inner, d: &Delivery, settle: &Settle, outcome: Outcome) -> Outcome {
     match settle {
         Settle::Ack => ack(w, d, outcome).await,
-        Settle::DeadLetter(why) => match park(w, d, why).await {
+        // Boxed: parking is rare, and its future is ten times the ack's; unboxed, every
+        // delivery's future would carry its size (and copy it at every move).
+        Settle::DeadLetter(why) => match Box::pin(park(w, d, why)).await {
             Ok(()) => outcome,
             Err(e) => broker_failed("dead-letter", e),
         },

@@ -28,26 +28,28 @@ pub(super) async fn finish(
     d: &Delivery,
     msg: &TaskMessage,
     token: Token,
-    result: Option<TaskResult>,
+    mut result: Option<TaskResult>,
     settle: Settle,
     outcome: Outcome,
 ) -> Outcome {
-    finish_returning(w, d, msg, token, result, settle, outcome)
+    finish_returning(w, d, msg, token, &mut result, settle, outcome)
         .await
         .0
 }
 
-/// [`finish`], handing the result back when it was written (for the middleware's
-/// `after_result`, without a copy).
+/// [`finish`], saying whether `result` was written (for the middleware's `after_result`).
+/// The result is the caller's, lent: a future that took it by value held it twice (its
+/// argument and its local), and every delivery's future carried those bytes. It is taken
+/// from the caller only when kept for the redelivery.
 pub(super) async fn finish_returning(
     w: &Inner,
     d: &Delivery,
     msg: &TaskMessage,
     token: Token,
-    result: Option<TaskResult>,
+    result: &mut Option<TaskResult>,
     settle: Settle,
     outcome: Outcome,
-) -> (Outcome, Option<TaskResult>) {
+) -> (Outcome, bool) {
     let reply_to = msg.labels.reply_to();
     if let Some(channel) = reply_to {
         check_reply_channel(w, msg, channel);
@@ -77,7 +79,7 @@ pub(super) async fn finish_returning(
     };
     match written {
         Ok(written @ (CompleteOutcome::Stored | CompleteOutcome::AlreadyStored)) => {
-            if let (CompleteOutcome::Stored, Some(r)) = (written, &result) {
+            if let (CompleteOutcome::Stored, Some(r)) = (written, &*result) {
                 let registered = w.counters.result_written(&msg.task_name, r.is_err);
                 history::note_finished(w, msg, registered, r.is_err);
             }
@@ -85,20 +87,20 @@ pub(super) async fn finish_returning(
             if !workflow::advance(w, msg, result.as_ref()).await {
                 let released =
                     settle::release(w, d, workflow::retry_after(w), Outcome::Released).await;
-                return (released, None);
+                return (released, false);
             }
-            (settle::settle(w, d, &settle, outcome).await, result)
+            (settle::settle(w, d, &settle, outcome).await, true)
         }
         Ok(CompleteOutcome::Revoked) => {
             tracing::info!("task revoked while it ran: its result is not stored");
-            (Box::pin(workflow::revoked(w, d, msg)).await, None)
+            (Box::pin(workflow::revoked(w, d, msg)).await, false)
         }
         Ok(_) => {
             // Fenced off: another holder owns the task and its message now.
             tracing::warn!("result write rejected: the claim was taken over; not acking");
             (
                 settle::release(w, d, w.config.min_defer, Outcome::Stale).await,
-                None,
+                false,
             )
         }
         Err(e) => {
@@ -107,7 +109,7 @@ pub(super) async fn finish_returning(
                 &msg.task_id,
                 PendingResult {
                     token,
-                    result,
+                    result: result.take(),
                     settle,
                     outcome,
                     kept_at: Instant::now(),
@@ -115,7 +117,7 @@ pub(super) async fn finish_returning(
             );
             let released =
                 settle::release(w, d, w.config.store_retry_after, Outcome::Released).await;
-            (released, None)
+            (released, false)
         }
     }
 }
