@@ -5,11 +5,9 @@
 use crate::broker::{DeadLetter, DeadLetterReason, Delivery};
 use crate::wire::{TaskId, TaskMessage, WIRE_VERSION};
 
-/// What a delivery's body is.
+/// Why a delivery's body is not a task message this worker can run.
 #[derive(Debug)]
-pub(super) enum Decoded {
-    /// A task message this worker can read.
-    Message(TaskMessage),
+pub(super) enum NotRunnable {
     /// A body that can never run: parked with an `InvalidMessage` error result for its task,
     /// when its id can be found.
     Unrunnable {
@@ -34,7 +32,11 @@ pub(super) enum Decoded {
 
 /// Reads `d`'s body: at most `max_payload` bytes are parsed; a newer message is parked after
 /// `max_unroutable_receives` receives.
-pub(super) fn decode(d: &Delivery, max_payload: usize, max_unroutable_receives: u32) -> Decoded {
+pub(super) fn decode(
+    d: &Delivery,
+    max_payload: usize,
+    max_unroutable_receives: u32,
+) -> Result<TaskMessage, NotRunnable> {
     let id_from_broker = || d.task_id.clone();
     if d.body.len() > max_payload {
         // Never parse it: the limit exists to keep such bodies out of memory twice over.
@@ -45,7 +47,7 @@ pub(super) fn decode(d: &Delivery, max_payload: usize, max_unroutable_receives: 
             limit = max_payload,
             "message over FERRIQ_MAX_PAYLOAD_BYTES: parked unread as `too_large`"
         );
-        return Decoded::Unrunnable {
+        return Err(NotRunnable::Unrunnable {
             id: id_from_broker(),
             reason: DeadLetterReason::TooLarge,
             detail: format!(
@@ -54,18 +56,18 @@ pub(super) fn decode(d: &Delivery, max_payload: usize, max_unroutable_receives: 
                 d.body.len(),
             ),
             task_name: None,
-        };
+        });
     }
     let msg = match TaskMessage::from_json(&d.body) {
         Ok(msg) => msg,
         Err(e) => {
             tracing::warn!(error = %e, "unreadable message");
-            return Decoded::Unrunnable {
+            return Err(NotRunnable::Unrunnable {
                 id: TaskMessage::peek_task_id(&d.body).or_else(id_from_broker),
                 reason: DeadLetterReason::InvalidMessage,
                 detail: e.to_string(),
                 task_name: TaskMessage::peek_task_name(&d.body),
-            };
+            });
         }
     };
     let version = msg.labels.wire_version();
@@ -79,9 +81,9 @@ pub(super) fn decode(d: &Delivery, max_payload: usize, max_unroutable_receives: 
                 0,
             )
         });
-        return Decoded::Newer { detail, park };
+        return Err(NotRunnable::Newer { detail, park });
     }
-    Decoded::Message(msg)
+    Ok(msg)
 }
 
 #[cfg(test)]
@@ -108,7 +110,7 @@ mod tests {
     #[test]
     fn a_readable_message_is_decoded() {
         match decode(&delivery(&message(""), 1), 1024, 5) {
-            Decoded::Message(msg) => assert_eq!(msg.task_name, "add"),
+            Ok(msg) => assert_eq!(msg.task_name, "add"),
             other => panic!("{other:?}"),
         }
     }
@@ -117,12 +119,12 @@ mod tests {
     fn a_body_over_the_limit_is_not_parsed_and_keeps_the_brokers_task_id() {
         let body = message("");
         match decode(&delivery(&body, 1), body.len() - 1, 5) {
-            Decoded::Unrunnable {
+            Err(NotRunnable::Unrunnable {
                 id,
                 reason,
                 detail,
                 task_name,
-            } => {
+            }) => {
                 assert_eq!(reason, DeadLetterReason::TooLarge);
                 assert_eq!(
                     id.map(|i| i.to_string()).as_deref(),
@@ -141,12 +143,12 @@ mod tests {
         let body =
             r#"{"task_id":"5c0f4cd4-8a9b-4d59-9d1e-7c8e0f2a3b4c","task_name":"add","args":"1, 2"}"#;
         match decode(&delivery(body, 1), 1024, 5) {
-            Decoded::Unrunnable {
+            Err(NotRunnable::Unrunnable {
                 id,
                 reason,
                 task_name,
                 ..
-            } => {
+            }) => {
                 assert_eq!(reason, DeadLetterReason::InvalidMessage);
                 // The body's own id wins over the broker's.
                 assert_eq!(
@@ -163,13 +165,15 @@ mod tests {
     fn a_newer_message_waits_for_a_newer_worker_then_is_parked() {
         let newer = message(&format!(r#""ferriq_wire":"{}""#, WIRE_VERSION + 1));
         match decode(&delivery(&newer, 4), 1024, 5) {
-            Decoded::Newer { park: None, detail } => assert!(detail.contains("newer"), "{detail}"),
+            Err(NotRunnable::Newer { park: None, detail }) => {
+                assert!(detail.contains("newer"), "{detail}")
+            }
             other => panic!("{other:?}"),
         }
         match decode(&delivery(&newer, 5), 1024, 5) {
-            Decoded::Newer {
+            Err(NotRunnable::Newer {
                 park: Some(why), ..
-            } => {
+            }) => {
                 assert_eq!(why.reason, DeadLetterReason::UnsupportedWireVersion);
                 assert_eq!(why.task_name.as_deref(), Some("add"));
             }

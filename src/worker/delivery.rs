@@ -8,7 +8,7 @@
 use tracing::field::Empty;
 use tracing::Instrument;
 
-use super::decode::{self, Decoded};
+use super::decode::{self, NotRunnable};
 use super::running::Outcome;
 use super::slots::{self, SlotHolder};
 use super::{claim, due, limits, pending, route, settle, write, Inner};
@@ -41,32 +41,10 @@ pub(super) async fn process(w: &Inner, d: &Delivery) -> Outcome {
 /// large as its largest state, and this one is moved into its task on every delivery.
 async fn stages(w: &Inner, d: &Delivery, served: &mut Option<&'static str>) -> Outcome {
     let config = &w.config;
-    let msg = match decode::decode(d, config.max_payload, config.max_unroutable_receives) {
-        Decoded::Message(msg) => msg,
-        Decoded::Unrunnable {
-            id,
-            reason,
-            detail,
-            task_name,
-        } => {
-            return Box::pin(write::reject_with_result(
-                w,
-                d,
-                id,
-                reason,
-                ErrorKind::InvalidMessage,
-                detail,
-                task_name,
-            ))
-            .await;
-        }
-        Decoded::Newer {
-            park: Some(why), ..
-        } => return Box::pin(settle::dead_letter(w, d, &why)).await,
-        Decoded::Newer { detail, park: None } => {
-            tracing::warn!(%detail, "releasing for a newer worker");
-            return settle::release(w, d, config.unsupported_release, Outcome::Released).await;
-        }
+    let mut msg = match decode::decode(d, config.max_payload, config.max_unroutable_receives) {
+        Ok(msg) => msg,
+        // Moved whole into a boxed future: nothing of it stays in this one's state.
+        Err(not_runnable) => return Box::pin(not_run(w, d, not_runnable)).await,
     };
     let span = tracing::Span::current();
     span.record("task_id", msg.task_id.as_str());
@@ -75,10 +53,9 @@ async fn stages(w: &Inner, d: &Delivery, served: &mut Option<&'static str>) -> O
     if let Some(outcome) = due::wait_until_due(w, d, &msg).await {
         return outcome;
     }
-    let mut msg = match due::debounced(w, d, msg).await {
-        Ok(msg) => msg,
-        Err(outcome) => return outcome,
-    };
+    if let Some(outcome) = due::debounced(w, d, &msg).await {
+        return outcome;
+    }
 
     let Some(task) = w.registry.get(&msg.task_name) else {
         return Box::pin(route::unknown_task(w, d, &msg)).await;
@@ -100,6 +77,37 @@ async fn stages(w: &Inner, d: &Delivery, served: &mut Option<&'static str>) -> O
         return claim::claim_and_run(w, d, &mut msg, task, None).await;
     }
     Box::pin(limited(w, d, &mut msg, task, rate, slots)).await
+}
+
+/// A body that cannot run here: parked with an error result for its task, parked, or
+/// released for a newer worker.
+async fn not_run(w: &Inner, d: &Delivery, not_runnable: NotRunnable) -> Outcome {
+    match not_runnable {
+        NotRunnable::Unrunnable {
+            id,
+            reason,
+            detail,
+            task_name,
+        } => {
+            write::reject_with_result(
+                w,
+                d,
+                id,
+                reason,
+                ErrorKind::InvalidMessage,
+                detail,
+                task_name,
+            )
+            .await
+        }
+        NotRunnable::Newer {
+            park: Some(why), ..
+        } => settle::dead_letter(w, d, &why).await,
+        NotRunnable::Newer { detail, park: None } => {
+            tracing::warn!(%detail, "releasing for a newer worker");
+            settle::release(w, d, w.config.unsupported_release, Outcome::Released).await
+        }
+    }
 }
 
 /// A task under a rate limit, a concurrency limit or both: its turn, its slot, then its run.

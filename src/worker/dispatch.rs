@@ -8,6 +8,7 @@
 //! each group one task that runs its deliveries concurrently: the threads still share the
 //! work, and a batch costs a few spawns instead of one per message.
 
+use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
@@ -91,33 +92,40 @@ pub(super) fn dispatch(
     }
 }
 
-/// Settles `first`, then, for an ordering key, whatever of its key waits behind it, in order:
+/// Settles `current`, then, for an ordering key, whatever of its key waits behind it, in order:
 /// the next only once the previous one's message left its queue for good. When it went back
 /// instead (or the worker drains), what waits is handed back unrun, for the broker to return
 /// after it.
 ///
-/// The delivery is lent to the stages below, not moved: a future that takes it by value holds
-/// a copy of it, and this future is moved whole (every byte of its largest state) into its
-/// group's set or runtime task on every delivery.
-async fn process_in_turn(inner: Arc<Inner>, mut current: Waiting) {
-    let Some(key) = current.delivery.ordering_key.clone() else {
-        process_caught(&inner, &current.delivery).await;
-        return;
-    };
-    loop {
-        let outcome = process_caught(&inner, &current.delivery).await;
-        let Waiting { delivery, permit } = current;
-        // Settled: its slot is free before the next of its key runs.
-        drop((delivery, permit));
-        match inner
-            .ordered
-            .next(&key, outcome.is_some_and(Outcome::removed))
-        {
-            None => return,
-            Some(Next::Run(next)) => current = next,
-            Some(Next::HandBack(waiting)) => {
-                hand_back(&inner, waiting).await;
-                return;
+/// This future is moved whole (every byte of its largest state) into its group's set or
+/// runtime task on every delivery, so it is kept small: the delivery is lent to the stages
+/// below (a future that takes it by value holds a copy of it), and this is an `async` block
+/// rather than an `async fn` (which would hold its argument twice: as it came, and moved
+/// into the body).
+// Written out on purpose: the `async fn` form clippy prefers is the one that holds `current`
+// twice.
+#[allow(clippy::manual_async_fn)]
+fn process_in_turn(inner: Arc<Inner>, mut current: Waiting) -> impl Future<Output = ()> {
+    async move {
+        let Some(key) = current.delivery.ordering_key.clone() else {
+            process_caught(&inner, &current.delivery).await;
+            return;
+        };
+        loop {
+            let outcome = process_caught(&inner, &current.delivery).await;
+            let Waiting { delivery, permit } = current;
+            // Settled: its slot is free before the next of its key runs.
+            drop((delivery, permit));
+            match inner
+                .ordered
+                .next(&key, outcome.is_some_and(Outcome::removed))
+            {
+                None => return,
+                Some(Next::Run(next)) => current = next,
+                Some(Next::HandBack(waiting)) => {
+                    hand_back(&inner, waiting).await;
+                    return;
+                }
             }
         }
     }

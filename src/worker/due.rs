@@ -39,12 +39,8 @@ pub(super) async fn wait_until_due(w: &Inner, d: &Delivery, msg: &TaskMessage) -
 /// A debounced message (`ferriq_dedup_mode` `debounce`) runs once its key has been quiet
 /// for its window: the latest enqueue's copy runs (with its own arguments, the latest),
 /// handed back while the key is enqueued again (like a task not due yet); an earlier copy
-/// is acked unrun.
-pub(super) async fn debounced(
-    w: &Inner,
-    d: &Delivery,
-    msg: TaskMessage,
-) -> Result<TaskMessage, Outcome> {
+/// is acked unrun. `None`: it runs now (or is not debounced); else what became of it.
+pub(super) async fn debounced(w: &Inner, d: &Delivery, msg: &TaskMessage) -> Option<Outcome> {
     use crate::wire::names;
     let debounce = msg
         .labels
@@ -52,7 +48,7 @@ pub(super) async fn debounced(
         .is_some_and(|m| m.header_value() == crate::task::Dedup::Debounce.as_str());
     let key = match msg.labels.get(names::DEDUP_KEY) {
         Some(key) if debounce => key.header_value().into_owned(),
-        _ => return Ok(msg),
+        _ => return None,
     };
     let seq = msg
         .labels
@@ -67,21 +63,21 @@ pub(super) async fn debounced(
             Ok(Debounced::Wait(wait)) => {
                 tracing::debug!(quiet_in = ?wait, "debounced: enqueued again, released until its key is quiet");
                 let whole_seconds = Duration::from_secs(wait.as_secs());
-                return Err(settle::release_after(w, d, whole_seconds, Outcome::NotDue).await);
+                return Some(settle::release_after(w, d, whole_seconds, Outcome::NotDue).await);
             }
-            Ok(Debounced::Run) => return Ok(msg),
+            Ok(Debounced::Run) => return None,
             Ok(Debounced::Superseded) => {
                 tracing::debug!("debounced: a later enqueue's copy replaced this one");
-                return Err(settle::ack(w, d, Outcome::Superseded).await);
+                return Some(settle::ack(w, d, Outcome::Superseded).await);
             }
             Err(e) => {
                 tracing::warn!(error = %e, "debounce state unreachable: releasing the message");
-                return Err(
+                return Some(
                     settle::release(w, d, w.config.store_retry_after, Outcome::Released).await,
                 );
             }
         }
     }
     // Enqueued again and again while held: back to the broker, as a task not due.
-    Err(settle::release_after(w, d, HOLD_WINDOW, Outcome::NotDue).await)
+    Some(settle::release_after(w, d, HOLD_WINDOW, Outcome::NotDue).await)
 }
