@@ -412,6 +412,16 @@ impl Client {
         &self,
         prepared: Vec<Prepared>,
     ) -> Result<Vec<TaskHandle<T>>, EnqueueError> {
+        if prepared.iter().all(|p| dedup_of(&p.1).is_none()) {
+            // Nothing to deduplicate: the calls are published as they are, not moved one by
+            // one into a vector of their own first.
+            let handles = prepared
+                .iter()
+                .map(|p| self.sent_handle(p.1.task_id.clone(), p.1.queue.clone()))
+                .collect();
+            self.publish_prepared(prepared).await?;
+            return Ok(handles);
+        }
         let mut handles = Vec::with_capacity(prepared.len());
         let mut to_send = Vec::with_capacity(prepared.len());
         let mut reserved = Vec::new();

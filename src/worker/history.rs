@@ -38,7 +38,11 @@ impl FinishedTasks {
     }
 
     fn take(&self) -> Vec<FinishedTask> {
-        std::mem::take(&mut *self.lock())
+        let mut held = self.lock();
+        // The next round's room sized as this one's was (up to a flush's worth): at a steady
+        // rate it is not grown again from nothing, a copy of every entry at each doubling.
+        let room = held.len().min(ADD_AT);
+        std::mem::replace(&mut *held, Vec::with_capacity(room))
     }
 
     /// Tasks the store did not take, back for the next round (within the bound).

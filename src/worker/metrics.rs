@@ -102,29 +102,70 @@ fn index(outcome: Outcome) -> usize {
     Outcome::ALL.iter().position(|o| *o == outcome).unwrap_or(0)
 }
 
+/// Up to this many series, a name's is looked for by a scan rather than a hash.
+const SCAN_UP_TO: usize = 16;
+
 /// Counters of delivery outcomes and runs, shared by a worker and its handles.
 pub(crate) struct Counters {
     total: TaskCounters,
-    tasks: crate::FastMap<&'static str, TaskCounters>,
+    /// Each served task's series, and `_other`'s last.
+    series: Vec<(&'static str, TaskCounters)>,
+    /// Where each name's series is.
+    by_name: crate::FastMap<&'static str, usize>,
+    /// The same, by where the registered name's text is and its length. A run counts a task
+    /// six or seven times under the registration's own `&'static str`: found by its address,
+    /// its name is not hashed byte by byte each time.
+    by_text: crate::FastMap<(usize, usize), usize>,
 }
 
 impl Counters {
     pub(crate) fn new(registry: &Registry) -> Self {
-        let tasks = registry
+        let series: Vec<_> = registry
             .names()
             .chain([OTHER_TASK])
             .map(|name| (name, TaskCounters::default()))
             .collect();
+        let by_name = series
+            .iter()
+            .enumerate()
+            .map(|(i, (name, _))| (*name, i))
+            .collect();
+        let by_text = series
+            .iter()
+            .enumerate()
+            .map(|(i, (name, _))| ((name.as_ptr() as usize, name.len()), i))
+            .collect();
         Counters {
             total: TaskCounters::default(),
-            tasks,
+            series,
+            by_name,
+            by_text,
         }
     }
 
+    /// Where `name`'s series is, if this worker serves it.
+    fn position(&self, name: &str) -> Option<usize> {
+        // The same address and length: the same text (a registered name, as most callers
+        // pass). A worker serving a few tasks compares those two numbers with each of its
+        // names (cheaper than hashing them); any other copy of a name is found by its bytes.
+        let text = (name.as_ptr() as usize, name.len());
+        let found = if self.series.len() <= SCAN_UP_TO {
+            self.series
+                .iter()
+                .position(|(known, _)| (known.as_ptr() as usize, known.len()) == text)
+        } else {
+            self.by_text.get(&text).copied()
+        };
+        found.or_else(|| self.by_name.get(name).copied())
+    }
+
     fn task(&self, name: Option<&str>) -> &TaskCounters {
-        name.and_then(|n| self.tasks.get(n))
-            .or_else(|| self.tasks.get(OTHER_TASK))
-            .unwrap_or(&self.total)
+        let at = name.and_then(|n| self.position(n));
+        // `_other`'s series is the last.
+        match at.or(self.series.len().checked_sub(1)) {
+            Some(at) => &self.series[at].1,
+            None => &self.total,
+        }
     }
 
     pub(crate) fn record(&self, outcome: Outcome, task: Option<&str>) {
@@ -156,8 +197,8 @@ impl Counters {
     /// Returns the task's registered name, if it is registered here: the finished-task index
     /// keeps it without a copy.
     pub(crate) fn result_written(&self, task: &str, is_err: bool) -> Option<&'static str> {
-        let (name, counters) = match self.tasks.get_key_value(task) {
-            Some((name, counters)) => (Some(*name), counters),
+        let (name, counters) = match self.position(task) {
+            Some(at) => (Some(self.series[at].0), &self.series[at].1),
             None => (None, self.task(None)),
         };
         counters.results[usize::from(is_err)].fetch_add(1, Ordering::Relaxed);
@@ -183,7 +224,7 @@ impl Counters {
 
     /// Every task's series, by name (sorted), `_other` included.
     pub(crate) fn per_task(&self) -> Vec<(&'static str, &TaskCounters)> {
-        let mut all: Vec<_> = self.tasks.iter().map(|(k, v)| (*k, v)).collect();
+        let mut all: Vec<_> = self.series.iter().map(|(k, v)| (*k, v)).collect();
         all.sort_by_key(|(k, _)| *k);
         all
     }
