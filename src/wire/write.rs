@@ -30,28 +30,33 @@ pub(super) fn message(
     string(out, task_id)?;
     out.extend_from_slice(b",\"task_name\":");
     string(out, task_name)?;
-    out.extend_from_slice(b",\"labels\":{");
-    for (at, (name, value)) in labels.iter().enumerate() {
-        if at > 0 {
-            out.push(b',');
-        }
-        string(out, name)?;
-        out.push(b':');
-        label_value(out, value)?;
-    }
-    out.extend_from_slice(b"},\"labels_types\":{");
-    for (at, (name, value)) in labels.iter().enumerate() {
-        if at > 0 {
-            out.push(b',');
-        }
-        string(out, name)?;
-        out.push(b':');
-        number(out, value.type_code())?;
-    }
-    out.extend_from_slice(b"},\"args\":");
+    out.extend_from_slice(b",\"labels\":");
+    object(out, labels, label_value)?;
+    out.extend_from_slice(b",\"labels_types\":");
+    object(out, labels, |out, value| number(out, value.type_code()))?;
+    out.extend_from_slice(b",\"args\":");
     serde_json::to_writer(&mut *out, args).map_err(serialize)?;
     out.extend_from_slice(b",\"kwargs\":");
     serde_json::to_writer(&mut *out, kwargs).map_err(serialize)?;
+    out.push(b'}');
+    Ok(())
+}
+
+/// The labels as a JSON object, each value written by `value`.
+fn object(
+    out: &mut Vec<u8>,
+    labels: &Labels,
+    value: impl Fn(&mut Vec<u8>, &LabelValue) -> Result<(), WireError>,
+) -> Result<(), WireError> {
+    out.push(b'{');
+    for (at, (name, v)) in labels.iter().enumerate() {
+        if at > 0 {
+            out.push(b',');
+        }
+        string(out, name)?;
+        out.push(b':');
+        value(out, v)?;
+    }
     out.push(b'}');
     Ok(())
 }
