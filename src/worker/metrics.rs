@@ -120,8 +120,10 @@ pub(crate) struct Counters {
 
 impl Counters {
     pub(crate) fn new(registry: &Registry) -> Self {
+        // A task registered as `_other` shares `_other`'s series (one series per name).
         let series: Vec<_> = registry
             .names()
+            .filter(|name| *name != OTHER_TASK)
             .chain([OTHER_TASK])
             .map(|name| (name, TaskCounters::default()))
             .collect();
