@@ -348,13 +348,23 @@ impl PrivateCluster {
         );
         // Every node must agree the cluster is up before a client maps its slots, and see a
         // live bus link to every other node: a PUBLISH crosses the cluster on those links and
-        // is dropped where one is not up yet.
+        // is dropped where one is not up yet. It must also know every replica's master (the
+        // news travels by gossip after `--cluster create` returns): a test that looks up the
+        // replica of a slot's master found none on a node that had not heard yet.
         for port in &ports {
             eventually(Duration::from_secs(30), || {
                 let nodes = cli(*port, &["cluster", "nodes"]);
+                let replicas_known = nodes
+                    .lines()
+                    .filter(|l| {
+                        let fields: Vec<&str> = l.split(' ').collect();
+                        fields.len() > 3 && fields[2].contains("slave") && fields[3] != "-"
+                    })
+                    .count();
                 cli(*port, &["cluster", "info"]).contains("cluster_state:ok")
                     && nodes.lines().count() == nodes_in_all
                     && nodes.lines().all(|l| l.contains(" connected"))
+                    && replicas_known == masters * replicas
             })
             .await;
         }
