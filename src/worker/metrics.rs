@@ -112,10 +112,6 @@ pub(crate) struct Counters {
     series: Vec<(&'static str, TaskCounters)>,
     /// Where each name's series is.
     by_name: crate::FastMap<&'static str, usize>,
-    /// The same, by where the registered name's text is and its length. A run counts a task
-    /// six or seven times under the registration's own `&'static str`: found by its address,
-    /// its name is not hashed byte by byte each time.
-    by_text: crate::FastMap<(usize, usize), usize>,
 }
 
 impl Counters {
@@ -132,33 +128,30 @@ impl Counters {
             .enumerate()
             .map(|(i, (name, _))| (*name, i))
             .collect();
-        let by_text = series
-            .iter()
-            .enumerate()
-            .map(|(i, (name, _))| ((name.as_ptr() as usize, name.len()), i))
-            .collect();
         Counters {
             total: TaskCounters::default(),
             series,
             by_name,
-            by_text,
         }
     }
 
     /// Where `name`'s series is, if this worker serves it.
     fn position(&self, name: &str) -> Option<usize> {
-        // The same address and length: the same text (a registered name, as most callers
-        // pass). A worker serving a few tasks compares those two numbers with each of its
-        // names (cheaper than hashing them); any other copy of a name is found by its bytes.
-        let text = (name.as_ptr() as usize, name.len());
-        let found = if self.series.len() <= SCAN_UP_TO {
-            self.series
+        // A run counts a task six or seven times under its registration's own `&'static str`.
+        // A worker serving a few tasks finds it by the text's address and length (the same
+        // text), cheaper than hashing the name; more tasks, or another copy of a name, are
+        // found by the name's bytes (a map keyed by address was measured no cheaper).
+        if self.series.len() <= SCAN_UP_TO {
+            let text = (name.as_ptr(), name.len());
+            let found = self
+                .series
                 .iter()
-                .position(|(known, _)| (known.as_ptr() as usize, known.len()) == text)
-        } else {
-            self.by_text.get(&text).copied()
-        };
-        found.or_else(|| self.by_name.get(name).copied())
+                .position(|(known, _)| (known.as_ptr(), known.len()) == text);
+            if found.is_some() {
+                return found;
+            }
+        }
+        self.by_name.get(name).copied()
     }
 
     fn task(&self, name: Option<&str>) -> &TaskCounters {
