@@ -6,7 +6,7 @@ use std::time::Duration;
 use base64::Engine as _;
 use serde_json::{Map, Value};
 
-use super::float::format_float;
+use super::float::{format_float, parse_float};
 use super::label_map::{LabelMap, Name};
 use super::TaskId;
 
@@ -56,9 +56,9 @@ impl LabelValue {
                 Ok(i) => LabelValue::Int(i),
                 Err(_) => LabelValue::Any(Value::String(s)),
             },
-            (Some(code::FLOAT), Value::String(s)) => match s.trim().parse::<f64>() {
-                Ok(f) => LabelValue::Float(f),
-                Err(_) => LabelValue::Any(Value::String(s)),
+            (Some(code::FLOAT), Value::String(s)) => match parse_float(&s) {
+                Some(f) => LabelValue::Float(f),
+                None => LabelValue::Any(Value::String(s)),
             },
             (Some(code::BOOL), Value::String(s)) => match parse_bool(&s) {
                 Some(b) => LabelValue::Bool(b),

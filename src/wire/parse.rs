@@ -18,6 +18,7 @@ use smallvec::SmallVec;
 use super::WireError;
 
 /// One top-level field as read: what a valid message needs, or what it was instead.
+#[cfg_attr(test, derive(Debug))]
 pub(super) enum Field<T> {
     Missing,
     Null,
@@ -73,6 +74,7 @@ pub(super) type Pairs<'de> = SmallVec<[(Cow<'de, str>, Value); super::label_map:
 
 /// The top-level fields of a message body. `labels` and `labels_types` say what those fields
 /// held; their entries are in the vectors given to [`read`].
+#[cfg_attr(test, derive(Debug))]
 pub(super) struct RawMessage<'de> {
     pub(super) task_id: Field<Cow<'de, str>>,
     pub(super) task_name: Field<Cow<'de, str>>,
@@ -86,6 +88,21 @@ pub(super) struct RawMessage<'de> {
 /// place: moving a few hundred bytes of entries through every field read cost more than the
 /// allocation it saves). `Ok(None)`: valid JSON whose top-level value is not an object.
 pub(super) fn read<'de>(
+    body: &'de [u8],
+    labels: &mut Pairs<'de>,
+    types: &mut Pairs<'de>,
+) -> Result<Option<RawMessage<'de>>, serde_json::Error> {
+    // The common shape first, read without serde's machinery; anything else from the start.
+    if let Ok(text) = std::str::from_utf8(body) {
+        if let Some(raw) = fast::read(text, labels, types) {
+            return Ok(Some(raw));
+        }
+    }
+    read_general(body, labels, types)
+}
+
+/// [`read`] by serde_json alone, whatever the body's shape.
+fn read_general<'de>(
     body: &'de [u8],
     labels: &mut Pairs<'de>,
     types: &mut Pairs<'de>,
@@ -427,6 +444,8 @@ impl<'de> de::Deserialize<'de> for KeyCow<'de> {
         d.deserialize_str(KeyCowVisitor)
     }
 }
+
+mod fast;
 
 #[cfg(test)]
 mod tests;

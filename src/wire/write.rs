@@ -8,11 +8,9 @@
 //! serde_json's own escaping. The bytes are serde_json's for the same fields (a test holds
 //! the two equal), so nothing a reader sees changes.
 
-use std::io::Write as _;
-
 use serde_json::{Map, Value};
 
-use super::float::FloatText;
+use super::float::write_float;
 use super::labels::python_bool;
 use super::{LabelValue, Labels, WireError};
 
@@ -67,8 +65,18 @@ fn label_value(out: &mut Vec<u8>, value: &LabelValue) -> Result<(), WireError> {
         LabelValue::Str(s) => string(out, s),
         LabelValue::Bool(b) => string(out, python_bool(*b)),
         // Digits, a sign, a dot, an exponent, `nan` or `inf`: nothing to escape.
-        LabelValue::Int(i) => write!(out, "\"{i}\"").map_err(io),
-        LabelValue::Float(f) => write!(out, "\"{}\"", FloatText(*f)).map_err(io),
+        LabelValue::Int(i) => {
+            out.push(b'"');
+            out.extend_from_slice(itoa::Buffer::new().format(*i).as_bytes());
+            out.push(b'"');
+            Ok(())
+        }
+        LabelValue::Float(f) => {
+            out.push(b'"');
+            write_float(out, *f);
+            out.push(b'"');
+            Ok(())
+        }
         LabelValue::Any(v) => serde_json::to_writer(&mut *out, v).map_err(serialize),
         LabelValue::Bytes(_) => {
             serde_json::to_writer(&mut *out, &value.to_typed().0).map_err(serialize)
@@ -82,7 +90,10 @@ fn number(out: &mut Vec<u8>, n: i64) -> Result<(), WireError> {
             out.push(b'0' + digit);
             Ok(())
         }
-        _ => write!(out, "{n}").map_err(io),
+        _ => {
+            out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+            Ok(())
+        }
     }
 }
 
@@ -104,7 +115,7 @@ fn string(out: &mut Vec<u8>, s: &str) -> Result<(), WireError> {
 /// Eight bytes at a time (a message's strings are ids, names and channel names of tens of
 /// bytes): the classic tests for a zero byte and a byte below `n` in a word, which say
 /// exactly whether one is there.
-fn needs_escape(bytes: &[u8]) -> bool {
+pub(in crate::wire) fn needs_escape(bytes: &[u8]) -> bool {
     const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
     const HIGHS: u64 = u64::from_ne_bytes([0x80; 8]);
     let below = |word: u64, n: u8| word.wrapping_sub(ONES * u64::from(n)) & !word & HIGHS != 0;
@@ -125,10 +136,6 @@ fn needs_escape(bytes: &[u8]) -> bool {
 }
 
 fn serialize(e: serde_json::Error) -> WireError {
-    WireError::Serialize(e.to_string())
-}
-
-fn io(e: std::io::Error) -> WireError {
     WireError::Serialize(e.to_string())
 }
 

@@ -245,3 +245,153 @@ fn labels_written_twice_read_as_the_last_and_more_than_fit_in_place_read_whole()
     let msg = TaskMessage::from_json(twice.as_bytes()).unwrap();
     assert_eq!(msg.labels.get("a").and_then(|v| v.as_str()), Some("2"));
 }
+
+/// The fast reader's answer and the general reader's, side by side, as text; `None` where the
+/// fast reader declined.
+fn both_readers(body: &str) -> (Option<String>, String) {
+    let (mut labels, mut types) = (super::Pairs::new(), super::Pairs::new());
+    let fast = super::fast::read(body, &mut labels, &mut types)
+        .map(|raw| format!("{raw:?} {labels:?} {types:?}"));
+    let (mut labels, mut types) = (super::Pairs::new(), super::Pairs::new());
+    let general = match super::read_general(body.as_bytes(), &mut labels, &mut types) {
+        Ok(Some(raw)) => format!("{raw:?} {labels:?} {types:?}"),
+        Ok(None) => "not an object".to_owned(),
+        Err(e) => format!("error: {e}"),
+    };
+    (fast, general)
+}
+
+/// What the fast reader accepts, it reads as the general reader does (`Some(..)` there: it
+/// never accepts what that one refuses, nor what is not an object).
+fn fast_agrees(body: &str) -> Result<bool, TestCaseError> {
+    let (fast, general) = both_readers(body);
+    if let Some(fast) = &fast {
+        prop_assert_eq!(fast, &general, "body {}", body);
+    }
+    Ok(fast.is_some())
+}
+
+/// A message in the common shape, its parts spaced and ordered as a producer may write them.
+fn common_body() -> impl Strategy<Value = String> {
+    let label = ("[a-z_]{1,12}", "[ -~]{0,16}");
+    (
+        prop::collection::vec(label, 0..5),
+        prop::collection::vec(("[a-z_]{1,12}", 0u64..7), 0..5),
+        prop::collection::vec(value(), 0..3),
+        prop::collection::vec(("[a-c]{1,2}", value()), 0..3),
+        prop::sample::select(vec!["", " ", "\n  ", "\t"]),
+        any::<prop::sample::Index>(),
+    )
+        .prop_map(|(labels, types, args, kwargs, ws, order)| {
+            let object =
+                |items: Vec<String>| format!("{{{ws}{}{ws}}}", items.join(&format!(",{ws}")));
+            let mut fields = [
+                format!(r#""task_id"{ws}:{ws}"0123456789abcdef0123456789abcdef""#),
+                format!(r#""task_name":{ws}"bench.noop""#),
+                format!(
+                    r#""labels":{}"#,
+                    object(
+                        labels
+                            .iter()
+                            .map(|(k, v)| format!("{}:{ws}{}", json!(k), json!(v)))
+                            .collect()
+                    )
+                ),
+                format!(
+                    r#""labels_types":{}"#,
+                    object(
+                        types
+                            .iter()
+                            .map(|(k, v)| format!("{}:{v}", json!(k)))
+                            .collect()
+                    )
+                ),
+                format!(r#""args":{ws}{}"#, Value::Array(args)),
+                format!(
+                    r#""kwargs":{}"#,
+                    Value::Object(kwargs.into_iter().collect())
+                ),
+            ];
+            let turn = order.index(fields.len());
+            fields.rotate_left(turn);
+            format!("{ws}{{{ws}{}{ws}}}{ws}", fields.join(&format!(",{ws}")))
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2000))]
+    #[test]
+    fn the_fast_reader_reads_the_common_shape_as_the_general_one_does(body in common_body()) {
+        // A label value with an escape (`"` or `\` among the printable characters) is left to
+        // the general reader; every other body of this shape is read fast.
+        let escaped = body.contains('\\');
+        prop_assert!(fast_agrees(&body)? || escaped, "declined: {}", body);
+        agree(body.as_bytes())?;
+    }
+
+    #[test]
+    fn the_fast_reader_accepts_nothing_the_general_one_reads_otherwise(body in body()) {
+        let text = String::from_utf8(body).expect("generated bodies are UTF-8");
+        fast_agrees(&text)?;
+    }
+
+    #[test]
+    fn the_fast_reader_accepts_nothing_a_cut_or_changed_body_breaks(
+        body in common_body(),
+        at in any::<prop::sample::Index>(),
+        byte in prop::sample::select(b"{}[]\":,\\ 0an-e.\x01".to_vec()),
+        cut in any::<bool>(),
+    ) {
+        let mut bytes = body.into_bytes();
+        let at = at.index(bytes.len());
+        if cut {
+            bytes.truncate(at);
+        } else {
+            bytes[at] = byte;
+        }
+        if let Ok(text) = String::from_utf8(bytes) {
+            fast_agrees(&text)?;
+        }
+    }
+}
+
+/// Bodies the fast reader must leave to the general one, each for its own reason.
+#[test]
+fn the_fast_reader_declines_what_it_does_not_read_exactly() {
+    let id = r#""task_id":"0123456789abcdef0123456789abcdef","task_name":"t""#;
+    let deep = format!("{}1{}", "[".repeat(127), "]".repeat(127));
+    for rest in [
+        r#""other":1"#.to_owned(),
+        r#""labels":{"a":"1"},"labels":{"b":"2"}"#.to_owned(),
+        r#""labels":{"a":1}"#.to_owned(),
+        r#""labels":{"a":"\u0031"}"#.to_owned(),
+        r#""labels_types":{"a":-0}"#.to_owned(),
+        r#""labels_types":{"a":01}"#.to_owned(),
+        r#""labels_types":{"a":1.0}"#.to_owned(),
+        r#""labels_types":{"a":1e0}"#.to_owned(),
+        format!(r#""args":[{deep}]"#),
+        r#""args":{}"#.to_owned(),
+        r#""kwargs":[]"#.to_owned(),
+        r#""args":[1,]"#.to_owned(),
+    ] {
+        let body = format!("{{{id},{rest}}}");
+        let (fast, _) = both_readers(&body);
+        assert_eq!(fast, None, "{body}");
+        agree(body.as_bytes()).unwrap();
+    }
+    for body in [
+        "[]",
+        "{} x",
+        "{",
+        "",
+        " ",
+        r#"{"task_id":"a\u0000"}"#,
+        "{\"task_id\":\"a\u{1}\"}",
+    ] {
+        assert_eq!(both_readers(body).0, None, "{body}");
+    }
+    // serde_json's depth limit counts from the top: 126 brackets inside `args` are read.
+    let nested = format!("{}1{}", "[".repeat(98), "]".repeat(98));
+    let body = format!(r#"{{{id},"args":[{nested}]}}"#);
+    assert!(both_readers(&body).0.is_some());
+}
