@@ -115,7 +115,7 @@ fn string(out: &mut Vec<u8>, s: &str) -> Result<(), WireError> {
 /// Eight bytes at a time (a message's strings are ids, names and channel names of tens of
 /// bytes): the classic tests for a zero byte and a byte below `n` in a word, which say
 /// exactly whether one is there.
-pub(in crate::wire) fn needs_escape(bytes: &[u8]) -> bool {
+fn needs_escape(bytes: &[u8]) -> bool {
     const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
     const HIGHS: u64 = u64::from_ne_bytes([0x80; 8]);
     let below = |word: u64, n: u8| word.wrapping_sub(ONES * u64::from(n)) & !word & HIGHS != 0;

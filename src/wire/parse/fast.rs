@@ -81,11 +81,18 @@ impl<'de> Reader<'de> {
                         8
                     }
                     "args" => {
-                        raw.args = self.data::<Vec<Value>>(b'[')?;
+                        raw.args = match self.scalar_array() {
+                            Some(items) => Field::Read(items),
+                            None => self.data::<Vec<Value>>(b'[')?,
+                        };
                         16
                     }
                     "kwargs" => {
-                        raw.kwargs = self.data::<Map<String, Value>>(b'{')?;
+                        raw.kwargs = if self.empty_object() {
+                            Field::Read(Map::new())
+                        } else {
+                            self.data::<Map<String, Value>>(b'{')?
+                        };
                         32
                     }
                     _ => return None,
@@ -140,21 +147,15 @@ impl<'de> Reader<'de> {
     fn plain_string(&mut self) -> Option<&'de str> {
         self.expect(b'"')?;
         let start = self.at;
-        let len = self.text.as_bytes()[start..]
-            .iter()
-            .position(|&b| b == b'"')?;
+        let len = plain_len(&self.text.as_bytes()[start..])?;
         let s = self.text.get(start..start + len)?;
-        if super::super::write::needs_escape(s.as_bytes()) {
-            return None;
-        }
         self.at = start + len + 1;
         Some(s)
     }
 
     fn null(&mut self) -> Option<()> {
         self.skip_whitespace();
-        let rest = self.text.as_bytes().get(self.at..)?;
-        rest.starts_with(b"null").then(|| self.at += 4)
+        self.literal("null", Value::Null).map(drop)
     }
 
     fn string_or_null(&mut self) -> Option<Field<Cow<'de, str>>> {
@@ -199,14 +200,20 @@ impl<'de> Reader<'de> {
         self.plain_string().map(|s| Value::String(s.to_owned()))
     }
 
-    /// A label's type code: a non-negative integer without a fraction or exponent, read as
-    /// serde_json reads it (as unsigned). Type codes are 0–5; a negative number is left to
-    /// the general reader (serde_json reads `-0` as a float).
+    /// A label's type code: an integer, as serde_json reads it. Type codes are 0–5.
     fn type_code(&mut self) -> Option<Value> {
+        self.integer().map(Value::Number)
+    }
+
+    /// An integer without a fraction or exponent, as serde_json reads it: a non-negative one
+    /// as unsigned, a negative one as signed (`-0`, which it reads as a float, is declined).
+    fn integer(&mut self) -> Option<Number> {
         self.skip_whitespace();
-        let start = self.at;
         let bytes = self.text.as_bytes();
-        let digits = bytes[start..]
+        let negative = bytes.get(self.at) == Some(&b'-');
+        let start = self.at + usize::from(negative);
+        let digits = bytes
+            .get(start..)?
             .iter()
             .take_while(|b| b.is_ascii_digit())
             .count();
@@ -217,9 +224,70 @@ impl<'de> Reader<'de> {
         if let Some(b'.' | b'e' | b'E') = bytes.get(start + digits) {
             return None;
         }
-        let code: u64 = self.text.get(start..start + digits)?.parse().ok()?;
+        let magnitude: u64 = self.text.get(start..start + digits)?.parse().ok()?;
+        if negative && magnitude == 0 {
+            return None;
+        }
         self.at = start + digits;
-        Some(Value::Number(Number::from(code)))
+        // Below 10^18: fits an i64 either way.
+        Some(if negative {
+            Number::from(-(magnitude as i64))
+        } else {
+            Number::from(magnitude)
+        })
+    }
+
+    /// `args` when it holds only plain strings, integers, booleans and nulls (a task's
+    /// arguments most often are ids, counts and names); `None` leaves it to serde_json, from
+    /// where it starts.
+    fn scalar_array(&mut self) -> Option<Vec<Value>> {
+        let start = self.at;
+        let read = self.scalars();
+        if read.is_none() {
+            self.at = start;
+        }
+        read
+    }
+
+    fn scalars(&mut self) -> Option<Vec<Value>> {
+        self.expect(b'[')?;
+        let mut items = Vec::new();
+        if self.peek()? == b']' {
+            self.at += 1;
+            return Some(items);
+        }
+        loop {
+            let item = match self.peek()? {
+                b'"' => Value::String(self.plain_string()?.to_owned()),
+                b'-' | b'0'..=b'9' => Value::Number(self.integer()?),
+                b't' => self.literal("true", Value::Bool(true))?,
+                b'f' => self.literal("false", Value::Bool(false))?,
+                b'n' => self.literal("null", Value::Null)?,
+                _ => return None,
+            };
+            items.push(item);
+            if !self.comma_or_end(b']')? {
+                return Some(items);
+            }
+        }
+    }
+
+    fn literal(&mut self, word: &str, value: Value) -> Option<Value> {
+        let rest = self.text.as_bytes().get(self.at..)?;
+        rest.starts_with(word.as_bytes()).then(|| {
+            self.at += word.len();
+            value
+        })
+    }
+
+    /// `{}`, consumed; anything else is left as it was.
+    fn empty_object(&mut self) -> bool {
+        let start = self.at;
+        if self.expect(b'{').is_some() && self.expect(b'}').is_some() {
+            return true;
+        }
+        self.at = start;
+        false
     }
 
     /// `args` or `kwargs` (or null), read by serde_json as the general reader reads them.
@@ -244,5 +312,63 @@ impl<'de> Reader<'de> {
         }
         self.at += end;
         Some(Field::Read(value))
+    }
+}
+
+/// Where the string that `bytes` starts ends (its closing `"`), when no byte before it is an
+/// escape or a control byte; eight bytes at a time.
+fn plain_len(bytes: &[u8]) -> Option<usize> {
+    const ONES: u64 = u64::from_le_bytes([0x01; 8]);
+    const HIGHS: u64 = u64::from_le_bytes([0x80; 8]);
+    // The high bit of each byte below `n`, exact up to the first such byte (a borrow only
+    // marks bytes above it); little-endian, so the lowest set bit is the first byte.
+    let below = |word: u64, n: u8| word.wrapping_sub(ONES * u64::from(n)) & !word & HIGHS;
+    let equal = |word: u64, byte: u8| below(word ^ (ONES * u64::from(byte)), 1);
+    let mut at = 0;
+    while let Some(chunk) = bytes.get(at..at + 8) {
+        let mut eight = [0u8; 8];
+        eight.copy_from_slice(chunk);
+        let word = u64::from_le_bytes(eight);
+        let stops = below(word, 0x20) | equal(word, b'"') | equal(word, b'\\');
+        if stops != 0 {
+            let first = at + (stops.trailing_zeros() / 8) as usize;
+            return (bytes[first] == b'"').then_some(first);
+        }
+        at += 8;
+    }
+    for (offset, &b) in bytes[at..].iter().enumerate() {
+        match b {
+            b'"' => return Some(at + offset),
+            b'\\' | 0..=0x1f => return None,
+            _ => {}
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::plain_len;
+
+    #[test]
+    fn a_plain_string_ends_at_its_first_quote_unless_an_escape_or_control_byte_comes_first() {
+        for len in 0..20 {
+            for byte in 0..=255u8 {
+                let mut bytes = vec![b'a'; len];
+                bytes.push(byte);
+                bytes.extend_from_slice(b"xyz\"\\");
+                let expect = match byte {
+                    b'"' => Some(len),
+                    b'\\' | 0..=0x1f => None,
+                    // The first quote after it.
+                    _ => Some(len + 4),
+                };
+                assert_eq!(plain_len(&bytes), expect, "byte {byte:#x} after {len}");
+            }
+            let mut open = vec![b'a'; len];
+            assert_eq!(plain_len(&open), None, "no closing quote in {len}");
+            open.push(b'"');
+            assert_eq!(plain_len(&open), Some(len));
+        }
     }
 }
