@@ -47,33 +47,53 @@ pub enum LabelValue {
     Any(Value),
 }
 
+/// A label's value as read from a body: a string's text (borrowed from the body when it has
+/// no escapes), or any other JSON value. A typed label is read from the text, not from a
+/// copy of it.
+#[cfg_attr(test, derive(Debug))]
+pub(crate) enum RawLabel<'a> {
+    /// A JSON string's text.
+    Text(Cow<'a, str>),
+    /// Any other JSON value.
+    Json(Value),
+}
+
+impl From<Value> for RawLabel<'_> {
+    fn from(value: Value) -> Self {
+        match value {
+            Value::String(s) => RawLabel::Text(Cow::Owned(s)),
+            other => RawLabel::Json(other),
+        }
+    }
+}
+
 impl LabelValue {
     /// Reads a value typed by a `labels_types` code. A value that does not fit its code is kept as
     /// [`LabelValue::Any`] rather than rejected: a label never makes a message unreadable.
-    fn from_typed(raw: Value, type_code: Option<i64>) -> LabelValue {
-        match (type_code, raw) {
-            (Some(code::INT), Value::String(s)) => match s.trim().parse::<i64>() {
-                Ok(i) => LabelValue::Int(i),
-                Err(_) => LabelValue::Any(Value::String(s)),
-            },
-            (Some(code::FLOAT), Value::String(s)) => match parse_float(&s) {
-                Some(f) => LabelValue::Float(f),
-                None => LabelValue::Any(Value::String(s)),
-            },
-            (Some(code::BOOL), Value::String(s)) => match parse_bool(&s) {
-                Some(b) => LabelValue::Bool(b),
-                None => LabelValue::Any(Value::String(s)),
-            },
-            (Some(code::BYTES), Value::String(s)) => {
-                match base64::engine::general_purpose::STANDARD.decode(s.as_bytes()) {
-                    Ok(b) => LabelValue::Bytes(b),
-                    Err(_) => LabelValue::Any(Value::String(s)),
+    fn from_typed(raw: RawLabel<'_>, type_code: Option<i64>) -> LabelValue {
+        let text = match raw {
+            RawLabel::Text(text) => text,
+            RawLabel::Json(value) => {
+                return match type_code {
+                    Some(code::ANY) => LabelValue::Any(value),
+                    _ => LabelValue::from_json(value),
                 }
             }
-            (Some(code::STR), Value::String(s)) => LabelValue::Str(s),
-            (Some(code::ANY), raw) => LabelValue::Any(raw),
-            (_, raw) => LabelValue::from_json(raw),
-        }
+        };
+        // A typed value is read from the body's text: only a string label is copied. One
+        // that does not read as its type, or of type "any", is kept as the string it is.
+        let typed = match type_code {
+            Some(code::INT) => text.trim().parse::<i64>().ok().map(LabelValue::Int),
+            Some(code::FLOAT) => parse_float(&text).map(LabelValue::Float),
+            Some(code::BOOL) => parse_bool(&text).map(LabelValue::Bool),
+            Some(code::BYTES) => base64::engine::general_purpose::STANDARD
+                .decode(text.as_bytes())
+                .ok()
+                .map(LabelValue::Bytes),
+            Some(code::ANY) => None,
+            _ => return LabelValue::Str(text.into_owned()),
+        };
+        typed.unwrap_or_else(|| LabelValue::Any(Value::String(text.into_owned())))
     }
 
     /// Reads an untyped raw JSON value.
@@ -543,10 +563,15 @@ impl Labels {
 
     /// Reads `labels` and `labels_types` as taskiq writes them (a name written twice keeps
     /// its last value and its last type, as a JSON object read into a map does).
-    pub(crate) fn from_wire<N: AsRef<str> + Into<String>, K: AsRef<str>>(
-        labels: impl IntoIterator<Item = (N, Value)>,
+    pub(crate) fn from_wire<'a, N, V, K>(
+        labels: impl IntoIterator<Item = (N, V)>,
         types: &[(K, Value)],
-    ) -> Self {
+    ) -> Self
+    where
+        N: AsRef<str> + Into<String>,
+        V: Into<RawLabel<'a>>,
+        K: AsRef<str>,
+    {
         // Messages carry a handful of labels: a scan beats building a map, but a body with
         // thousands must not cost a scan per label.
         let indexed = (types.len() > 16).then(|| {
@@ -569,7 +594,7 @@ impl Labels {
         };
         let labels = labels.into_iter().map(|(name, raw)| {
             let code = code_of(name.as_ref());
-            (name_of(name), LabelValue::from_typed(raw, code))
+            (name_of(name), LabelValue::from_typed(raw.into(), code))
         });
         Labels::of(labels)
     }

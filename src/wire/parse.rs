@@ -15,6 +15,7 @@ use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visit
 use serde_json::{Map, Value};
 use smallvec::SmallVec;
 
+use super::labels::RawLabel;
 use super::WireError;
 
 /// One top-level field as read: what a valid message needs, or what it was instead.
@@ -70,7 +71,12 @@ pub(super) fn invalid(field: &'static str, what: &str, got: Option<&'static str>
 /// copied once, into its `Labels`).
 /// Kept on the stack up to as many as [`Labels`](super::Labels) keeps in place: reading a
 /// message's labels and their types allocates nothing on the way.
-pub(super) type Pairs<'de> = SmallVec<[(Cow<'de, str>, Value); super::label_map::INLINE]>;
+/// A label's value is kept as its text when it is a string (see [`RawLabel`]); a type's as the
+/// JSON value it is.
+pub(super) type Pairs<'de, V = Value> = SmallVec<[(Cow<'de, str>, V); super::label_map::INLINE]>;
+
+/// The labels' entries: names and values as read.
+pub(super) type LabelPairs<'de> = Pairs<'de, RawLabel<'de>>;
 
 /// The top-level fields of a message body. `labels` and `labels_types` say what those fields
 /// held; their entries are in the vectors given to [`read`].
@@ -89,7 +95,7 @@ pub(super) struct RawMessage<'de> {
 /// allocation it saves). `Ok(None)`: valid JSON whose top-level value is not an object.
 pub(super) fn read<'de>(
     body: &'de [u8],
-    labels: &mut Pairs<'de>,
+    labels: &mut LabelPairs<'de>,
     types: &mut Pairs<'de>,
 ) -> Result<Option<RawMessage<'de>>, serde_json::Error> {
     // The common shape first, read without serde's machinery; anything else from the start.
@@ -104,7 +110,7 @@ pub(super) fn read<'de>(
 /// [`read`] by serde_json alone, whatever the body's shape.
 fn read_general<'de>(
     body: &'de [u8],
-    labels: &mut Pairs<'de>,
+    labels: &mut LabelPairs<'de>,
     types: &mut Pairs<'de>,
 ) -> Result<Option<RawMessage<'de>>, serde_json::Error> {
     let top = TopLevel { labels, types };
@@ -127,7 +133,7 @@ fn read_from<'de, R: serde_json::de::Read<'de>>(
 }
 
 struct TopLevel<'a, 'de> {
-    labels: &'a mut Pairs<'de>,
+    labels: &'a mut LabelPairs<'de>,
     types: &'a mut Pairs<'de>,
 }
 
@@ -356,9 +362,9 @@ impl<'de> Visitor<'de> for Of {
 
 /// Reads `labels` or `labels_types` into the vector it holds, in the order written (emptied
 /// first: of a field written twice, the last counts).
-struct PairsInto<'a, 'de>(&'a mut Pairs<'de>);
+struct PairsInto<'a, 'de, V>(&'a mut Pairs<'de, V>);
 
-impl<'de> DeserializeSeed<'de> for PairsInto<'_, 'de> {
+impl<'de, V: From<Value>> DeserializeSeed<'de> for PairsInto<'_, 'de, V> {
     type Value = Field<()>;
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Field<()>, D::Error> {
         self.0.clear();
@@ -366,7 +372,7 @@ impl<'de> DeserializeSeed<'de> for PairsInto<'_, 'de> {
     }
 }
 
-impl<'de> PairsInto<'_, 'de> {
+impl<'de, V> PairsInto<'_, 'de, V> {
     /// What a value that is not an object was, named as for any object field.
     fn not_an_object(read: Read<'de>) -> Field<()> {
         match read.into_object() {
@@ -378,7 +384,7 @@ impl<'de> PairsInto<'_, 'de> {
     }
 }
 
-impl<'de> Visitor<'de> for PairsInto<'_, 'de> {
+impl<'de, V: From<Value>> Visitor<'de> for PairsInto<'_, 'de, V> {
     type Value = Field<()>;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -387,7 +393,7 @@ impl<'de> Visitor<'de> for PairsInto<'_, 'de> {
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Field<()>, A::Error> {
         while let Some((KeyCow(k), v)) = map.next_entry::<KeyCow<'de>, Value>()? {
-            self.0.push((k, v));
+            self.0.push((k, V::from(v)));
         }
         Ok(Field::Read(()))
     }

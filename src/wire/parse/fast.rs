@@ -14,13 +14,13 @@ use std::borrow::Cow;
 
 use serde_json::{Map, Number, Value};
 
-use super::{Field, Pairs, RawMessage};
+use super::{Field, LabelPairs, Pairs, RawLabel, RawMessage};
 
 /// Reads `text` when it has the common shape; `None` leaves it to the general reader (with
 /// `labels` and `types` emptied).
 pub(super) fn read<'de>(
     text: &'de str,
-    labels: &mut Pairs<'de>,
+    labels: &mut LabelPairs<'de>,
     types: &mut Pairs<'de>,
 ) -> Option<RawMessage<'de>> {
     let read = Reader { text, at: 0 }.message(labels, types);
@@ -44,7 +44,7 @@ const BRACKETS_READ_ALONE: usize = 100;
 impl<'de> Reader<'de> {
     fn message(
         mut self,
-        labels: &mut Pairs<'de>,
+        labels: &mut LabelPairs<'de>,
         types: &mut Pairs<'de>,
     ) -> Option<RawMessage<'de>> {
         let mut raw = RawMessage {
@@ -167,10 +167,10 @@ impl<'de> Reader<'de> {
     }
 
     /// `labels` or `labels_types`: an object (or null) whose values `value` reads.
-    fn pairs(
+    fn pairs<V>(
         &mut self,
-        into: &mut Pairs<'de>,
-        value: fn(&mut Self) -> Option<Value>,
+        into: &mut Pairs<'de, V>,
+        value: fn(&mut Self) -> Option<V>,
     ) -> Option<Field<()>> {
         match self.peek()? {
             b'n' => return self.null().map(|()| Field::Null),
@@ -192,12 +192,13 @@ impl<'de> Reader<'de> {
         }
     }
 
-    /// A label's value as ferriq and taskiq write it: a plain string.
-    fn label_value(&mut self) -> Option<Value> {
+    /// A label's value as ferriq and taskiq write it: a plain string, kept as the body's text.
+    fn label_value(&mut self) -> Option<RawLabel<'de>> {
         if self.peek()? != b'"' {
             return None;
         }
-        self.plain_string().map(|s| Value::String(s.to_owned()))
+        self.plain_string()
+            .map(|s| RawLabel::Text(Cow::Borrowed(s)))
     }
 
     /// A label's type code: an integer, as serde_json reads it. Type codes are 0–5.
@@ -212,24 +213,30 @@ impl<'de> Reader<'de> {
         let bytes = self.text.as_bytes();
         let negative = bytes.get(self.at) == Some(&b'-');
         let start = self.at + usize::from(negative);
-        let digits = bytes
-            .get(start..)?
-            .iter()
-            .take_while(|b| b.is_ascii_digit())
-            .count();
-        // No leading zero (JSON has none), and few enough digits that the value fits.
-        if digits == 0 || digits > 18 || (digits > 1 && bytes[start] == b'0') {
+        let mut magnitude: u64 = 0;
+        let mut digits = 0;
+        while let Some(&b) = bytes.get(start + digits) {
+            if !b.is_ascii_digit() {
+                break;
+            }
+            // Up to 18 digits: below 10^18, fits an i64 either way.
+            if digits == 18 {
+                return None;
+            }
+            magnitude = magnitude * 10 + u64::from(b - b'0');
+            digits += 1;
+        }
+        // No leading zero (JSON has none), no fraction or exponent.
+        if digits == 0 || (digits > 1 && bytes[start] == b'0') {
             return None;
         }
         if let Some(b'.' | b'e' | b'E') = bytes.get(start + digits) {
             return None;
         }
-        let magnitude: u64 = self.text.get(start..start + digits)?.parse().ok()?;
         if negative && magnitude == 0 {
             return None;
         }
         self.at = start + digits;
-        // Below 10^18: fits an i64 either way.
         Some(if negative {
             Number::from(-(magnitude as i64))
         } else {
@@ -325,23 +332,19 @@ fn plain_len(bytes: &[u8]) -> Option<usize> {
     let below = |word: u64, n: u8| word.wrapping_sub(ONES * u64::from(n)) & !word & HIGHS;
     let equal = |word: u64, byte: u8| below(word ^ (ONES * u64::from(byte)), 1);
     let mut at = 0;
-    while let Some(chunk) = bytes.get(at..at + 8) {
+    while at < bytes.len() {
+        // The last few bytes padded with zeros, which stop the scan like any control byte:
+        // a stop in the padding means the string does not end here.
         let mut eight = [0u8; 8];
-        eight.copy_from_slice(chunk);
+        let take = (bytes.len() - at).min(8);
+        eight[..take].copy_from_slice(&bytes[at..at + take]);
         let word = u64::from_le_bytes(eight);
         let stops = below(word, 0x20) | equal(word, b'"') | equal(word, b'\\');
         if stops != 0 {
             let first = at + (stops.trailing_zeros() / 8) as usize;
-            return (bytes[first] == b'"').then_some(first);
+            return (bytes.get(first) == Some(&b'"')).then_some(first);
         }
         at += 8;
-    }
-    for (offset, &b) in bytes[at..].iter().enumerate() {
-        match b {
-            b'"' => return Some(at + offset),
-            b'\\' | 0..=0x1f => return None,
-            _ => {}
-        }
     }
     None
 }
