@@ -79,7 +79,10 @@ impl<T: DeserializeOwned> TaskHandle<T> {
     pub async fn wait(&self, timeout: Duration) -> Result<T, WaitError> {
         match self.store.wait(&self.task_id, timeout).await? {
             ResultStatus::Ready(result) => self.decode(result),
-            _ => self.timed_out(timeout).await,
+            // Boxed: the timed-out path's future (a broker call under a timer) would make
+            // every wait's future several times larger, and an app awaiting thousands of
+            // handles at once moves each of those futures a few times.
+            _ => Box::pin(self.timed_out(timeout)).await,
         }
     }
 

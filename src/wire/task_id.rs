@@ -1,5 +1,6 @@
 use std::fmt;
-use std::sync::Arc;
+use std::hash::BuildHasher as _;
+use std::sync::{Arc, LazyLock};
 
 use arrayvec::ArrayString;
 
@@ -22,7 +23,15 @@ use super::WireError;
 /// assert!(TaskId::parse("a{b}").is_err());
 /// ```
 #[derive(Clone)]
-pub struct TaskId(Repr);
+pub struct TaskId {
+    repr: Repr,
+    /// The text's hash, by a hasher seeded at random once per process: computed when the id
+    /// is made, so a map of ids (a worker's running runs, its pending results, the memory
+    /// store's claims and results, each one touched several times per task) hashes 8 bytes
+    /// rather than the id's 32 every time. Unknown outside the process, so ids cannot be
+    /// chosen to collide.
+    hash: u64,
+}
 
 /// Longest id kept inline: a uuid with its dashes (taskiq's ids are 32 characters).
 const INLINE: usize = 36;
@@ -40,17 +49,21 @@ enum Repr {
 impl TaskId {
     /// `id`, already checked.
     fn of(id: &str) -> Self {
-        match ArrayString::from(id) {
-            Ok(inline) => TaskId(Repr::Inline(inline)),
-            Err(_) => TaskId(Repr::Shared(Arc::from(id))),
-        }
+        static HASHER: LazyLock<foldhash::fast::RandomState> = LazyLock::new(Default::default);
+        let hash = HASHER.hash_one(id);
+        let repr = match ArrayString::from(id) {
+            Ok(inline) => Repr::Inline(inline),
+            Err(_) => Repr::Shared(Arc::from(id)),
+        };
+        TaskId { repr, hash }
     }
 }
 
-// Compared, ordered and hashed as their text, however they are kept.
+// Compared and ordered as their text, however they are kept; hashed by their text's hash.
 impl PartialEq for TaskId {
     fn eq(&self, other: &Self) -> bool {
-        self.as_str() == other.as_str()
+        // Equal texts have equal hashes: most unequal ids differ there already.
+        self.hash == other.hash && self.as_str() == other.as_str()
     }
 }
 
@@ -58,7 +71,7 @@ impl Eq for TaskId {}
 
 impl std::hash::Hash for TaskId {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.as_str().hash(state)
+        state.write_u64(self.hash)
     }
 }
 
@@ -138,10 +151,7 @@ impl TaskId {
             Some("it is empty")
         } else if id.len() > MAX_LEN {
             Some("it is longer than 200 bytes")
-        } else if !id
-            .bytes()
-            .all(|b| b.is_ascii_graphic() && b != b'{' && b != b'}')
-        {
+        } else if !printable_without_braces(id.as_bytes()) {
             Some("only printable ASCII without spaces or braces is allowed")
         } else {
             None
@@ -157,11 +167,37 @@ impl TaskId {
 
     /// The id as a string.
     pub fn as_str(&self) -> &str {
-        match &self.0 {
+        match &self.repr {
             Repr::Inline(id) => id.as_str(),
             Repr::Shared(id) => id,
         }
     }
+}
+
+/// Whether every byte is printable ASCII (`!` to `~`) other than a brace; eight bytes at a
+/// time (every id a worker receives is checked). The tests for a byte below `n` in a word say
+/// exactly whether there is one.
+fn printable_without_braces(bytes: &[u8]) -> bool {
+    const ONES: u64 = u64::from_le_bytes([0x01; 8]);
+    const HIGHS: u64 = u64::from_le_bytes([0x80; 8]);
+    let below = |word: u64, n: u8| word.wrapping_sub(ONES * u64::from(n)) & !word & HIGHS;
+    let equal = |word: u64, byte: u8| below(word ^ (ONES * u64::from(byte)), 1);
+    let allowed = |b: u8| b.is_ascii_graphic() && b != b'{' && b != b'}';
+    let mut words = bytes.chunks_exact(8);
+    for chunk in &mut words {
+        let mut eight = [0u8; 8];
+        eight.copy_from_slice(chunk);
+        let word = u64::from_le_bytes(eight);
+        let refused = below(word, 0x21)
+            | (word & HIGHS)
+            | equal(word, 0x7f)
+            | equal(word, b'{')
+            | equal(word, b'}');
+        if refused != 0 {
+            return false;
+        }
+    }
+    words.remainder().iter().all(|&b| allowed(b))
 }
 
 impl fmt::Display for TaskId {
@@ -240,8 +276,14 @@ mod tests {
             assert_eq!(serde_json::from_str::<TaskId>(&json).unwrap(), id);
         }
         // Kept inline up to a dashed uuid's length, shared past it.
-        assert!(matches!(TaskId::parse(&inline).unwrap().0, Repr::Inline(_)));
-        assert!(matches!(TaskId::parse(&longer).unwrap().0, Repr::Shared(_)));
+        assert!(matches!(
+            TaskId::parse(&inline).unwrap().repr,
+            Repr::Inline(_)
+        ));
+        assert!(matches!(
+            TaskId::parse(&longer).unwrap().repr,
+            Repr::Shared(_)
+        ));
         // Ordered as text across the two forms.
         let (a, b) = (TaskId::parse(&longer).unwrap(), TaskId::parse("b").unwrap());
         assert!(a < b);
@@ -249,5 +291,29 @@ mod tests {
         assert!(TaskId::parse(&inline).unwrap() < a);
         assert_ne!(TaskId::parse(&inline).unwrap(), a);
         assert!(TaskId::parse("a".repeat(MAX_LEN + 1)).is_err());
+        // Made apart, equal ids hash alike (the hasher is the process's, not the map's).
+        assert_eq!(
+            hash(&TaskId::derived(&["a"])),
+            hash(&TaskId::derived(&["a"]))
+        );
+        assert_ne!(TaskId::derived(&["a"]), TaskId::derived(&["b"]));
+    }
+
+    #[test]
+    fn every_byte_is_checked_wherever_it_stands() {
+        for byte in 0..=255u8 {
+            let allowed = byte.is_ascii_graphic() && byte != b'{' && byte != b'}';
+            for len in [1, 7, 8, 9, 17, 32] {
+                for at in 0..len {
+                    let mut bytes = vec![b'a'; len];
+                    bytes[at] = byte;
+                    assert_eq!(
+                        printable_without_braces(&bytes),
+                        allowed,
+                        "byte {byte:#x} at {at} of {len}"
+                    );
+                }
+            }
+        }
     }
 }

@@ -332,19 +332,25 @@ fn plain_len(bytes: &[u8]) -> Option<usize> {
     let below = |word: u64, n: u8| word.wrapping_sub(ONES * u64::from(n)) & !word & HIGHS;
     let equal = |word: u64, byte: u8| below(word ^ (ONES * u64::from(byte)), 1);
     let mut at = 0;
-    while at < bytes.len() {
-        // The last few bytes padded with zeros, which stop the scan like any control byte:
-        // a stop in the padding means the string does not end here.
+    // Whole words, reading past the string's end into the rest of the body: only the body's
+    // last few bytes are looked at one by one.
+    while let Some(chunk) = bytes.get(at..at + 8) {
         let mut eight = [0u8; 8];
-        let take = (bytes.len() - at).min(8);
-        eight[..take].copy_from_slice(&bytes[at..at + take]);
+        eight.copy_from_slice(chunk);
         let word = u64::from_le_bytes(eight);
         let stops = below(word, 0x20) | equal(word, b'"') | equal(word, b'\\');
         if stops != 0 {
             let first = at + (stops.trailing_zeros() / 8) as usize;
-            return (bytes.get(first) == Some(&b'"')).then_some(first);
+            return (bytes[first] == b'"').then_some(first);
         }
         at += 8;
+    }
+    for (offset, &b) in bytes[at..].iter().enumerate() {
+        match b {
+            b'"' => return Some(at + offset),
+            b'\\' | 0..=0x1f => return None,
+            _ => {}
+        }
     }
     None
 }
