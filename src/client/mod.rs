@@ -509,7 +509,9 @@ impl Client {
         &self,
         calls: impl IntoIterator<Item = Call<T>>,
     ) -> Result<Vec<TaskHandle<T>>, EnqueueError> {
-        let mut batch = Vec::new();
+        let calls = calls.into_iter();
+        // Sized once: a batch of a thousand grew ten times, each time moving every message.
+        let mut batch = Vec::with_capacity(calls.size_hint().0);
         for call in calls {
             batch.push(self.prepare(call.into_message_at(&self.clock)?).await?);
         }

@@ -84,10 +84,13 @@ pub(super) fn dispatch(
             tracker.spawn(process_in_turn(inner, first));
             continue;
         }
-        let runs: FuturesUnordered<_> = std::iter::once(first)
-            .chain(waiting.by_ref().take(per_group - 1))
-            .map(|next| process_in_turn(Arc::clone(&inner), next))
-            .collect();
+        // Pushed one by one rather than collected: each delivery's future is large, and the
+        // iterator adapters of a `collect` moved it twice more on its way into the set.
+        let runs = FuturesUnordered::new();
+        runs.push(process_in_turn(Arc::clone(&inner), first));
+        for next in waiting.by_ref().take(per_group - 1) {
+            runs.push(process_in_turn(Arc::clone(&inner), next));
+        }
         tracker.spawn(runs.for_each(|()| async {}));
     }
 }
