@@ -1,7 +1,7 @@
 //! What a worker counts: delivery outcomes and run durations, in total and per task (the task
 //! label is bounded by the registry: names it does not serve count as `_other`).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use super::running::Outcome;
 use crate::registry::Registry;
@@ -112,6 +112,9 @@ pub(crate) struct Counters {
     series: Vec<(&'static str, TaskCounters)>,
     /// Where each name's series is.
     by_name: crate::FastMap<&'static str, usize>,
+    /// The series found last: a run counts its task six or seven times in a row, and a
+    /// worker often runs one task after another of the same name.
+    last_found: AtomicUsize,
 }
 
 impl Counters {
@@ -132,6 +135,7 @@ impl Counters {
             total: TaskCounters::default(),
             series,
             by_name,
+            last_found: AtomicUsize::new(0),
         }
     }
 
@@ -141,17 +145,22 @@ impl Counters {
         // A worker serving a few tasks finds it by the text's address and length (the same
         // text), cheaper than hashing the name; more tasks, or another copy of a name, are
         // found by the name's bytes (a map keyed by address was measured no cheaper).
-        if self.series.len() <= SCAN_UP_TO {
-            let text = (name.as_ptr(), name.len());
-            let found = self
-                .series
-                .iter()
-                .position(|(known, _)| (known.as_ptr(), known.len()) == text);
-            if found.is_some() {
-                return found;
-            }
+        let text = (name.as_ptr(), name.len());
+        let same = |known: &str| (known.as_ptr(), known.len()) == text;
+        let hint = self.last_found.load(Ordering::Relaxed);
+        if self.series.get(hint).is_some_and(|(known, _)| same(known)) {
+            return Some(hint);
         }
-        self.by_name.get(name).copied()
+        let found = if self.series.len() <= SCAN_UP_TO {
+            self.series.iter().position(|(known, _)| same(known))
+        } else {
+            None
+        };
+        let found = found.or_else(|| self.by_name.get(name).copied());
+        if let Some(at) = found {
+            self.last_found.store(at, Ordering::Relaxed);
+        }
+        found
     }
 
     fn task(&self, name: Option<&str>) -> &TaskCounters {
