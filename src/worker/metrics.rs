@@ -147,8 +147,13 @@ impl Counters {
         // found by the name's bytes (a map keyed by address was measured no cheaper).
         let text = (name.as_ptr(), name.len());
         let same = |known: &str| (known.as_ptr(), known.len()) == text;
+        // The hint by the text itself: a name read from a message is a copy.
         let hint = self.last_found.load(Ordering::Relaxed);
-        if self.series.get(hint).is_some_and(|(known, _)| same(known)) {
+        if self
+            .series
+            .get(hint)
+            .is_some_and(|(known, _)| same(known) || *known == name)
+        {
             return Some(hint);
         }
         let found = if self.series.len() <= SCAN_UP_TO {
