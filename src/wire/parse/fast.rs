@@ -1,8 +1,9 @@
 //! The shape nearly every message has, read without serde's machinery: the six top-level
 //! fields once each, names and plain strings (no escapes) borrowed as they lie, label values
-//! that are plain strings and type codes that are integers. serde_json's generic reader spent
-//! about twice as many instructions on those as on the task's arguments, which it still reads
-//! here (`args` and `kwargs` are the task's data, of any shape).
+//! that are plain strings, type codes that are integers, and arguments that are plain strings,
+//! integers, booleans or nulls. serde_json's generic reader spent about 2,500 instructions a
+//! message on those; arguments of any other shape (objects, floats, nested lists) and non-empty
+//! keyword arguments are still read by serde_json, from where they start.
 //!
 //! Anything else — an escape, another field, a field given twice, a label value of another
 //! type, nesting deep enough to reach serde_json's depth limit, text that is not JSON — makes
@@ -278,11 +279,12 @@ impl<'de> Reader<'de> {
 
     fn scalars(&mut self) -> Option<Vec<Value>> {
         self.expect(b'[')?;
-        let mut items = Vec::new();
         if self.peek()? == b']' {
             self.at += 1;
-            return Some(items);
+            return Some(Vec::new());
         }
+        // Room for a few: allocated once, where growing from empty took the slower path.
+        let mut items = Vec::with_capacity(4);
         loop {
             let item = match self.peek()? {
                 b'"' => Value::String(self.plain_string()?.to_owned()),
