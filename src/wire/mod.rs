@@ -15,6 +15,7 @@ mod result;
 mod task_id;
 mod task_name;
 mod typed_labels;
+mod words;
 mod write;
 
 pub use args::{ArgumentBinder, ArgumentError};

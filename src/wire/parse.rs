@@ -90,6 +90,20 @@ pub(super) struct RawMessage<'de> {
     pub(super) kwargs: Field<Map<String, Value>>,
 }
 
+impl RawMessage<'_> {
+    /// A message with none of its fields read yet.
+    pub(super) fn missing() -> Self {
+        RawMessage {
+            task_id: Field::Missing,
+            task_name: Field::Missing,
+            labels: Field::Missing,
+            labels_types: Field::Missing,
+            args: Field::Missing,
+            kwargs: Field::Missing,
+        }
+    }
+}
+
 /// Parses `body`, its `labels` and `labels_types` entries into `labels` and `types` (read in
 /// place: moving a few hundred bytes of entries through every field read cost more than the
 /// allocation it saves). `Ok(None)`: valid JSON whose top-level value is not an object.
@@ -145,14 +159,7 @@ impl<'de> Visitor<'de> for TopLevel<'_, 'de> {
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut raw = RawMessage {
-            task_id: Field::Missing,
-            task_name: Field::Missing,
-            labels: Field::Missing,
-            labels_types: Field::Missing,
-            args: Field::Missing,
-            kwargs: Field::Missing,
-        };
+        let mut raw = RawMessage::missing();
         // A repeated key keeps its last value, as a JSON object read into a map does.
         while let Some(key) = map.next_key::<Key>()? {
             match key {

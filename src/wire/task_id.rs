@@ -6,6 +6,7 @@ use arrayvec::ArrayString;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+use super::words;
 use super::WireError;
 
 /// The identity of one task: chosen by the producer, shared by every copy of its message.
@@ -178,26 +179,20 @@ impl TaskId {
 /// time (every id a worker receives is checked). The tests for a byte below `n` in a word say
 /// exactly whether there is one.
 fn printable_without_braces(bytes: &[u8]) -> bool {
-    const ONES: u64 = u64::from_le_bytes([0x01; 8]);
-    const HIGHS: u64 = u64::from_le_bytes([0x80; 8]);
-    let below = |word: u64, n: u8| word.wrapping_sub(ONES * u64::from(n)) & !word & HIGHS;
-    let equal = |word: u64, byte: u8| below(word ^ (ONES * u64::from(byte)), 1);
     let allowed = |b: u8| b.is_ascii_graphic() && b != b'{' && b != b'}';
-    let mut words = bytes.chunks_exact(8);
-    for chunk in &mut words {
-        let mut eight = [0u8; 8];
-        eight.copy_from_slice(chunk);
-        let word = u64::from_le_bytes(eight);
-        let refused = below(word, 0x21)
-            | (word & HIGHS)
-            | equal(word, 0x7f)
-            | equal(word, b'{')
-            | equal(word, b'}');
+    let mut chunks = bytes.chunks_exact(8);
+    for chunk in &mut chunks {
+        let w = words::word(chunk);
+        let refused = words::below(w, 0x21)
+            | (w & words::HIGHS)
+            | words::equal(w, 0x7f)
+            | words::equal(w, b'{')
+            | words::equal(w, b'}');
         if refused != 0 {
             return false;
         }
     }
-    words.remainder().iter().all(|&b| allowed(b))
+    chunks.remainder().iter().all(|&b| allowed(b))
 }
 
 impl fmt::Display for TaskId {

@@ -12,6 +12,7 @@ use serde_json::{Map, Value};
 
 use super::float::write_float;
 use super::labels::python_bool;
+use super::words;
 use super::{LabelValue, Labels, WireError};
 
 /// Writes the message `{"task_id":…,"task_name":…,"labels":{…},"labels_types":{…},
@@ -116,16 +117,10 @@ fn string(out: &mut Vec<u8>, s: &str) -> Result<(), WireError> {
 /// bytes): the classic tests for a zero byte and a byte below `n` in a word, which say
 /// exactly whether one is there.
 fn needs_escape(bytes: &[u8]) -> bool {
-    const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
-    const HIGHS: u64 = u64::from_ne_bytes([0x80; 8]);
-    let below = |word: u64, n: u8| word.wrapping_sub(ONES * u64::from(n)) & !word & HIGHS != 0;
-    let has = |word: u64, byte: u8| below(word ^ (ONES * u64::from(byte)), 1);
     let mut words = bytes.chunks_exact(8);
     for chunk in &mut words {
-        let mut eight = [0u8; 8];
-        eight.copy_from_slice(chunk);
-        let word = u64::from_ne_bytes(eight);
-        if below(word, 0x20) || has(word, b'"') || has(word, b'\\') {
+        let w = words::word(chunk);
+        if words::below(w, 0x20) | words::equal(w, b'"') | words::equal(w, b'\\') != 0 {
             return true;
         }
     }

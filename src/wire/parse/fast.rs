@@ -16,6 +16,7 @@ use std::borrow::Cow;
 use serde_json::{Map, Number, Value};
 
 use super::{Field, LabelPairs, Pairs, RawLabel, RawMessage};
+use crate::wire::words;
 
 /// Reads `text` when it has the common shape; `None` leaves it to the general reader (with
 /// `labels` and `types` emptied).
@@ -48,14 +49,7 @@ impl<'de> Reader<'de> {
         labels: &mut LabelPairs<'de>,
         types: &mut Pairs<'de>,
     ) -> Option<RawMessage<'de>> {
-        let mut raw = RawMessage {
-            task_id: Field::Missing,
-            task_name: Field::Missing,
-            labels: Field::Missing,
-            labels_types: Field::Missing,
-            args: Field::Missing,
-            kwargs: Field::Missing,
-        };
+        let mut raw = RawMessage::missing();
         self.expect(b'{')?;
         let mut seen = 0u8;
         if self.peek()? == b'}' {
@@ -347,22 +341,14 @@ impl<'de> Reader<'de> {
 /// Where the string that `bytes` starts ends (its closing `"`), when no byte before it is an
 /// escape or a control byte; eight bytes at a time.
 fn plain_len(bytes: &[u8]) -> Option<usize> {
-    const ONES: u64 = u64::from_le_bytes([0x01; 8]);
-    const HIGHS: u64 = u64::from_le_bytes([0x80; 8]);
-    // The high bit of each byte below `n`, exact up to the first such byte (a borrow only
-    // marks bytes above it); little-endian, so the lowest set bit is the first byte.
-    let below = |word: u64, n: u8| word.wrapping_sub(ONES * u64::from(n)) & !word & HIGHS;
-    let equal = |word: u64, byte: u8| below(word ^ (ONES * u64::from(byte)), 1);
     let mut at = 0;
     // Whole words, reading past the string's end into the rest of the body: only the body's
     // last few bytes are looked at one by one.
     while let Some(chunk) = bytes.get(at..at + 8) {
-        let mut eight = [0u8; 8];
-        eight.copy_from_slice(chunk);
-        let word = u64::from_le_bytes(eight);
-        let stops = below(word, 0x20) | equal(word, b'"') | equal(word, b'\\');
+        let w = words::word(chunk);
+        let stops = words::below(w, 0x20) | words::equal(w, b'"') | words::equal(w, b'\\');
         if stops != 0 {
-            let first = at + (stops.trailing_zeros() / 8) as usize;
+            let first = at + words::first(stops);
             return (bytes[first] == b'"').then_some(first);
         }
         at += 8;
