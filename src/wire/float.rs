@@ -1,6 +1,6 @@
 //! Float labels as text, the way taskiq carries them.
 
-use std::fmt::{self, Write as _};
+use std::fmt;
 
 /// A float as a label's text: the shortest string that parses back to the same value (what
 /// Python's `float()` reads too), always with a dot so it reads as a float.
@@ -78,23 +78,33 @@ impl Millis {
         })
     }
 
-    fn fmt(&self, out: &mut fmt::Formatter<'_>) -> fmt::Result {
+    /// The text, in a buffer on the stack: a sign, at most 12 digits, a dot and at most three
+    /// decimals (17 bytes at most).
+    fn text(&self) -> ([u8; 20], usize) {
+        let mut text = [0u8; 20];
+        let mut len = 0;
+        let mut put = |bytes: &[u8]| {
+            text[len..len + bytes.len()].copy_from_slice(bytes);
+            len += bytes.len();
+        };
         if self.negative {
-            out.write_char('-')?;
+            put(b"-");
         }
-        out.write_str(itoa::Buffer::new().format(self.whole))?;
-        out.write_char('.')?;
-        // ASCII digits only: always valid UTF-8.
-        out.write_str(std::str::from_utf8(&self.frac[..self.keep]).unwrap_or("0"))
+        put(itoa::Buffer::new().format(self.whole).as_bytes());
+        put(b".");
+        put(&self.frac[..self.keep]);
+        (text, len)
+    }
+
+    fn fmt(&self, out: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (text, len) = self.text();
+        // ASCII digits, a sign and a dot only: always valid UTF-8.
+        out.write_str(std::str::from_utf8(&text[..len]).unwrap_or("0.0"))
     }
 
     fn write(&self, out: &mut Vec<u8>) {
-        if self.negative {
-            out.push(b'-');
-        }
-        out.extend_from_slice(itoa::Buffer::new().format(self.whole).as_bytes());
-        out.push(b'.');
-        out.extend_from_slice(&self.frac[..self.keep]);
+        let (text, len) = self.text();
+        out.extend_from_slice(&text[..len]);
     }
 }
 

@@ -34,6 +34,29 @@ pub(super) fn first(marks: u64) -> usize {
     (marks.trailing_zeros() / 8) as usize
 }
 
+/// Checks a scan built on these words against `expected`, byte by byte: every byte value at
+/// every position of slices of 1, 7, 8, 9, 17 and 32 bytes (whole words, and the tails read
+/// one byte at a time), the other bytes plain letters.
+#[cfg(test)]
+pub(super) fn check_every_byte_everywhere(
+    scan: impl Fn(&[u8]) -> bool,
+    expected: impl Fn(u8) -> bool,
+) {
+    for byte in 0..=255u8 {
+        for len in [1, 7, 8, 9, 17, 32] {
+            for at in 0..len {
+                let mut bytes = vec![b'a'; len];
+                bytes[at] = byte;
+                assert_eq!(
+                    scan(&bytes),
+                    expected(byte),
+                    "byte {byte:#x} at {at} of {len}"
+                );
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

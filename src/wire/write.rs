@@ -140,20 +140,9 @@ mod tests {
 
     #[test]
     fn every_byte_to_escape_is_found_wherever_it_stands() {
-        for byte in 0..=255u8 {
-            let escaped = byte < 0x20 || byte == b'"' || byte == b'\\';
-            for len in [1, 7, 8, 9, 17] {
-                for at in 0..len {
-                    let mut bytes = vec![b'a'; len];
-                    bytes[at] = byte;
-                    assert_eq!(
-                        needs_escape(&bytes),
-                        escaped,
-                        "byte {byte:#x} at {at} of {len}"
-                    );
-                }
-            }
-        }
+        crate::wire::words::check_every_byte_everywhere(needs_escape, |byte| {
+            byte < 0x20 || byte == b'"' || byte == b'\\'
+        });
         assert!(!needs_escape("ferriq_enqueued_at".as_bytes()));
         assert!(!needs_escape("télé 😀 \u{7f}".as_bytes()));
         assert!(needs_escape("télé 😀 \u{1f}".as_bytes()));

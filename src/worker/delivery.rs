@@ -81,11 +81,9 @@ async fn stages(w: &Inner, d: &Delivery, served: &mut Option<&'static str>) -> O
     // Over its rate limit, or every slot taken: its turn comes later. Decided before the
     // claim (with it, where the store answers both at once), so no attempt is spent and no
     // claim taken while it waits.
-    // Asked as a yes or no first: limiters held in a local (or a match's scrutinee) would sit
-    // in the future's state through the run, beside it.
-    let is_limited = limits::rate_limiter(w, task, &msg).is_some()
-        || limits::concurrency_limiter(w, task, &msg).is_some();
-    if is_limited {
+    // Asked as a yes or no first, without building the limiters: held in a local (or a
+    // match's scrutinee) they would sit in the future's state through the run, beside it.
+    if limits::may_be_limited(w, task, &msg) {
         let rate = limits::rate_limiter(w, task, &msg);
         let slots = limits::concurrency_limiter(w, task, &msg);
         return Box::pin(limited(w, d, &mut msg, task, rate, slots)).await;

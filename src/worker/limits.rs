@@ -16,7 +16,7 @@ use crate::store::{
     RateDecision, StoreError,
 };
 use crate::task::{Limiter, Rate, TaskRegistration};
-use crate::wire::TaskMessage;
+use crate::wire::{names, TaskMessage};
 
 /// The limits operators set at run time, as this worker last read them, and the limiters it
 /// used since it last noted them in the store.
@@ -137,6 +137,31 @@ pub(super) async fn refresh(w: &Inner) {
             tracing::debug!(error = %e, "could not note the limiters used");
         }
     }
+}
+
+/// Whether a rate or a concurrency limit may apply to the message's run: its task declares
+/// one, the message carries one, or an operator set one for the task. No limiter is built:
+/// every delivery asks this, and only a yes reads the limiters ([`rate_limiter`],
+/// [`concurrency_limiter`]), which may still find none (a label that does not parse).
+pub(super) fn may_be_limited(
+    w: &Inner,
+    task: &'static TaskRegistration,
+    msg: &TaskMessage,
+) -> bool {
+    let options = task.options();
+    if options.get_rate().is_some() || options.get_concurrency().is_some() {
+        return true;
+    }
+    if msg.labels.get(names::RATE).is_some() || msg.labels.get(names::CONCURRENCY).is_some() {
+        return true;
+    }
+    // A key's own override applies only to a limit declared for it (above); a task's own
+    // applies to a task that declares none.
+    let overrides = w.limits.overrides.read().unwrap_or_else(|p| p.into_inner());
+    !overrides.is_empty()
+        && overrides
+            .get(task.name)
+            .is_some_and(|set| set.rate.is_some() || set.concurrency.is_some())
 }
 
 /// The rate limiter a message's run counts against: as the message's labels or its task

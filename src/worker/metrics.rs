@@ -102,9 +102,6 @@ fn index(outcome: Outcome) -> usize {
     Outcome::ALL.iter().position(|o| *o == outcome).unwrap_or(0)
 }
 
-/// Up to this many series, a name's is looked for by a scan rather than a hash.
-const SCAN_UP_TO: usize = 16;
-
 /// Counters of delivery outcomes and runs, shared by a worker and its handles.
 pub(crate) struct Counters {
     total: TaskCounters,
@@ -141,27 +138,17 @@ impl Counters {
 
     /// Where `name`'s series is, if this worker serves it.
     fn position(&self, name: &str) -> Option<usize> {
-        // A run counts a task six or seven times under its registration's own `&'static str`.
-        // A worker serving a few tasks finds it by the text's address and length (the same
-        // text), cheaper than hashing the name; more tasks, or another copy of a name, are
-        // found by the name's bytes (a map keyed by address was measured no cheaper).
-        let text = (name.as_ptr(), name.len());
-        let same = |known: &str| (known.as_ptr(), known.len()) == text;
-        // The hint by the text itself: a name read from a message is a copy.
+        // A run counts its task six or seven times, and a worker often runs one task after
+        // another of the same name: the series found last is tried first, by the text's
+        // address and length (the registration's own `&'static str`), then by its bytes (a
+        // name read from a message is a copy). Any other name is hashed.
         let hint = self.last_found.load(Ordering::Relaxed);
-        if self
-            .series
-            .get(hint)
-            .is_some_and(|(known, _)| same(known) || *known == name)
-        {
+        if self.series.get(hint).is_some_and(|(known, _)| {
+            (known.as_ptr(), known.len()) == (name.as_ptr(), name.len()) || *known == name
+        }) {
             return Some(hint);
         }
-        let found = if self.series.len() <= SCAN_UP_TO {
-            self.series.iter().position(|(known, _)| same(known))
-        } else {
-            None
-        };
-        let found = found.or_else(|| self.by_name.get(name).copied());
+        let found = self.by_name.get(name).copied();
         if let Some(at) = found {
             self.last_found.store(at, Ordering::Relaxed);
         }
