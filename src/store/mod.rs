@@ -17,8 +17,6 @@ pub use flow::{
     DebounceTurn, Debounced, FlowStore, LimitOverride, LimiterKind, LimiterSeen, LimiterUsage,
     Rate, RateDecision, SlotDecision, LIMITER_LISTED_FOR, OVERRIDES_REFRESH, TURN_GRACE, TURN_LATE,
 };
-#[cfg(feature = "memory")]
-pub(crate) use flow::{RateState, SlotState};
 pub use gate::{ClaimAsk, Gated, HeldSlot, LimitGate};
 pub use ops::{
     FinishedTask, MinuteStats, OpsStore, RedriveReset, RunInfo, WorkerInfo, HISTORY_BUCKETS,

@@ -1,5 +1,5 @@
-//! Rate and concurrency limiters in Valkey: the same steps as the core's `RateState` and
-//! `SlotState` (see `ferriq::store::FlowStore`), timed by the server. Each script takes any
+//! Rate and concurrency limiters in Valkey: the same steps as the memory store's `RateState`
+//! and `SlotState` (see `ferriq::store::FlowStore`), timed by the server. Each script takes any
 //! number of decisions: concurrent deliveries' decisions go out together, in one round trip
 //! (on a single server; in a cluster, where a script touches one slot, one per call). A slot
 //! once taken is renewed and freed by `slots`.

@@ -10,6 +10,7 @@ use crate::store::Token;
 use crate::wire::{TaskId, TaskResult};
 
 mod flow;
+mod limiters;
 mod ops;
 mod schedules;
 mod traits;
@@ -69,9 +70,9 @@ pub(super) struct State {
     pub(super) schedules: schedules::MemSchedules,
     pub(super) ops: ops::MemOps,
     /// Rate limiters by name.
-    pub(super) rates: std::collections::HashMap<String, crate::store::RateState>,
+    pub(super) rates: std::collections::HashMap<String, limiters::RateState>,
     /// Concurrency limiters by name.
-    pub(super) slots: std::collections::HashMap<String, crate::store::SlotState>,
+    pub(super) slots: std::collections::HashMap<String, limiters::SlotState>,
     /// Deduplication keys: the task holding each, until when.
     pub(super) dedup: std::collections::HashMap<String, (TaskId, Instant)>,
     pub(super) limits: flow::MemLimits,
