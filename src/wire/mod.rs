@@ -8,6 +8,7 @@ mod args;
 mod error;
 mod float;
 mod label_map;
+mod label_value;
 pub(crate) mod labels;
 mod message;
 mod parse;
@@ -20,8 +21,9 @@ mod write;
 
 pub use args::{ArgumentBinder, ArgumentError};
 pub use error::WireError;
+pub use label_value::LabelValue;
 pub(crate) use labels::names;
-pub use labels::{LabelValue, Labels, MAX_DELAY};
+pub use labels::{Labels, MAX_DELAY};
 pub use message::{TaskMessage, WIRE_VERSION};
 pub use result::{ErrorKind, ExceptionRepr, TaskFailure, TaskResult};
 pub use task_id::TaskId;

@@ -15,7 +15,7 @@ use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visit
 use serde_json::{Map, Value};
 use smallvec::SmallVec;
 
-use super::labels::RawLabel;
+use super::label_value::RawLabel;
 use super::WireError;
 
 /// One top-level field as read: what a valid message needs, or what it was instead.

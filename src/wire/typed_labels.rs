@@ -2,7 +2,7 @@
 //! `labels_types`), serialized straight from the message's labels.
 
 use super::float::FloatText;
-use super::labels::python_bool;
+use super::label_value::python_bool;
 use super::{LabelValue, Labels};
 
 /// The labels' values written the taskiq way (every value a string but `Any`), serialized

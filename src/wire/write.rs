@@ -11,7 +11,7 @@
 use serde_json::{Map, Value};
 
 use super::float::write_float;
-use super::labels::python_bool;
+use super::label_value::python_bool;
 use super::words;
 use super::{LabelValue, Labels, WireError};
 
