@@ -12,11 +12,15 @@
 //! worker sees it) and a delivery leaves the book only once its own ack or nack frame is queued
 //! on the connection. A delivery being released (nack) or held by a slow run stays in the
 //! book and stops the run there: nothing is ever acked that was not asked to be.
+//!
+//! Beside the book, one delivery settled alone and bounded in time ([`settle`]): a release put
+//! back at once, a dead letter's ack.
 
 use std::collections::BTreeSet;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use lapin::options::BasicAckOptions;
 use lapin::Channel;
@@ -161,6 +165,42 @@ pub(crate) fn plan(unsettled: &mut BTreeSet<u64>, asked: &mut Vec<u64>) -> Vec<A
         unsettled.remove(&tag);
     }
     frames
+}
+
+/// Longest wait for a nack (or an operator's ack through an `Acker`) to be handed to the
+/// connection. lapin resolves it once the frame is queued; a connection that dies at that
+/// moment may never resolve it, and a worker must not wait forever on a settlement (the broker
+/// redelivers what was not acked). Workers' acks go through the channel's `AckBook`.
+pub(crate) const SETTLE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Acks (`None`) or nacks with `requeue` a delivery, bounded in time. `Ok(false)`: the acker
+/// was spent or its channel is gone.
+pub(crate) async fn settle(
+    acker: &lapin::Acker,
+    nack_requeue: Option<bool>,
+) -> Result<bool, String> {
+    let op = async {
+        match nack_requeue {
+            None => acker.ack(lapin::options::BasicAckOptions::default()).await,
+            Some(requeue) => {
+                acker
+                    .nack(lapin::options::BasicNackOptions {
+                        requeue,
+                        multiple: false,
+                    })
+                    .await
+            }
+        }
+    };
+    match tokio::time::timeout(SETTLE_TIMEOUT, op).await {
+        Ok(r) => r.map_err(|e| e.to_string()),
+        Err(_) => Err(format!("no answer within {SETTLE_TIMEOUT:?}")),
+    }
+}
+
+/// Puts a delivery back in its queue at once; whether its nack was handed to the connection.
+pub(crate) async fn requeue(acker: &lapin::Acker) -> bool {
+    matches!(settle(acker, Some(true)).await, Ok(true))
 }
 
 #[cfg(test)]

@@ -199,7 +199,7 @@ impl AmqpBroker {
                 if generation == broker.shared.current_generation()
                     && acker.usable()
                     && !settled.swap(true, Ordering::SeqCst)
-                    && crate::session::requeue(&acker).await
+                    && crate::acks::requeue(&acker).await
                 {
                     acks.settled_elsewhere(tag);
                 }
@@ -337,7 +337,7 @@ impl Broker for AmqpBroker {
             if held.settled.swap(true, Ordering::SeqCst) {
                 return Err(BrokerError::DeliveryLost);
             }
-            return match crate::session::settle(&held.acker, Some(true)).await {
+            return match crate::acks::settle(&held.acker, Some(true)).await {
                 Ok(true) => {
                     // The nack is queued: later `multiple` acks may pass this tag.
                     held.acks.settled_elsewhere(held.delivery_tag);

@@ -144,7 +144,7 @@ impl AmqpBroker {
         if held.generation != self.shared.current_generation() || !held.acker.usable() {
             return Ok(false);
         }
-        crate::session::settle(&held.acker, requeue)
+        crate::acks::settle(&held.acker, requeue)
             .await
             .map_err(BrokerError::Unavailable)
     }

@@ -66,6 +66,7 @@ mod headers;
 mod lanes;
 mod publish;
 mod session;
+mod supervisor;
 mod topology;
 
 pub use broker::AmqpBroker;
