@@ -4,22 +4,22 @@ use std::time::Duration;
 use ferriq::store::{ClaimOutcome, CompleteOutcome, Gated, RateDecision, SlotDecision, StoreError};
 use ferriq::wire::TaskId;
 use fred::clients::SubscriberClient;
-use fred::prelude::{ClientLike, ClientState, Pool, PubsubInterface};
+use fred::prelude::ClientLike;
 use fred::types::ConnectHandle;
 use tokio::task::JoinHandle;
 
 use crate::batch::Batcher;
 use crate::claims::{ClaimCall, CompleteCall, Core};
 use crate::error::store_error;
-use crate::gate::{CompleteFreeingCall, GateKind, GatedCall};
-use crate::keys::Keys;
+use crate::gate::{CompleteFreeingCall, GatedCall};
 use crate::limiter_keys::KeyCache;
 use crate::limits::{AdmitCall, SlotCall};
-use crate::scripts::{self, Scripts};
+use crate::scripts;
 use crate::slots::ReleaseCall;
-use crate::waiters::{confirm_subscribed, spawn_dispatcher, Waiters};
-use crate::{ValkeyError, ValkeyStoreBuilder};
+use crate::waiters::Waiters;
+use crate::ValkeyStoreBuilder;
 
+mod connect;
 mod traits;
 
 /// Claims and results on Valkey/Redis: implements both
@@ -66,25 +66,6 @@ pub(crate) struct FlowBatchers {
     pub(crate) complete_freeings: Batcher<CompleteFreeingCall, CompleteOutcome>,
 }
 
-/// After a failed connect: closes the clients that are not disconnected. `quit` on a client
-/// that never connected (its router stopped when `init` failed) only logs fred's warning
-/// "attempted to quit client that was already stopped", once per connection. (Not used when a
-/// store is closed or dropped: a disconnected client there may be between reconnect attempts,
-/// and skipping its `quit` would leave it reconnecting for good.)
-async fn quit_connected(pool: &Pool, subscriber: &SubscriberClient) {
-    if subscriber.state() != ClientState::Disconnected {
-        let _ = subscriber.quit().await;
-    }
-    for client in pool.clients() {
-        if client.state() != ClientState::Disconnected {
-            let _ = client.quit().await;
-        }
-    }
-}
-
-/// Calls gathered into one script run at most.
-const MAX_BATCH: usize = 64;
-
 impl Drop for Inner {
     fn drop(&mut self) {
         for task in &self.background {
@@ -124,7 +105,10 @@ impl Inner {
                     tokio::join!(
                         flow.admits.quiesce(),
                         flow.acquires.quiesce(),
-                        flow.releases.quiesce()
+                        flow.releases.quiesce(),
+                        flow.admit_claims.quiesce(),
+                        flow.acquire_claims.quiesce(),
+                        flow.complete_freeings.quiesce()
                     );
                 }
             };
@@ -173,202 +157,6 @@ impl ValkeyStore {
     /// A builder for the store at `url`.
     pub fn builder(url: impl Into<ferriq::SecretUrl>) -> ValkeyStoreBuilder {
         ValkeyStoreBuilder::new(url)
-    }
-
-    pub(crate) async fn connect(settings: ValkeyStoreBuilder) -> Result<Self, ValkeyError> {
-        let builder = settings.fred_builder()?;
-        let url = settings.url.redacted();
-        let tls = settings.url.scheme().starts_with("rediss")
-            || settings.url.scheme().starts_with("valkeys");
-        let failed = |e: fred::error::Error| {
-            let details = e.details().to_owned();
-            let mut reason = settings
-                .url
-                .explain(format_args!("{:?}: {details}", e.kind()));
-            let noperm = details
-                .contains("NOPERM")
-                .then_some(crate::error::NOPERM_HINT);
-            // With TLS 1.3 a server refusing the client's certificate may close the connection
-            // before its alert is read.
-            let lower = details.to_ascii_lowercase();
-            let reset =
-                tls && (lower.contains("connection reset") || lower.contains("broken pipe"));
-            let noperm = noperm.or(reset.then_some(
-                "the server closed the TLS connection during the handshake: if it asks for client certificates, set FERRIQ_STORE_TLS_CERT and FERRIQ_STORE_TLS_KEY (builder: tls_client_cert) to one signed by a CA it trusts; if the port is a plain one, use the server's TLS port (a plain port does not speak TLS)",
-            ));
-            let hint = noperm.or_else(|| crate::tls::explain(&format!("{:?} {details}", e.kind()))).or_else(|| {
-                // A plain port reads a TLS hello as the start of a command and never answers.
-                (tls && *e.kind() == fred::error::ErrorKind::Timeout).then_some(
-                    "no TLS handshake answered: check that the port is the server's TLS port (a plain port does not speak TLS) and that it is reachable",
-                )
-            });
-            if let Some(hint) = hint {
-                reason = format!("{reason} — {hint}");
-            }
-            ValkeyError::Connect {
-                url: url.clone(),
-                reason,
-            }
-        };
-        let pool = builder.build_pool(settings.pool_size).map_err(failed)?;
-        let subscriber = settings
-            .fred_subscriber_builder()?
-            .build_subscriber_client()
-            .map_err(failed)?;
-        let (waiters, leaves) = Waiters::new(subscriber.clone());
-        let waiters = Arc::new(waiters);
-        let keys = Keys::new(&settings.prefix);
-        let reply_channel = keys.reply_channel();
-        let scripts = Scripts::new();
-        let limit = settings.connect_timeout.saturating_mul(2) + Duration::from_secs(1);
-        let mut background = Vec::new();
-        let mut routers = Vec::new();
-        let setup = async {
-            // One handle per connection (not the pool's single one), so each can be awaited
-            // at close and aborted at a drop.
-            let inits = futures_util::future::join_all(pool.clients().iter().map(|c| c.init()));
-            let mut failed = None;
-            for init in inits.await {
-                match init {
-                    Ok(router) => routers.push(router),
-                    Err(e) => failed = failed.or(Some(e)),
-                }
-            }
-            if let Some(e) = failed {
-                return Err(e);
-            }
-            routers.push(subscriber.init().await?);
-            scripts.load(pool.next()).await?;
-            scripts::check_server(pool.next())
-                .await
-                .map_err(|e| fred::error::Error::new(fred::error::ErrorKind::Config, e))?;
-            // The dispatcher listens for reconnects before the first subscription and
-            // resubscribes itself, so a drop right after it is covered too. (Not fred's
-            // `manage_subscriptions`: its `resubscribe_all` sends an empty PSUBSCRIBE, whose
-            // error then answers the next command, our confirming PING.)
-            background.push(spawn_dispatcher(&subscriber, Arc::clone(&waiters), leaves));
-            subscriber.subscribe(reply_channel.as_str()).await?;
-            confirm_subscribed(&subscriber).await?;
-            Ok::<_, fred::error::Error>(())
-        };
-        let outcome = match tokio::time::timeout(limit, setup).await {
-            Ok(r) => r.map_err(failed),
-            Err(_) => Err(ValkeyError::Connect {
-                url: url.clone(),
-                reason: format!("no answer within {limit:?}"),
-            }),
-        };
-        if let Err(e) = outcome {
-            // Nothing may keep reconnecting in the background for a store that was never made.
-            for task in &background {
-                task.abort();
-            }
-            quit_connected(&pool, &subscriber).await;
-            for router in routers {
-                router.abort();
-            }
-            return Err(e);
-        }
-        let clustered = pool.next().is_clustered();
-        tracing::info!(url = %url, prefix = %settings.prefix, "valkey store connected");
-        let parallel = settings.pool_size;
-        let core = Arc::new(Core {
-            pool,
-            scripts,
-            keys,
-            settings,
-            worker: Default::default(),
-        });
-        let (claims, completes, reads) = if clustered {
-            (None, None, None)
-        } else {
-            let c = Arc::clone(&core);
-            let (claims, claim_task) = Batcher::spawn(MAX_BATCH, parallel, move |calls| {
-                let c = Arc::clone(&c);
-                async move { c.claim_many(calls).await }
-            });
-            let c = Arc::clone(&core);
-            let (completes, complete_task) = Batcher::spawn(MAX_BATCH, parallel, move |calls| {
-                let c = Arc::clone(&c);
-                async move { c.complete_many(calls).await }
-            });
-            let c = Arc::clone(&core);
-            let (reads, read_task) = Batcher::spawn(MAX_BATCH, parallel, move |keys| {
-                let c = Arc::clone(&c);
-                async move { c.read_many(keys).await }
-            });
-            background.push(claim_task);
-            background.push(complete_task);
-            background.push(read_task);
-            (Some(claims), Some(completes), Some(reads))
-        };
-        let flow = if clustered {
-            None
-        } else {
-            let c = Arc::clone(&core);
-            let (admits, admit_task) = Batcher::spawn(MAX_BATCH, parallel, move |calls| {
-                let c = Arc::clone(&c);
-                async move { c.admit_many(calls).await }
-            });
-            let c = Arc::clone(&core);
-            let (acquires, acquire_task) = Batcher::spawn(MAX_BATCH, parallel, move |calls| {
-                let c = Arc::clone(&c);
-                async move { c.acquire_many(calls).await }
-            });
-            let c = Arc::clone(&core);
-            let (releases, release_task) = Batcher::spawn(MAX_BATCH, parallel, move |calls| {
-                let c = Arc::clone(&c);
-                async move { c.release_many(calls).await }
-            });
-            let gated = |kind| {
-                let c = Arc::clone(&core);
-                Batcher::spawn(MAX_BATCH, parallel, move |calls| {
-                    let c = Arc::clone(&c);
-                    async move { c.gated_many(kind, calls).await }
-                })
-            };
-            let (admit_claims, admit_claim_task) = gated(GateKind::Rate);
-            let (acquire_claims, acquire_claim_task) = gated(GateKind::Slot);
-            let c = Arc::clone(&core);
-            let (complete_freeings, complete_freeing_task) =
-                Batcher::spawn(MAX_BATCH, parallel, move |calls| {
-                    let c = Arc::clone(&c);
-                    async move { c.complete_freeing_many(calls).await }
-                });
-            background.extend([
-                admit_task,
-                acquire_task,
-                release_task,
-                admit_claim_task,
-                acquire_claim_task,
-                complete_freeing_task,
-            ]);
-            Some(FlowBatchers {
-                admits,
-                acquires,
-                releases,
-                admit_claims,
-                acquire_claims,
-                complete_freeings,
-            })
-        };
-        Ok(ValkeyStore {
-            inner: Arc::new(Inner {
-                core,
-                subscriber,
-                waiters,
-                reply_channel,
-                clustered,
-                claims,
-                completes,
-                reads,
-                flow,
-                flow_keys: KeyCache::default(),
-                background,
-                routers: std::sync::Mutex::new(routers),
-                closed: tokio::sync::OnceCell::new(),
-            }),
-        })
     }
 
     pub(crate) fn core(&self) -> &Core {
