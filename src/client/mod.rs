@@ -3,7 +3,6 @@
 use std::fmt;
 use std::marker::PhantomData;
 use std::sync::Arc;
-use std::time::Duration;
 
 use crate::clock::Clock;
 use crate::connect::{
@@ -12,137 +11,26 @@ use crate::connect::{
 };
 
 use serde_json::Value;
-use thiserror::Error;
 
-use crate::broker::{Broker, BrokerError, OutgoingMessage};
-use crate::store::{DebounceTurn, Store, StoreError};
-use crate::wire::{names, ErrorKind, TaskFailure, TaskId, TaskMessage, TaskResult, WireError};
+use crate::broker::{Broker, OutgoingMessage};
+use crate::store::{Store, StoreError};
+use crate::wire::{names, ErrorKind, TaskId, TaskMessage, TaskResult, WireError};
 
 mod call;
+mod dedup;
+mod error;
 mod handle;
 
 pub use call::Call;
+pub use error::{EnqueueError, WaitError};
 pub use handle::{TaskHandle, TaskStatus};
 
 /// The default largest message body, in bytes (`FERRIQ_MAX_PAYLOAD_BYTES`, 256 KiB: a standard
 /// SQS queue's old maximum). Clients refuse to send larger bodies; workers park them unread.
 pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 256 * 1024;
 
-/// Why a task could not be enqueued. Nothing was published when this is returned, except for
-/// a batch whose broker failed part-way ([`EnqueueError::Broker`]).
-#[derive(Debug, Error)]
-#[non_exhaustive]
-pub enum EnqueueError {
-    /// An argument or label cannot be written as JSON.
-    #[error("cannot write the message: {0}")]
-    Wire(#[from] WireError),
-    /// The broker did not confirm the publish; retrying with the same task ids is safe
-    /// (claims and the once-only result write absorb duplicates).
-    #[error("publish failed: {0}")]
-    Broker(#[from] BrokerError),
-    /// A workflow's record could not be written; nothing of it was published.
-    #[error("the workflow's record could not be stored: {0}")]
-    Store(StoreError),
-    /// The message body is larger than workers accept: nothing was sent (a worker would park
-    /// it unread as `too_large`).
-    #[error(
-        "the message of task {task_name} is {size} bytes, over the {limit}-byte limit \
-         (FERRIQ_MAX_PAYLOAD_BYTES): pass large data by reference (an object store key), or \
-         raise the limit on the workers and clients alike"
-    )]
-    TooLarge {
-        /// The task's name.
-        task_name: String,
-        /// The body's size in bytes.
-        size: usize,
-        /// The limit (`FERRIQ_MAX_PAYLOAD_BYTES`, [`Client::with_max_payload`]).
-        limit: usize,
-    },
-    /// A middleware's `before_send` refused the message; nothing of the call was published.
-    #[error("middleware {middleware} refused the message: {reason}")]
-    Middleware {
-        /// The middleware's name.
-        middleware: String,
-        /// What it said.
-        reason: String,
-    },
-}
-
-/// Whether a prepared message is debounced (`ferriq_dedup_mode` `debounce`).
-fn debounced(out: &OutgoingMessage) -> bool {
-    out.labels
-        .get(names::DEDUP_MODE)
-        .is_some_and(|m| m.header_value() == crate::task::Dedup::Debounce.as_str())
-}
-
-/// A prepared message's deduplication key and how long it holds at most.
-fn dedup_of(out: &OutgoingMessage) -> Option<(String, Duration)> {
-    let key = out
-        .labels
-        .get(names::DEDUP_KEY)?
-        .header_value()
-        .into_owned();
-    let secs = out
-        .labels
-        .get(names::DEDUP_FOR)
-        .and_then(|v| v.as_f64())
-        .filter(|s| s.is_finite() && *s > 0.0)?;
-    Some((
-        key,
-        Duration::from_secs_f64(secs.min(crate::wire::MAX_DELAY.as_secs_f64())),
-    ))
-}
-
 /// A message ready to publish, and (when middleware wants to hear how it went) the message.
 pub(crate) type Prepared = (Option<TaskMessage>, OutgoingMessage);
-
-/// Why waiting for a result did not give a value.
-#[derive(Debug, Error)]
-#[non_exhaustive]
-pub enum WaitError {
-    /// No result within the timeout; the task may still run. Wait again or check `status`.
-    #[error("no result within {0:?}; the task may still be queued or running")]
-    TimedOut(Duration),
-    /// No result within the timeout, and no worker consumes the task's queue: it waits
-    /// there until one does.
-    #[error(
-        "no result within {waited:?}: no worker consumes queue {queue:?} (the broker reports \
-         0 consumers); start a worker for it (FERRIQ_QUEUES) or send the task to a queue that \
-         is served"
-    )]
-    NoConsumers {
-        /// The queue the task waits in.
-        queue: String,
-        /// How long the caller waited.
-        waited: Duration,
-    },
-    /// The task finished without a stored result: its task does not store results
-    /// (`store_result = false`), or the result outlived its TTL. The wait ends with this as
-    /// soon as the store hears of the completion (at the latest when it times out). Waiting
-    /// again will not help.
-    #[error(
-        "task {task_id} finished but has no stored result: its task has store_result = false, \
-         or the result expired (FERRIQ_RESULT_TTL_SECS)"
-    )]
-    NoResult {
-        /// The task.
-        task_id: TaskId,
-    },
-    /// The task failed; its error is here.
-    #[error(transparent)]
-    Failed(#[from] TaskFailure),
-    /// The stored value does not deserialize into the expected output type.
-    #[error("the result of task {task_id} does not match the expected type: {reason}")]
-    Decode {
-        /// The task.
-        task_id: TaskId,
-        /// serde's explanation.
-        reason: String,
-    },
-    /// The result store failed.
-    #[error(transparent)]
-    Store(#[from] StoreError),
-}
 
 /// Enqueues tasks and hands out [`TaskHandle`]s. Cheap to clone.
 ///
@@ -403,105 +291,6 @@ impl Client {
         let prepared = self.prepare(call.into_message_at(&self.clock)?).await?;
         let mut handles = self.send_deduplicated(vec![prepared]).await?;
         Ok(handles.remove(0))
-    }
-
-    /// Publishes prepared calls, each deduplicated by its key when it has one: the handle of
-    /// each call, in order — of the task holding its key when another one does (that call is
-    /// not sent). A failed publish gives the keys it reserved back.
-    async fn send_deduplicated<T>(
-        &self,
-        prepared: Vec<Prepared>,
-    ) -> Result<Vec<TaskHandle<T>>, EnqueueError> {
-        if prepared.iter().all(|p| dedup_of(&p.1).is_none()) {
-            // Nothing to deduplicate: the calls are published as they are, not moved one by
-            // one into a vector of their own first.
-            let handles = prepared
-                .iter()
-                .map(|p| self.sent_handle(p.1.task_id.clone(), p.1.queue.clone()))
-                .collect();
-            self.publish_prepared(prepared).await?;
-            return Ok(handles);
-        }
-        let mut handles = Vec::with_capacity(prepared.len());
-        let mut to_send = Vec::with_capacity(prepared.len());
-        let mut reserved = Vec::new();
-        for mut p in prepared {
-            if let Some((key, ttl)) = dedup_of(&p.1) {
-                let id = p.1.task_id.clone();
-                if debounced(&p.1) {
-                    // Every debounced enqueue sends a message: its own, or a copy of the task
-                    // its key waits with, carrying this enqueue's arguments.
-                    match self.store.debounce(&key, &id, ttl).await {
-                        Ok(DebounceTurn::Joined { task, seq }) => match self.copy_of(p, &task, seq)
-                        {
-                            Ok(copy) => p = copy,
-                            Err(e) => {
-                                self.release_reserved(&reserved).await;
-                                return Err(e);
-                            }
-                        },
-                        Ok(_) => {}
-                        Err(e) => {
-                            self.release_reserved(&reserved).await;
-                            return Err(EnqueueError::Store(e));
-                        }
-                    }
-                    handles.push(self.sent_handle(p.1.task_id.clone(), p.1.queue.clone()));
-                    to_send.push(p);
-                    continue;
-                }
-                match self.store.reserve_dedup(&key, &id, ttl).await {
-                    Ok(Some(holder)) => {
-                        handles.push(self.handle(holder));
-                        self.not_sent(vec![p]).await;
-                        continue;
-                    }
-                    Ok(None) => reserved.push((key, id)),
-                    Err(e) => {
-                        self.release_reserved(&reserved).await;
-                        return Err(EnqueueError::Store(e));
-                    }
-                }
-            }
-            handles.push(self.sent_handle(p.1.task_id.clone(), p.1.queue.clone()));
-            to_send.push(p);
-        }
-        if let Err(e) = self.publish_prepared(to_send).await {
-            self.release_reserved(&reserved).await;
-            return Err(e);
-        }
-        Ok(handles)
-    }
-
-    async fn release_reserved(&self, reserved: &[(String, TaskId)]) {
-        for (key, id) in reserved {
-            if let Err(e) = self.store.release_dedup(key, id).await {
-                tracing::warn!(error = %e, "could not give a deduplication key back; it lasts its window");
-            }
-        }
-    }
-
-    /// A prepared debounced message made a copy of `task` (the one its key waits with):
-    /// that id, this enqueue's arguments and the `ferriq_debounce_seq` label `seq`.
-    fn copy_of(
-        &self,
-        prepared: Prepared,
-        task: &TaskId,
-        seq: u64,
-    ) -> Result<Prepared, EnqueueError> {
-        let (message, out) = prepared;
-        let mut msg = match message {
-            Some(msg) => msg,
-            None => TaskMessage::from_json(&out.body).map_err(EnqueueError::Wire)?,
-        };
-        msg.task_id = task.clone();
-        msg.labels
-            .insert_named(names::DEBOUNCE_SEQ, seq.min(i64::MAX as u64) as i64);
-        let mut copy = OutgoingMessage::from_message(&msg).map_err(EnqueueError::Wire)?;
-        copy.queue = out.queue;
-        copy.delay = out.delay;
-        copy.priority = out.priority;
-        Ok((Some(msg), copy))
     }
 
     /// Enqueues many calls in one batch (fan-out); returns once the broker holds all of them.
