@@ -4,9 +4,12 @@
 
 #[cfg(feature = "conformance")]
 pub mod conformance;
-mod stores;
+mod counting_store;
+mod faulty_store;
+mod forward;
 
-pub use stores::{CountingStore, FaultyStore, StoreOp};
+pub use counting_store::CountingStore;
+pub use faulty_store::{FaultyStore, StoreOp};
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
