@@ -2,7 +2,8 @@
 //! received while it runs (a broker's duplicate, a redelivery, the same id published twice)
 //! is deferred and frees nothing, nor does one of a revoked task whose run still goes; a copy
 //! of a finished task frees the slot it took; a failed attempt frees its slot before its
-//! retry's backoff. Memory backends, paused time.
+//! retry's backoff; a result kept through a store outage frees its run's slot when the
+//! redelivery writes it. Memory backends, paused time.
 
 mod common;
 
@@ -153,5 +154,37 @@ async fn a_failed_attempt_frees_its_slot_through_its_backoff() {
         sent.elapsed()
     );
     assert_eq!(first.wait(LONG).await.unwrap(), 1);
+    w.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_result_kept_through_a_store_outage_frees_its_slot_when_written() {
+    use ferriq::testing::StoreOp;
+    let h = Harness::new();
+    // The run's result cannot be written: kept for the redelivery, its message back in the
+    // queue, and its slot left to the task.
+    h.store.set_failing(StoreOp::Complete, true);
+    let (w, running, copy) = published_once(&h).await;
+    eventually("released with its result kept", LONG, || {
+        w.worker.stats().count(Outcome::Released) >= 1
+    })
+    .await;
+    h.store.set_failing(StoreOp::Complete, false);
+    let handle = h.client.handle::<u32>(copy.task_id.clone());
+    assert_eq!(handle.wait(LONG).await.unwrap(), 1);
+    let written = tokio::time::Instant::now();
+    eventually("acked", LONG, || h.broker.stats().acked == 1).await;
+    assert_eq!(running.most.load(Ordering::SeqCst), 1);
+    // The kept result written by the redelivery frees the task's slot then, not a lease later.
+    let next = ferriq::wire::TaskId::random();
+    assert_eq!(
+        h.memory()
+            .acquire_slot(one_at_a_time::NAME, &next, 1, Duration::from_secs(30))
+            .await
+            .unwrap(),
+        SlotDecision::Held,
+        "the slot was still held {:?} after the kept result was written",
+        written.elapsed()
+    );
     w.stop().await;
 }

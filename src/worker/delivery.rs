@@ -73,7 +73,7 @@ async fn stages(w: &Inner, d: &Delivery, served: &mut Option<&'static str>) -> O
     *served = Some(task.name);
 
     if let Some(kept) = w.pending.take(&msg.task_id) {
-        if let Some(outcome) = Box::pin(pending::write_kept(w, d, &msg, kept)).await {
+        if let Some(outcome) = Box::pin(pending::write_kept(w, d, &msg, task, kept)).await {
             return outcome;
         }
     }
@@ -164,7 +164,7 @@ async fn limited(
         SlotHolder::Other => claim::claim_and_run(w, d, msg, task, Some(claimed)).await,
         SlotHolder::Nobody => {
             let outcome = claim::claim_and_run(w, d, msg, task, Some(claimed)).await;
-            slots::free_unrun(w, &limiter, &id).await;
+            slots::free_untimed(w, &limiter, &id).await;
             outcome
         }
     }

@@ -10,9 +10,10 @@ use tokio::time::Instant;
 
 use super::running::Outcome;
 use super::settle::{self, Settle};
-use super::{workflow, Inner};
+use super::{limits, slots, workflow, Inner};
 use crate::broker::Delivery;
 use crate::store::{CompleteOutcome, Token};
+use crate::task::TaskRegistration;
 use crate::wire::{TaskId, TaskMessage, TaskResult};
 
 /// A result computed while the store was unreachable.
@@ -77,10 +78,16 @@ impl PendingResults {
 
 /// Stores a result kept from a run while the store was down. `None` when the write was
 /// fenced off and the delivery should go through the claim as usual.
+///
+/// The run that made the result held the task's concurrency slot (if its task has a limit),
+/// and could not free it with the failed write: it is freed once the result is written, before
+/// the message is settled — not left to run out a lease, a slot fewer for every result kept
+/// through an outage.
 pub(super) async fn write_kept(
     w: &Inner,
     d: &Delivery,
     msg: &TaskMessage,
+    task: &'static TaskRegistration,
     p: PendingResult,
 ) -> Option<Outcome> {
     let reply_to = msg.labels.reply_to();
@@ -90,6 +97,11 @@ pub(super) async fn write_kept(
         .await
     {
         Ok(CompleteOutcome::Stored | CompleteOutcome::AlreadyStored) => {
+            // Written under the run's own token: no other run holds the task's claim, so the
+            // slot is that run's.
+            if let Some((limiter, _)) = limits::concurrency_limiter(w, task, msg) {
+                slots::free_untimed(w, &limiter, &msg.task_id).await;
+            }
             if !workflow::advance(w, msg, p.result.as_ref()).await {
                 return Some(
                     settle::release(w, d, workflow::retry_after(w), Outcome::Released).await,
