@@ -2,6 +2,7 @@
 //! and the report of one run.
 
 use super::*;
+use ferriq_examples::cpu::{cpu_by_thread, threads_per_task};
 
 pub(super) struct Figures {
     pub(super) enqueue_per_s: f64,
@@ -17,6 +18,9 @@ pub(super) struct Figures {
     pub(super) singles_per_s: Option<f64>,
     /// Steady load (`--steady SECS`).
     pub(super) steady: Option<Steady>,
+    /// What the worker process's threads spent per task over the bulk run, by thread name:
+    /// CPU µs and context switches (empty when the worker runs in this process).
+    pub(super) worker_threads: Vec<(String, f64, f64)>,
 }
 
 /// What a steady-load run offered and measured.
@@ -415,8 +419,14 @@ pub(super) async fn round_trips(client: &Client, lat_n: usize) -> Vec<f64> {
 pub(super) async fn drive(client: &Client, n: u64, lat_n: usize, meter: &Meter) -> Figures {
     warm_up(client).await;
     let cpu_before = cpu_seconds(std::process::id()).unwrap_or(f64::NAN);
+    let worker = meter.pid("worker");
+    let threads_before = worker.and_then(cpu_by_thread);
     let (enqueued, e2e) = bulk(client, n).await;
     let cpu_after = cpu_seconds(std::process::id()).unwrap_or(f64::NAN);
+    let worker_threads = match (threads_before, worker.and_then(cpu_by_thread)) {
+        (Some(before), Some(after)) => threads_per_task(&before, &after, n),
+        _ => Vec::new(),
+    };
     let (lat_ms, round_trip_cost) = metered(meter, lat_n, round_trips(client, lat_n)).await;
     let steady_secs: u64 = arg("--steady", "0").parse().unwrap_or(0);
     let (singles_per_s, steady) = if steady_secs > 0 {
@@ -441,6 +451,7 @@ pub(super) async fn drive(client: &Client, n: u64, lat_n: usize, meter: &Meter) 
         lat_ms,
         round_trip_cost,
         bench_cpu_us: (cpu_after - cpu_before) * 1e6 / n as f64,
+        worker_threads,
     }
 }
 
@@ -490,6 +501,17 @@ pub(super) fn report(figures: &Figures, raw: f64, rss: f64, what: &str, n: u64, 
         "| per sequential round trip: CPU, context switches | {} |",
         fmt_cost(&figures.round_trip_cost)
     );
+    if !figures.worker_threads.is_empty() {
+        let threads: Vec<String> = figures
+            .worker_threads
+            .iter()
+            .map(|(name, cpu, switches)| format!("{name} {cpu:.1} µs ({switches:.2})"))
+            .collect();
+        println!(
+            "| worker CPU per task by thread over the bulk run (context switches) | {} |",
+            threads.join(", ")
+        );
+    }
     println!("| worker peak RSS | {rss:.1} MiB |");
     if let Some(singles) = figures.singles_per_s {
         println!(

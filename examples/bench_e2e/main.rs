@@ -28,6 +28,8 @@
 //! the raw open loop's.
 //! Every run also prints what each process spent per sequential round trip: CPU µs and
 //! context switches (summed over its threads, from /proc), beside the raw round trip's.
+//! A run with the worker in its own process also prints the worker's CPU µs and context
+//! switches per task over the bulk run by thread name (tokio's workers, lapin's I/O thread).
 //! `--steady-csv FILE` writes each steady-load task's timing (when it was due, its enqueue
 //! and its result, in ms from due) to FILE.
 //! `--stall-worker MS` stops the worker process (`SIGSTOP`) for MS ms halfway through the

@@ -25,13 +25,78 @@ pub fn find_process(comm: &str) -> Option<u32> {
 /// is gone.
 pub fn cpu_seconds(pid: u32) -> Option<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    Some(stat_cpu(&stat)?.1)
+}
+
+/// The command name and user + system CPU seconds of a `/proc/…/stat` line.
+fn stat_cpu(stat: &str) -> Option<(&str, f64)> {
     // The command name is in parentheses and may hold spaces: count fields after it.
+    let name = &stat[stat.find('(')? + 1..stat.rfind(')')?];
     let after_name = &stat[stat.rfind(')')? + 2..];
     let mut fields = after_name.split_whitespace();
     // Fields 14 (utime) and 15 (stime) of proc(5); `after_name` starts at field 3.
     let utime: f64 = fields.nth(11)?.parse().ok()?;
     let stime: f64 = fields.next()?.parse().ok()?;
-    Some((utime + stime) / TICKS_PER_SEC)
+    Some((name, (utime + stime) / TICKS_PER_SEC))
+}
+
+/// A process's CPU seconds and context switches so far, summed by thread name (tokio's
+/// `tokio-rt-worker`s, lapin's `lapin-io-loop`, …): which threads pay. Threads that exited
+/// are not counted; `None` once the process is gone.
+///
+/// ```
+/// let threads = ferriq_examples::cpu::cpu_by_thread(std::process::id()).unwrap();
+/// assert!(!threads.is_empty());
+/// ```
+pub fn cpu_by_thread(pid: u32) -> Option<std::collections::BTreeMap<String, (f64, u64)>> {
+    let mut by_name = std::collections::BTreeMap::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .ok()?
+        .flatten()
+    {
+        // A thread may exit between the listing and the reads: it is then left out.
+        let (Ok(stat), Ok(status)) = (
+            std::fs::read_to_string(task.path().join("stat")),
+            std::fs::read_to_string(task.path().join("status")),
+        ) else {
+            continue;
+        };
+        let Some((name, cpu)) = stat_cpu(&stat) else {
+            continue;
+        };
+        let switches: u64 = status
+            .lines()
+            .filter(|l| l.contains("ctxt_switches:"))
+            .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+            .sum();
+        let entry = by_name.entry(name.to_owned()).or_insert((0.0, 0));
+        entry.0 += cpu;
+        entry.1 += switches;
+    }
+    Some(by_name)
+}
+
+/// What each thread name of [`cpu_by_thread`] spent between two readings, per task: CPU µs
+/// and context switches, largest CPU first (names that spent nothing are left out).
+pub fn threads_per_task(
+    before: &std::collections::BTreeMap<String, (f64, u64)>,
+    after: &std::collections::BTreeMap<String, (f64, u64)>,
+    tasks: u64,
+) -> Vec<(String, f64, f64)> {
+    let mut spent: Vec<_> = after
+        .iter()
+        .map(|(name, (cpu, switches))| {
+            let (cpu0, switches0) = before.get(name).copied().unwrap_or((0.0, 0));
+            (
+                name.clone(),
+                (cpu - cpu0) * 1e6 / tasks as f64,
+                switches.saturating_sub(switches0) as f64 / tasks as f64,
+            )
+        })
+        .filter(|(_, cpu, switches)| *cpu > 0.0 || *switches > 0.0)
+        .collect();
+    spent.sort_by(|a, b| b.1.total_cmp(&a.1));
+    spent
 }
 
 /// Context switches the threads of a process have made so far, voluntary and involuntary
