@@ -80,9 +80,10 @@ impl PendingResults {
 /// fenced off and the delivery should go through the claim as usual.
 ///
 /// The run that made the result held the task's concurrency slot (if its task has a limit),
-/// and could not free it with the failed write: it is freed once the result is written, before
-/// the message is settled — not left to run out a lease, a slot fewer for every result kept
-/// through an outage.
+/// and could not free it with the failed write: the kept result is written the way a run's
+/// result is (`slots::complete_freeing`: the slot freed with the write, in one round trip where
+/// the store can, unless the write is fenced off) — not left to run out a lease, a slot fewer
+/// for every result kept through an outage.
 pub(super) async fn write_kept(
     w: &Inner,
     d: &Delivery,
@@ -91,17 +92,17 @@ pub(super) async fn write_kept(
     p: PendingResult,
 ) -> Option<Outcome> {
     let reply_to = msg.labels.reply_to();
-    match w
-        .store
-        .complete(&msg.task_id, p.token, p.result.as_ref(), reply_to)
-        .await
-    {
+    let (id, result) = (&msg.task_id, p.result.as_ref());
+    let written = match limits::concurrency_limiter(w, task, msg) {
+        // How long the run held it is not known here: a zero, which the store does not count.
+        Some((limiter, _)) => {
+            let held = (limiter, Duration::ZERO);
+            slots::complete_freeing(w, id, p.token, result, reply_to, held).await
+        }
+        None => w.store.complete(id, p.token, result, reply_to).await,
+    };
+    match written {
         Ok(CompleteOutcome::Stored | CompleteOutcome::AlreadyStored) => {
-            // Written under the run's own token: no other run holds the task's claim, so the
-            // slot is that run's.
-            if let Some((limiter, _)) = limits::concurrency_limiter(w, task, msg) {
-                slots::free_untimed(w, &limiter, &msg.task_id).await;
-            }
             if !workflow::advance(w, msg, p.result.as_ref()).await {
                 return Some(
                     settle::release(w, d, workflow::retry_after(w), Outcome::Released).await,

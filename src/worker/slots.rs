@@ -209,8 +209,8 @@ fn forget(w: &Inner, id: &TaskId, token: Token) -> Option<HeldByRun> {
 /// ([`crate::store::ResultStore::complete`]), and frees the slot before the message is
 /// settled — in the same round trip where the store can. A write fenced off (`Stale`)
 /// frees nothing: the task's claim, and its slot, belong to another run now; nor does one
-/// that failed (the result is kept for the redelivery, which frees the slot once it has
-/// written it: `pending::write_kept`).
+/// that failed (the result is kept for the redelivery, which writes it through here:
+/// `pending::write_kept`).
 pub(super) async fn complete_freeing(
     w: &Inner,
     id: &TaskId,
@@ -300,8 +300,7 @@ async fn free(w: &Inner, limiter: &str, id: &TaskId, held: Duration) {
 }
 
 /// Frees task `id`'s slot of `limiter` with no run's length to count (the store does not count
-/// a zero as one): a slot a copy of a finished or revoked task took without running, or the
-/// slot of a run whose result was kept through a store outage and written by its redelivery.
+/// a zero as one): a slot a copy of a finished or revoked task took without running.
 pub(super) async fn free_untimed(w: &Inner, limiter: &str, id: &TaskId) {
     free(w, limiter, id, Duration::ZERO).await;
 }
