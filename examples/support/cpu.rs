@@ -64,14 +64,9 @@ pub fn cpu_by_thread(pid: u32) -> Option<std::collections::BTreeMap<String, (f64
         let Some((name, cpu)) = stat_cpu(&stat) else {
             continue;
         };
-        let switches: u64 = status
-            .lines()
-            .filter(|l| l.contains("ctxt_switches:"))
-            .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-            .sum();
         let entry = by_name.entry(name.to_owned()).or_insert((0.0, 0));
         entry.0 += cpu;
-        entry.1 += switches;
+        entry.1 += switches_in(&status);
     }
     Some(by_name)
 }
@@ -117,13 +112,18 @@ pub fn context_switches(pid: u32) -> Option<u64> {
         let Ok(status) = std::fs::read_to_string(task.path().join("status")) else {
             continue;
         };
-        total += status
-            .lines()
-            .filter(|l| l.contains("ctxt_switches:"))
-            .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-            .sum::<u64>();
+        total += switches_in(&status);
     }
     Some(total)
+}
+
+/// The context switches, voluntary and involuntary, a thread's `/proc/…/status` reports.
+fn switches_in(status: &str) -> u64 {
+    status
+        .lines()
+        .filter(|l| l.contains("ctxt_switches:"))
+        .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .sum()
 }
 
 /// Named processes whose CPU a benchmark phase is charged to.
