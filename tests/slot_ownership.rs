@@ -3,7 +3,8 @@
 //! is deferred and frees nothing, nor does one of a revoked task whose run still goes; a copy
 //! of a finished task frees the slot it took; a failed attempt frees its slot before its
 //! retry's backoff; a result kept through a store outage frees its run's slot when the
-//! redelivery writes it. Memory backends, paused time.
+//! redelivery writes it (the slot its run held, whatever the limits are by then). Memory
+//! backends, paused time.
 
 mod common;
 
@@ -185,6 +186,49 @@ async fn a_result_kept_through_a_store_outage_frees_its_slot_when_written() {
         SlotDecision::Held,
         "the slot was still held {:?} after the kept result was written",
         written.elapsed()
+    );
+    w.stop().await;
+}
+
+#[ferriq::task(name = "slots.limited_at_run_time")]
+async fn limited_at_run_time(n: u32) -> u32 {
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    n
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_kept_result_frees_the_slot_its_run_held_though_the_limit_is_gone() {
+    use ferriq::store::{LimitOverride, OVERRIDES_REFRESH};
+    use ferriq::testing::StoreOp;
+    const NAME: &str = limited_at_run_time::NAME;
+    let h = Harness::new();
+    let w = h.start(h.worker(&[NAME]));
+    // A limit set at run time (none declared): the run takes a slot of it.
+    let one = LimitOverride::default().concurrency(1);
+    h.client.limits().set(NAME, None, one).await.unwrap();
+    tokio::time::sleep(OVERRIDES_REFRESH + Duration::from_millis(100)).await;
+    h.store.set_failing(StoreOp::Complete, true);
+    let handle = limited_at_run_time::kiq(&h.client, 7).await.unwrap();
+    eventually("released with its result kept", LONG, || {
+        w.worker.stats().count(Outcome::Released) >= 1
+    })
+    .await;
+    // The limit is gone before the result can be written: the redelivery's message and the
+    // limits of now name no limiter, but the run's slot is still held.
+    assert!(h.client.limits().reset(NAME, None).await.unwrap());
+    tokio::time::sleep(OVERRIDES_REFRESH + Duration::from_millis(100)).await;
+    h.store.set_failing(StoreOp::Complete, false);
+    assert_eq!(handle.wait(LONG).await.unwrap(), 7);
+    eventually("acked", LONG, || h.broker.stats().acked == 1).await;
+    assert_eq!(w.worker.stats().count(Outcome::Succeeded), 1);
+    let next = ferriq::wire::TaskId::random();
+    assert_eq!(
+        h.memory()
+            .acquire_slot(NAME, &next, 1, Duration::from_secs(30))
+            .await
+            .unwrap(),
+        SlotDecision::Held,
+        "the kept result's run still holds its slot"
     );
     w.stop().await;
 }

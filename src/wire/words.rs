@@ -28,6 +28,19 @@ pub(super) fn equal(word: u64, byte: u8) -> u64 {
     below(word ^ (ONES * u64::from(byte)), 1)
 }
 
+/// The bytes of `word` that end a plain JSON string or make it need escapes: a control byte
+/// (below 0x20), `"` or `\`.
+#[inline]
+pub(super) fn string_stops(word: u64) -> u64 {
+    below(word, 0x20) | equal(word, b'"') | equal(word, b'\\')
+}
+
+/// Whether `byte` is one [`string_stops`] marks.
+#[inline]
+pub(super) fn is_string_stop(byte: u8) -> bool {
+    byte < 0x20 || byte == b'"' || byte == b'\\'
+}
+
 /// The index of the first byte marked in `marks` (not zero).
 #[inline]
 pub(super) fn first(marks: u64) -> usize {

@@ -120,14 +120,11 @@ fn needs_escape(bytes: &[u8]) -> bool {
     let mut words = bytes.chunks_exact(8);
     for chunk in &mut words {
         let w = words::word(chunk);
-        if words::below(w, 0x20) | words::equal(w, b'"') | words::equal(w, b'\\') != 0 {
+        if words::string_stops(w) != 0 {
             return true;
         }
     }
-    words
-        .remainder()
-        .iter()
-        .any(|&b| b < 0x20 || b == b'"' || b == b'\\')
+    words.remainder().iter().any(|&b| words::is_string_stop(b))
 }
 
 fn serialize(e: serde_json::Error) -> WireError {

@@ -73,7 +73,7 @@ async fn stages(w: &Inner, d: &Delivery, served: &mut Option<&'static str>) -> O
     *served = Some(task.name);
 
     if let Some(kept) = w.pending.take(&msg.task_id) {
-        if let Some(outcome) = Box::pin(pending::write_kept(w, d, &msg, task, kept)).await {
+        if let Some(outcome) = Box::pin(pending::write_kept(w, d, &msg, kept)).await {
             return outcome;
         }
     }

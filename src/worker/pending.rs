@@ -10,17 +10,21 @@ use tokio::time::Instant;
 
 use super::running::Outcome;
 use super::settle::{self, Settle};
-use super::{limits, slots, workflow, Inner};
+use super::{slots, workflow, Inner};
 use crate::broker::Delivery;
 use crate::store::{CompleteOutcome, Token};
-use crate::task::TaskRegistration;
+use crate::task::Limiter;
 use crate::wire::{TaskId, TaskMessage, TaskResult};
 
-/// A result computed while the store was unreachable.
-#[derive(Debug)]
+/// A result computed while the store was unreachable. (No `Debug`: the limiter's name may
+/// hold a task argument's value.)
 pub(super) struct PendingResult {
     pub(super) token: Token,
     pub(super) result: Option<TaskResult>,
+    /// The concurrency slot the run held (its limiter, and how long it had held it when the
+    /// write failed): freed when the result is written. Kept, not worked out again from the
+    /// redelivered message, whose labels or the limits set since may name another limiter.
+    pub(super) slot: Option<(Limiter, Duration)>,
     pub(super) settle: Settle,
     pub(super) outcome: Outcome,
     pub(super) kept_at: Instant,
@@ -79,8 +83,8 @@ impl PendingResults {
 /// Stores a result kept from a run while the store was down. `None` when the write was
 /// fenced off and the delivery should go through the claim as usual.
 ///
-/// The run that made the result held the task's concurrency slot (if its task has a limit),
-/// and could not free it with the failed write: the kept result is written the way a run's
+/// The run that made the result may have held a concurrency slot (kept with the result), and
+/// could not free it with the failed write: the kept result is written the way a run's
 /// result is (`slots::complete_freeing`: the slot freed with the write, in one round trip where
 /// the store can, unless the write is fenced off) — not left to run out a lease, a slot fewer
 /// for every result kept through an outage.
@@ -88,15 +92,13 @@ pub(super) async fn write_kept(
     w: &Inner,
     d: &Delivery,
     msg: &TaskMessage,
-    task: &'static TaskRegistration,
     p: PendingResult,
 ) -> Option<Outcome> {
     let reply_to = msg.labels.reply_to();
     let (id, result) = (&msg.task_id, p.result.as_ref());
-    let written = match limits::concurrency_limiter(w, task, msg) {
-        // How long the run held it is not known here: a zero, which the store does not count.
-        Some((limiter, _)) => {
-            let held = (limiter, Duration::ZERO);
+    let written = match &p.slot {
+        Some((limiter, held)) => {
+            let held = (limiter, *held);
             slots::complete_freeing(w, id, p.token, result, reply_to, held).await
         }
         None => w.store.complete(id, p.token, result, reply_to).await,

@@ -58,13 +58,14 @@ pub(super) async fn finish_returning(
     // its wait returns sends a new task. (If the write is then fenced off or fails, the task
     // runs on with its key free: a second enqueue meanwhile sends a second task.)
     release_dedup(w, msg).await;
-    let written = match slots::held_slot(w, &msg.task_id, token) {
+    let slot = slots::held_slot(w, &msg.task_id, token);
+    let written = match &slot {
         None => {
             w.store
                 .complete(&msg.task_id, token, result.as_ref(), reply_to)
                 .await
         }
-        Some(slot) => {
+        Some((limiter, held)) => {
             let id = &msg.task_id;
             Box::pin(slots::complete_freeing(
                 w,
@@ -72,7 +73,7 @@ pub(super) async fn finish_returning(
                 token,
                 result.as_ref(),
                 reply_to,
-                slot,
+                (limiter, *held),
             ))
             .await
         }
@@ -110,6 +111,7 @@ pub(super) async fn finish_returning(
                 PendingResult {
                     token,
                     result: result.take(),
+                    slot,
                     settle,
                     outcome,
                     kept_at: Instant::now(),

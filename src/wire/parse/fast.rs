@@ -346,7 +346,7 @@ fn plain_len(bytes: &[u8]) -> Option<usize> {
     // last few bytes are looked at one by one.
     while let Some(chunk) = bytes.get(at..at + 8) {
         let w = words::word(chunk);
-        let stops = words::below(w, 0x20) | words::equal(w, b'"') | words::equal(w, b'\\');
+        let stops = words::string_stops(w);
         if stops != 0 {
             let first = at + words::first(stops);
             return (bytes[first] == b'"').then_some(first);
