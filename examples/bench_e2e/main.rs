@@ -56,6 +56,7 @@ use ferriq_examples::cpu::{column_medians, cpu_seconds, find_process, MachineBus
 use ferriq_examples::raw::{
     raw_lapin, raw_lapin_pipelined, raw_lapin_round_trips, raw_lapin_steady, raw_memory, raw_sqs,
 };
+use ferriq_examples::raw_amqprs::{raw_amqprs, raw_amqprs_round_trips};
 use ferriq_examples::{amqp_url, arg, flag, peak_rss_mib, percentile, redis_url};
 use ferriq_sqs::SqsBroker;
 use ferriq_valkey::ValkeyStore;

@@ -65,8 +65,8 @@ impl AmqpWorld {
 
 /// `--broker amqp --rounds R`: R rounds, each ferriq's bulk run of N tasks then raw lapin's
 /// N messages on a fresh queue three ways (as written in lapin's examples; pipelined; pipelined
-/// with the two `SET`s of the store floor per message), back to back; then both round-trip
-/// sets. One worker process throughout (idle while raw runs). Single runs swing 10–20 % on a
+/// with the two `SET`s of the store floor per message), back to back, and the pipelined way
+/// through amqprs (a client doing its I/O on the runtime's tasks); then the round-trip sets. One worker process throughout (idle while raw runs). Single runs swing 10–20 % on a
 /// shared 2-core machine; the median of R interleaved ratios is the figure to compare.
 pub(super) async fn amqp_rounds(
     tag: &str,
@@ -85,10 +85,10 @@ pub(super) async fn amqp_rounds(
     };
     println!("ferriq bench_e2e --rounds {rounds}: RabbitMQ quorum queue ({route}) + Redis, worker in its own process; N={n}, concurrency {CONCURRENCY}");
     println!("CPU: {}", ferriq_examples::cpu_model());
-    println!("| round | enqueue tasks/s | end to end tasks/s | raw msgs/s | ratio | raw pipelined msgs/s | ratio | raw pipelined + store floor msgs/s | ratio |");
-    println!("|---|---|---|---|---|---|---|---|---|");
-    let (mut e2e, mut ratios, mut piped, mut floored) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    println!("| round | enqueue tasks/s | end to end tasks/s | raw msgs/s | ratio | raw pipelined msgs/s | ratio | raw pipelined + store floor msgs/s | ratio | raw amqprs msgs/s | ratio |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    let (mut e2e, mut ratios, mut piped, mut floored, mut on_runtime) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
     // CPU per task of each process, per round: ferriq's run, raw lapin's, the floor's.
     let meter = Meter::new(vec![
         ("bench process", Some(std::process::id())),
@@ -96,7 +96,8 @@ pub(super) async fn amqp_rounds(
         ("RabbitMQ", find_process("beam.smp")),
         ("Redis", find_process("redis-server")),
     ]);
-    let (mut cpu, mut raw_cpu, mut floor_cpu) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut cpu, mut raw_cpu, mut floor_cpu, mut amqprs_cpu) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for round in 1..=rounds {
         let before = meter.read();
         let (enqueued, took) = bulk(&world.client, n).await;
@@ -120,14 +121,19 @@ pub(super) async fn amqp_rounds(
         )
         .await;
         floor_cpu.push(meter.per_task_us(&before, n));
+        let before = meter.read();
+        let raw_on_runtime = raw_amqprs(&format!("fqbench.{tag}.amqprs{round}"), n, prefetch).await;
+        amqprs_cpu.push(meter.per_task_us(&before, n));
         let per_s = n as f64 / took.as_secs_f64();
         println!(
-            "| {round} | {:.0} | {per_s:.0} | {raw:.0} | {:.3} | {raw_piped:.0} | {:.3} | {raw_floor:.0} | {:.3} |",
+            "| {round} | {:.0} | {per_s:.0} | {raw:.0} | {:.3} | {raw_piped:.0} | {:.3} | {raw_floor:.0} | {:.3} | {raw_on_runtime:.0} | {:.3} |",
             n as f64 / enqueued.as_secs_f64(),
             per_s / raw,
             per_s / raw_piped,
-            per_s / raw_floor
+            per_s / raw_floor,
+            per_s / raw_on_runtime
         );
+        on_runtime.push(per_s / raw_on_runtime);
         e2e.push(per_s);
         ratios.push(per_s / raw);
         piped.push(per_s / raw_piped);
@@ -141,6 +147,9 @@ pub(super) async fn amqp_rounds(
     let raw_rtt = raw_lapin_round_trips(&rtt_queue, lat_n, false).await;
     let raw_rtt_apart = raw_lapin_round_trips(&rtt_queue, lat_n, true);
     let (raw_rtt_apart, raw_cost) = metered(&meter, lat_n, raw_rtt_apart).await;
+    let amqprs_queue = format!("{rtt_queue}.amqprs");
+    let amqprs_rtt = raw_amqprs_round_trips(&amqprs_queue, lat_n);
+    let (amqprs_rtt, amqprs_cost) = metered(&meter, lat_n, amqprs_rtt).await;
     world.remove().await;
     let median = |v: &mut Vec<f64>| {
         v.sort_by(|a, b| a.total_cmp(b));
@@ -154,9 +163,11 @@ pub(super) async fn amqp_rounds(
             ("ferriq (bench process = producer)", &cpu, true),
             ("raw lapin (bench process = client)", &raw_cpu, false),
             ("raw pipelined + store floor", &floor_cpu, false),
+            ("raw amqprs (bench process = client)", &amqprs_cpu, false),
         ],
     );
     let apart = |q| percentile(&raw_rtt_apart, q);
+    let amqprs_apart = |q| percentile(&amqprs_rtt, q);
     // The worker's own cost per task: what users pay on their pods.
     let worker_cpu = meter
         .names()
@@ -165,21 +176,24 @@ pub(super) async fn amqp_rounds(
         .and_then(|at| column_medians(&cpu).get(at).copied())
         .unwrap_or(f64::NAN);
     println!(
-        "round trip p50 / p99: ferriq {:.2} / {:.2} ms, raw RabbitMQ (publish, confirm, deliver, ack) {:.2} / {:.2} ms, raw with the consumer on a connection of its own (as a worker is) {:.2} / {:.2} ms",
+        "round trip p50 / p99: ferriq {:.2} / {:.2} ms, raw RabbitMQ (publish, confirm, deliver, ack) {:.2} / {:.2} ms, raw with the consumer on a connection of its own (as a worker is) {:.2} / {:.2} ms, the same through amqprs {:.2} / {:.2} ms",
         p(50.0),
         p(99.0),
         raw_p(50.0),
         raw_p(99.0),
         apart(50.0),
-        apart(99.0)
+        apart(99.0),
+        amqprs_apart(50.0),
+        amqprs_apart(99.0)
     );
     println!(
-        "per sequential round trip, CPU and context switches: ferriq {}; raw with the consumer apart {}",
+        "per sequential round trip, CPU and context switches: ferriq {}; raw with the consumer apart {}; through amqprs {}",
         fmt_cost(&cost),
-        fmt_cost(&as_raw_client(raw_cost))
+        fmt_cost(&as_raw_client(raw_cost)),
+        fmt_cost(&as_raw_client(amqprs_cost))
     );
     println!(
-        "median_e2e_tasks_per_s={:.0} median_ratio={:.3} min_ratio={:.3} max_ratio={:.3} median_ratio_pipelined={:.3} median_ratio_pipelined_floor={:.3} p50_ms={:.2} p99_ms={:.2} raw_rtt_p50_ms={:.2} raw_apart_rtt_p50_ms={:.2} rss_mib={rss:.1} cpu_us_per_task={:.1} worker_cpu_us_per_task={worker_cpu:.1} raw_cpu_us_per_msg={:.1} floor_cpu_us_per_msg={:.1}",
+        "median_e2e_tasks_per_s={:.0} median_ratio={:.3} min_ratio={:.3} max_ratio={:.3} median_ratio_pipelined={:.3} median_ratio_pipelined_floor={:.3} p50_ms={:.2} p99_ms={:.2} raw_rtt_p50_ms={:.2} raw_apart_rtt_p50_ms={:.2} rss_mib={rss:.1} cpu_us_per_task={:.1} worker_cpu_us_per_task={worker_cpu:.1} raw_cpu_us_per_msg={:.1} floor_cpu_us_per_msg={:.1} median_ratio_amqprs={:.3} amqprs_cpu_us_per_msg={:.1} amqprs_apart_rtt_p50_ms={:.2}",
         median(&mut e2e),
         median(&mut ratios),
         ratios[0],
@@ -192,7 +206,10 @@ pub(super) async fn amqp_rounds(
         apart(50.0),
         cpu_totals[0],
         cpu_totals[1],
-        cpu_totals[2]
+        cpu_totals[2],
+        median(&mut on_runtime),
+        cpu_totals[3],
+        amqprs_apart(50.0)
     );
     Ok(())
 }

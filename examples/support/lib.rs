@@ -5,6 +5,7 @@ use std::time::Duration;
 
 pub mod cpu;
 pub mod raw;
+pub mod raw_amqprs;
 pub mod raw_streams;
 pub mod sqs;
 
