@@ -65,7 +65,7 @@ impl AmqpWorld {
 
 /// `--broker amqp --rounds R`: R rounds, each ferriq's bulk run of N tasks then raw lapin's
 /// N messages on a fresh queue three ways (as written in lapin's examples; pipelined; pipelined
-/// with the two `SET`s of the store floor per message), back to back, and the pipelined way
+/// with the two `SET`s of the store floor per message), back to back, and the last of them
 /// through amqprs (a client doing its I/O on the runtime's tasks); then the round-trip sets. One worker process throughout (idle while raw runs). Single runs swing 10–20 % on a
 /// shared 2-core machine; the median of R interleaved ratios is the figure to compare.
 pub(super) async fn amqp_rounds(
@@ -85,7 +85,7 @@ pub(super) async fn amqp_rounds(
     };
     println!("ferriq bench_e2e --rounds {rounds}: RabbitMQ quorum queue ({route}) + Redis, worker in its own process; N={n}, concurrency {CONCURRENCY}");
     println!("CPU: {}", ferriq_examples::cpu_model());
-    println!("| round | enqueue tasks/s | end to end tasks/s | raw msgs/s | ratio | raw pipelined msgs/s | ratio | raw pipelined + store floor msgs/s | ratio | raw amqprs msgs/s | ratio |");
+    println!("| round | enqueue tasks/s | end to end tasks/s | raw msgs/s | ratio | raw pipelined msgs/s | ratio | raw pipelined + store floor msgs/s | ratio | the same through amqprs msgs/s | ratio |");
     println!("|---|---|---|---|---|---|---|---|---|---|---|");
     let (mut e2e, mut ratios, mut piped, mut floored, mut on_runtime) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
@@ -122,7 +122,13 @@ pub(super) async fn amqp_rounds(
         .await;
         floor_cpu.push(meter.per_task_us(&before, n));
         let before = meter.read();
-        let raw_on_runtime = raw_amqprs(&format!("fqbench.{tag}.amqprs{round}"), n, prefetch).await;
+        let raw_on_runtime = raw_amqprs(
+            &format!("fqbench.{tag}.amqprs{round}"),
+            n,
+            prefetch,
+            Some(&floor_pool),
+        )
+        .await;
         amqprs_cpu.push(meter.per_task_us(&before, n));
         let per_s = n as f64 / took.as_secs_f64();
         println!(
@@ -163,7 +169,11 @@ pub(super) async fn amqp_rounds(
             ("ferriq (bench process = producer)", &cpu, true),
             ("raw lapin (bench process = client)", &raw_cpu, false),
             ("raw pipelined + store floor", &floor_cpu, false),
-            ("raw amqprs (bench process = client)", &amqprs_cpu, false),
+            (
+                "raw pipelined + store floor through amqprs",
+                &amqprs_cpu,
+                false,
+            ),
         ],
     );
     let apart = |q| percentile(&raw_rtt_apart, q);
@@ -193,7 +203,7 @@ pub(super) async fn amqp_rounds(
         fmt_cost(&as_raw_client(amqprs_cost))
     );
     println!(
-        "median_e2e_tasks_per_s={:.0} median_ratio={:.3} min_ratio={:.3} max_ratio={:.3} median_ratio_pipelined={:.3} median_ratio_pipelined_floor={:.3} p50_ms={:.2} p99_ms={:.2} raw_rtt_p50_ms={:.2} raw_apart_rtt_p50_ms={:.2} rss_mib={rss:.1} cpu_us_per_task={:.1} worker_cpu_us_per_task={worker_cpu:.1} raw_cpu_us_per_msg={:.1} floor_cpu_us_per_msg={:.1} median_ratio_amqprs={:.3} amqprs_cpu_us_per_msg={:.1} amqprs_apart_rtt_p50_ms={:.2}",
+        "median_e2e_tasks_per_s={:.0} median_ratio={:.3} min_ratio={:.3} max_ratio={:.3} median_ratio_pipelined={:.3} median_ratio_pipelined_floor={:.3} p50_ms={:.2} p99_ms={:.2} raw_rtt_p50_ms={:.2} raw_apart_rtt_p50_ms={:.2} rss_mib={rss:.1} cpu_us_per_task={:.1} worker_cpu_us_per_task={worker_cpu:.1} raw_cpu_us_per_msg={:.1} floor_cpu_us_per_msg={:.1} median_ratio_amqprs_floor={:.3} amqprs_floor_cpu_us_per_msg={:.1} amqprs_apart_rtt_p50_ms={:.2}",
         median(&mut e2e),
         median(&mut ratios),
         ratios[0],

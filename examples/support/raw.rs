@@ -212,7 +212,7 @@ pub async fn raw_lapin_pipelined(
 
 /// The two keys of task `i`: a claim record and a result, each `SET NX PX` (values shaped as
 /// ferriq's).
-async fn floor_writes(pool: &fred::clients::Pool, prefix: &str, i: u64) {
+pub(crate) async fn floor_writes(pool: &fred::clients::Pool, prefix: &str, i: u64) {
     use fred::prelude::{Expiration, KeysInterface, SetOptions};
     for (kind, value) in [
         ("c", "r 1764430000000000 1764430030000000 0 0 0 bench"),
@@ -234,7 +234,7 @@ async fn floor_writes(pool: &fred::clients::Pool, prefix: &str, i: u64) {
     }
 }
 
-async fn delete_floor_keys(pool: &fred::clients::Pool, prefix: &str, n: u64) {
+pub(crate) async fn delete_floor_keys(pool: &fred::clients::Pool, prefix: &str, n: u64) {
     use fred::prelude::KeysInterface;
     let keys: Vec<String> = (0..n)
         .flat_map(|i| [format!("{prefix}:c:{i}"), format!("{prefix}:r:{i}")])

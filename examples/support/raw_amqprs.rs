@@ -131,23 +131,48 @@ async fn ack(ch: &Channel, delivery: &ConsumerMessage) {
         .unwrap();
 }
 
-/// Raw amqprs, the workload of `raw_lapin_pipelined` without a store: persistent messages
-/// confirmed in batches of 1000, a consumer with `prefetch` acking each, on a quorum queue;
-/// publisher and consumer at once, on one connection. Messages per second end to end.
-pub async fn raw_amqprs(queue: &str, n: u64, prefetch: u16) -> f64 {
+/// Raw amqprs, the workload of `raw_lapin_pipelined`: persistent messages confirmed in
+/// batches of 1000, a consumer with `prefetch` acking each (acks not awaited one by one), on a
+/// quorum queue; publisher and consumer at once, on one connection. With `store_floor`, each
+/// delivery first writes the floor's two keys, as `raw_lapin_pipelined` does. Messages per
+/// second end to end.
+pub async fn raw_amqprs(
+    queue: &str,
+    n: u64,
+    prefetch: u16,
+    store_floor: Option<&fred::clients::Pool>,
+) -> f64 {
+    use futures_util::stream::{FuturesUnordered, StreamExt};
     let mut rig = Rig::open(queue, prefetch, false).await;
     let body = TaskMessage::new("bench.noop").to_json().unwrap();
+    let pool = store_floor.cloned();
+    let prefix = format!("fqbench:floor:{queue}");
     let start = Instant::now();
     let (consumer_ch, mut deliveries) = (
         rig.consumer_ch.clone(),
         std::mem::replace(&mut rig.deliveries, mpsc::unbounded_channel().1),
     );
-    let consumed = tokio::spawn(async move {
-        for _ in 0..n {
-            let d = deliveries.recv().await.unwrap();
-            ack(&consumer_ch, &d).await;
-        }
-    });
+    let consumed = {
+        let (pool, prefix) = (pool.clone(), prefix.clone());
+        tokio::spawn(async move {
+            let (mut got, mut acks) = (0, FuturesUnordered::new());
+            while got < n || !acks.is_empty() {
+                tokio::select! {
+                    Some(d) = deliveries.recv(), if got < n => {
+                        let (pool, prefix, ch) = (pool.clone(), prefix.clone(), &consumer_ch);
+                        acks.push(async move {
+                            if let Some(pool) = pool {
+                                crate::raw::floor_writes(&pool, &prefix, got).await;
+                            }
+                            ack(ch, &d).await;
+                        });
+                        got += 1;
+                    }
+                    Some(()) = acks.next(), if !acks.is_empty() => {}
+                }
+            }
+        })
+    };
     let props = BasicProperties::default().with_persistence(true).finish();
     let publish = BasicPublishArguments::new("", queue);
     let mut sent = 0;
@@ -164,6 +189,9 @@ pub async fn raw_amqprs(queue: &str, n: u64, prefetch: u16) -> f64 {
     }
     consumed.await.unwrap();
     let rate = n as f64 / start.elapsed().as_secs_f64();
+    if let Some(pool) = &pool {
+        crate::raw::delete_floor_keys(pool, &prefix, n).await;
+    }
     rig.remove(queue).await;
     rate
 }
