@@ -173,11 +173,13 @@ local channels, announced = {}, {}
 local function complete(ck, rk, tok, store, json, channel, id, result_ttl, claim_ttl)
   local raw = redis.call('GET', ck)
   if not raw then return 'stale' end
-  if string.byte(raw, 1) == 118 then return 'revoked' end -- 'v'
   -- The record starts 'state token ': compare the token as text instead of parsing it all.
   local n = #tok
   if string.sub(raw, 3, 2 + n) ~= tok or string.byte(raw, 3 + n) ~= 32 then return 'stale' end
   local state = string.sub(raw, 1, 1)
+  -- Revoked: only the run that held the claim then is told so (its slot is freed with the
+  -- answer); an older run's write is stale, like any other.
+  if state == 'v' then return 'revoked' end
   if state == 'd' then return 'already' end
   if state ~= 'r' then return 'stale' end
   local outcome = 'stored'
@@ -242,8 +244,8 @@ if ARGV[2] ~= '0' then
 else
   redis.call('SET', KEYS[2], ARGV[1])
 end
--- A new token: a running holder's heartbeat and result write are now rejected.
-r.token = math.max(r.token + 1, now_us())
+-- The token stays the holder's: a revoked record rejects every heartbeat, release and write
+-- by its state, and tells the run that held it, and no older one, that it was revoked.
 r.state = 'v'
 save(KEYS[1], r, 'PX', ARGV[3])
 redis.call('PUBLISH', ARGV[4], ARGV[5])

@@ -134,16 +134,16 @@ impl ResultStore for MemoryStore {
         let Some(claim) = state.claims.get_mut(id) else {
             return Ok(CompleteOutcome::Stale);
         };
-        if claim.phase == Phase::Revoked {
-            return Ok(CompleteOutcome::Revoked);
-        }
         if claim.token != token.0 {
             return Ok(CompleteOutcome::Stale);
         }
         match claim.phase {
             Phase::Done => return Ok(CompleteOutcome::AlreadyStored),
             Phase::Running => claim.phase = Phase::Done,
-            Phase::Released | Phase::Revoked => return Ok(CompleteOutcome::Stale),
+            // Only the run that held the claim when it was revoked is told so (the token
+            // checked above): an older run's write is stale.
+            Phase::Revoked => return Ok(CompleteOutcome::Revoked),
+            Phase::Released => return Ok(CompleteOutcome::Stale),
         }
         self.finished(&mut state, id);
         let stored = match result {
@@ -205,8 +205,8 @@ impl ResultStore for MemoryStore {
             .claims
             .entry(id.clone())
             .or_insert_with(|| Claim::new(Instant::now()));
-        // A new token: a running holder's heartbeat and result write are now rejected.
-        claim.token += 1;
+        // The token stays the holder's: the phase rejects its heartbeats and tells its result
+        // write, and no older run's, that the task was revoked.
         claim.phase = Phase::Revoked;
         self.finished(&mut state, id);
         Ok(true)

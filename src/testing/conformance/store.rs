@@ -268,6 +268,30 @@ async fn a_revoked_task_never_starts(store: Arc<dyn Store>) {
             .expect("heartbeat"),
         vec![ClaimLease::Revoked]
     );
+    // Result writes: the run that held the claim when the task was revoked is told so (it
+    // frees what it holds, a concurrency slot); an older run's — its claim released and taken
+    // again since — is stale, like any other, and must not free what the newer run holds.
+    let retried = TaskId::random();
+    let first = claimed(&*store, &retried, "w1", check).await;
+    assert!(store.release(&retried, first).await.expect("release"));
+    let second = claimed(&*store, &retried, "w2", check).await;
+    assert!(store.revoke(&retried, &cancelled).await.expect("revoke"));
+    assert_eq!(
+        store
+            .complete(&retried, first, Some(&ok(1)), None)
+            .await
+            .expect("complete"),
+        CompleteOutcome::Stale,
+        "conformance {check}: an older run's write to a revoked task is stale"
+    );
+    assert_eq!(
+        store
+            .complete(&retried, second, Some(&ok(2)), None)
+            .await
+            .expect("complete"),
+        CompleteOutcome::Revoked,
+        "conformance {check}: the revoked run's own write is told it was revoked"
+    );
 }
 
 async fn a_wait_is_woken_by_the_write(store: Arc<dyn Store>) {
