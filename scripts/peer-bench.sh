@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
-# ferriq beside taskiq and dramatiq: the same workload on the same machine in the same hour.
+# ferriq beside taskiq, dramatiq and Celery: the same workload on the same machine in the same hour.
 #   bash scripts/peer-bench.sh [ROUNDS] [amqp|redis]   (default 1 round, amqp: each framework once, in turn)
 # Each framework: 200 warm-up tasks, then 10,000 `add` tasks with results, enqueued in batches
 # of 1,000, every result awaited (end-to-end tasks/s); then 300 sequential round trips (p50 /
 # p99); the worker's peak RSS (its whole process tree). taskiq runs on RabbitMQ
 # (taskiq-aio-pika's defaults: quorum queue, publisher confirms) with taskiq-redis results, one
 # worker process with 100 concurrent tasks; dramatiq on RabbitMQ with its Results middleware on
-# Redis and its defaults (2 processes x 8 threads, classic queue, no confirms); ferriq as
+# Redis and its defaults (2 processes x 8 threads, classic queue, no confirms); Celery on
+# RabbitMQ with its Redis result backend and its defaults (prefork, a process per CPU, classic
+# queue, no confirms) but without gossip, mingle, heartbeat events and remote control (common in
+# production; here they would leave Celery's broadcast exchanges on the shared RabbitMQ); ferriq as
 # `bench_e2e --broker amqp` runs it (quorum queue, confirms, claims and exactly-once results in
 # Redis, one worker process). The peers install into .tools/peer-bench (PyPI); Redis DB 5 and
 # queues named ferriq.peer.* are theirs: the queues and taskiq's keys are deleted afterwards,
-# dramatiq's result keys (md5 names) expire after its 10 minutes.
+# dramatiq's result keys (md5 names) and Celery's (celery-task-meta-*) expire after 10 minutes.
 # With `redis`: ferriq as `bench_e2e --broker redis` runs it (its Streams broker, claims and
 # results on the same Redis) beside taskiq-redis's RedisStreamBroker with taskiq-redis results
 # (one worker process with 100 concurrent tasks), on the same Redis.
@@ -20,7 +23,7 @@ source scripts/services.sh
 rounds=${1:-1}
 family=${2:-amqp}
 case $family in
-  amqp) peers="taskiq dramatiq" ;;
+  amqp) peers="taskiq dramatiq celery" ;;
   redis) peers="taskiq_redis" ;;
   *) echo "usage: bash scripts/peer-bench.sh [ROUNDS] [amqp|redis]" >&2; exit 2 ;;
 esac
@@ -28,7 +31,7 @@ esac
 ensure_redis
 ensure_rabbitmq
 venv=.tools/peer-bench/venv
-if ! "$venv/bin/python" -c 'import taskiq_aio_pika, taskiq_redis, dramatiq, pika, psutil' 2>/dev/null; then
+if ! "$venv/bin/python" -c 'import taskiq_aio_pika, taskiq_redis, dramatiq, celery, pika, psutil' 2>/dev/null; then
   echo "peers: installing taskiq and dramatiq into $venv" >&2
   python3 -m venv "$venv"
   "$venv/bin/pip" install --quiet --disable-pip-version-check -r bench/peers/requirements.txt
@@ -66,6 +69,7 @@ run_peer() {
     taskiq) "$PWD/../../$venv/bin/taskiq" worker peer_taskiq:broker --workers 1 --max-async-tasks 100 >"$work/$name.log" 2>&1 & ;;
     taskiq_redis) "$PWD/../../$venv/bin/taskiq" worker peer_taskiq_redis:broker --workers 1 --max-async-tasks 100 >"$work/$name.log" 2>&1 & ;;
     dramatiq) "$PWD/../../$venv/bin/dramatiq" peer_dramatiq >"$work/$name.log" 2>&1 & ;;
+    celery) "$PWD/../../$venv/bin/celery" -A peer_celery worker --loglevel=WARNING --without-gossip --without-mingle --without-heartbeat >"$work/$name.log" 2>&1 & ;;
   esac
   worker=$!
   rm -f "$work/stop"
@@ -110,7 +114,7 @@ import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 print("| framework | end to end tasks/s | round trip p50 / p99 ms | worker peak RSS MiB |")
 print("|---|---|---|---|")
-for peer in ["ferriq", "taskiq", "dramatiq", "taskiq_redis"]:
+for peer in ["ferriq", "taskiq", "dramatiq", "celery", "taskiq_redis"]:
     mine = [r for r in rows if r["peer"] == peer]
     if not mine:
         continue
@@ -119,7 +123,7 @@ for peer in ["ferriq", "taskiq", "dramatiq", "taskiq_redis"]:
     rss = " / ".join(str(r["rss_mib"]) for r in mine)
     print(f"| {peer} | {e2e} | {rt} | {rss} |")
 ferriq = [r["e2e_tasks_per_s"] for r in rows if r["peer"] == "ferriq"]
-for peer in ["taskiq", "dramatiq", "taskiq_redis"]:
+for peer in ["taskiq", "dramatiq", "celery", "taskiq_redis"]:
     theirs = [r["e2e_tasks_per_s"] for r in rows if r["peer"] == peer]
     if ferriq and theirs:
         print(f"ferriq / {peer}: {min(ferriq) / max(theirs):.1f}-{max(ferriq) / min(theirs):.1f}x end to end")

@@ -1,0 +1,56 @@
+"""Celery on RabbitMQ with its Redis result backend, its defaults otherwise (a classic durable
+queue, no publisher confirms, the prefork pool with one process per CPU, prefetch 4 per
+process). `celery -A peer_celery worker --without-gossip --without-mingle --without-heartbeat`
+runs the worker (without those, and remote control, Celery leaves its broadcast exchanges on
+the broker); running this file is the producer. Its result keys (`celery-task-meta-*` in the
+peers' Redis database) expire after 10 minutes."""
+
+import os
+
+from celery import Celery
+
+import common
+
+NAME = os.environ.get("PEER_QUEUE", "ferriq.peer.celery")
+
+app = Celery(NAME, broker=common.AMQP_URL, backend=common.REDIS_URL)
+app.conf.update(
+    task_default_queue=NAME,
+    task_default_exchange=NAME,
+    task_default_routing_key=NAME,
+    result_expires=600,
+    # No broadcast exchange left on the shared RabbitMQ (see above).
+    worker_enable_remote_control=False,
+    broker_connection_retry_on_startup=True,
+)
+
+
+@app.task(name="add")
+def add(a, b):
+    return a + b
+
+
+def wait_all(results):
+    for r in results:
+        r.get(timeout=120)
+
+
+def main():
+    wait_all([add.delay(i, 1) for i in range(common.WARM_UP)])
+    start = common.now()
+    results = []
+    for first in range(0, common.TASKS, common.BATCH):
+        last = min(first + common.BATCH, common.TASKS)
+        results += [add.delay(i, 1) for i in range(first, last)]
+    wait_all(results)
+    e2e = common.now() - start
+    round_trips = []
+    for i in range(common.ROUND_TRIPS):
+        t = common.now()
+        wait_all([add.delay(i, 1)])
+        round_trips.append(common.now() - t)
+    common.report("celery", e2e, round_trips)
+
+
+if __name__ == "__main__":
+    main()
