@@ -98,7 +98,8 @@ pub(super) async fn write_kept(
     let (id, result) = (&msg.task_id, p.result.as_ref());
     let written = match &p.slot {
         Some((limiter, held)) => {
-            let held = (limiter, *held);
+            // Cloned: the result stays kept (with its slot) if the store is still down.
+            let held = (limiter.clone(), *held);
             slots::complete_freeing(w, id, p.token, result, reply_to, held).await
         }
         None => w.store.complete(id, p.token, result, reply_to).await,

@@ -217,9 +217,12 @@ pub(super) async fn complete_freeing(
     token: Token,
     result: Option<&TaskResult>,
     reply_to: Option<&str>,
-    (limiter, held): (&Limiter, Duration),
+    (limiter, held): (Limiter, Duration),
 ) -> Result<CompleteOutcome, StoreError> {
-    let slot = HeldSlot { limiter, held };
+    let slot = HeldSlot {
+        limiter: &limiter,
+        held,
+    };
     let written = match w
         .store
         .complete_freeing_slot(id, token, result, reply_to, slot)
@@ -231,7 +234,7 @@ pub(super) async fn complete_freeing(
             // is settled (a retry released at once could otherwise take it back first).
             let written = w.store.complete(id, token, result, reply_to).await;
             if matches!(written, Ok(ref outcome) if frees_slot(*outcome)) {
-                free(w, limiter, id, held).await;
+                free(w, &limiter, id, held).await;
             }
             written
         }

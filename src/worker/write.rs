@@ -58,14 +58,13 @@ pub(super) async fn finish_returning(
     // its wait returns sends a new task. (If the write is then fenced off or fails, the task
     // runs on with its key free: a second enqueue meanwhile sends a second task.)
     release_dedup(w, msg).await;
-    let slot = slots::held_slot(w, &msg.task_id, token);
-    let written = match &slot {
+    let written = match slots::held_slot(w, &msg.task_id, token) {
         None => {
             w.store
                 .complete(&msg.task_id, token, result.as_ref(), reply_to)
                 .await
         }
-        Some((limiter, held)) => {
+        Some(slot) => {
             let id = &msg.task_id;
             Box::pin(slots::complete_freeing(
                 w,
@@ -73,7 +72,7 @@ pub(super) async fn finish_returning(
                 token,
                 result.as_ref(),
                 reply_to,
-                (limiter, *held),
+                slot,
             ))
             .await
         }
@@ -111,7 +110,9 @@ pub(super) async fn finish_returning(
                 PendingResult {
                     token,
                     result: result.take(),
-                    slot,
+                    // Still the run's: a write that failed forgets nothing. Read again here
+                    // rather than held through the write in every delivery's future.
+                    slot: slots::held_slot(w, &msg.task_id, token),
                     settle,
                     outcome,
                     kept_at: Instant::now(),
