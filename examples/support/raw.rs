@@ -152,39 +152,25 @@ pub async fn raw_lapin_pipelined(
     prefetch: u16,
     store_floor: Option<&fred::clients::Pool>,
 ) -> f64 {
-    use futures_util::stream::FuturesUnordered;
     use lapin::options::{BasicAckOptions, BasicPublishOptions};
     use lapin::BasicProperties;
-    let RawRig {
-        conn,
-        ch,
-        mut consumer,
-    } = RawRig::open(queue, prefetch).await;
+    let RawRig { conn, ch, consumer } = RawRig::open(queue, prefetch).await;
     let body = TaskMessage::new("bench.noop").to_json().unwrap();
     let pool = store_floor.cloned();
     let prefix = format!("fqbench:floor:{queue}");
     let start = Instant::now();
     let consumed = {
         let (pool, prefix) = (pool.clone(), prefix.clone());
-        tokio::spawn(async move {
-            let (mut got, mut acks) = (0, FuturesUnordered::new());
-            while got < n || !acks.is_empty() {
-                tokio::select! {
-                    Some(d) = consumer.next(), if got < n => {
-                        let d = d.unwrap();
-                        let (pool, prefix) = (pool.clone(), prefix.clone());
-                        acks.push(async move {
-                            if let Some(pool) = pool {
-                                floor_writes(&pool, &prefix, got).await;
-                            }
-                            d.ack(BasicAckOptions::default()).await.unwrap()
-                        });
-                        got += 1;
-                    }
-                    Some(_) = acks.next(), if !acks.is_empty() => {}
+        let deliveries = consumer.map(|d| d.unwrap());
+        tokio::spawn(consume_pipelined(n, deliveries, move |d, i| {
+            let (pool, prefix) = (pool.clone(), prefix.clone());
+            async move {
+                if let Some(pool) = pool {
+                    floor_writes(&pool, &prefix, i).await;
                 }
+                d.ack(BasicAckOptions::default()).await.unwrap();
             }
-        })
+        }))
     };
     let props = BasicProperties::default().with_delivery_mode(2);
     for _ in 0..n.div_ceil(1000) {
@@ -208,6 +194,28 @@ pub async fn raw_lapin_pipelined(
     }
     remove(conn, ch, queue).await;
     rate
+}
+
+/// Takes `n` deliveries, handling each (`handle(delivery, its number)`: the floor's writes,
+/// then the ack) while the next ones come in, and returns once every one is handled: the
+/// consumer of the pipelined baselines, whatever the client.
+pub(crate) async fn consume_pipelined<D, Fut>(
+    n: u64,
+    mut deliveries: impl futures_util::Stream<Item = D> + Unpin,
+    handle: impl Fn(D, u64) -> Fut,
+) where
+    Fut: std::future::Future<Output = ()>,
+{
+    let (mut got, mut handled) = (0, futures_util::stream::FuturesUnordered::new());
+    while got < n || !handled.is_empty() {
+        tokio::select! {
+            Some(d) = deliveries.next(), if got < n => {
+                handled.push(handle(d, got));
+                got += 1;
+            }
+            Some(()) = handled.next(), if !handled.is_empty() => {}
+        }
+    }
 }
 
 /// The two keys of task `i`: a claim record and a result, each `SET NX PX` (values shaped as

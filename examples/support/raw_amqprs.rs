@@ -2,6 +2,7 @@
 //! the application's tokio runtime (lapin does it on a thread of its own): the same workload as
 //! the raw lapin baselines, to show what the client's threading costs per message.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use amqprs::callbacks::ChannelCallback;
@@ -153,36 +154,27 @@ pub async fn raw_amqprs(
     prefetch: u16,
     store_floor: Option<&fred::clients::Pool>,
 ) -> f64 {
-    use futures_util::stream::{FuturesUnordered, StreamExt};
     let mut rig = Rig::open(queue, prefetch, false).await;
     let body = TaskMessage::new("bench.noop").to_json().unwrap();
     let pool = store_floor.cloned();
     let prefix = format!("fqbench:floor:{queue}");
     let start = Instant::now();
     let (consumer_ch, mut deliveries) = (
-        rig.consumer_ch.clone(),
+        Arc::new(rig.consumer_ch.clone()),
         std::mem::replace(&mut rig.deliveries, mpsc::unbounded_channel().1),
     );
     let consumed = {
         let (pool, prefix) = (pool.clone(), prefix.clone());
-        tokio::spawn(async move {
-            let (mut got, mut acks) = (0, FuturesUnordered::new());
-            while got < n || !acks.is_empty() {
-                tokio::select! {
-                    Some(d) = deliveries.recv(), if got < n => {
-                        let (pool, prefix, ch) = (pool.clone(), prefix.clone(), &consumer_ch);
-                        acks.push(async move {
-                            if let Some(pool) = pool {
-                                crate::raw::floor_writes(&pool, &prefix, got).await;
-                            }
-                            ack(ch, &d).await;
-                        });
-                        got += 1;
-                    }
-                    Some(()) = acks.next(), if !acks.is_empty() => {}
+        let deliveries = futures_util::stream::poll_fn(move |cx| deliveries.poll_recv(cx));
+        tokio::spawn(crate::raw::consume_pipelined(n, deliveries, move |d, i| {
+            let (pool, prefix, ch) = (pool.clone(), prefix.clone(), Arc::clone(&consumer_ch));
+            async move {
+                if let Some(pool) = pool {
+                    crate::raw::floor_writes(&pool, &prefix, i).await;
                 }
+                ack(&ch, &d).await;
             }
-        })
+        }))
     };
     let props = BasicProperties::default().with_persistence(true).finish();
     let publish = BasicPublishArguments::new("", queue);
