@@ -1,4 +1,4 @@
-"""What both peers' producers share: the settings from the environment, percentiles, the
+"""What the peers' producers share: the settings from the environment, percentiles, the
 report line, and the worker's memory."""
 
 import json
@@ -39,3 +39,23 @@ def report(name, e2e_seconds, round_trips):
 
 def now():
     return time.perf_counter()
+
+
+def measure(name, send, wait_all):
+    """The workload of a peer whose client blocks: `send(i)` enqueues `add(i, 1)` and returns
+    its handle, `wait_all(handles)` waits for their results. Warm-up, the batches, then the
+    sequential round trips; prints the report line."""
+    wait_all([send(i) for i in range(WARM_UP)])
+    start = now()
+    handles = []
+    for first in range(0, TASKS, BATCH):
+        last = min(first + BATCH, TASKS)
+        handles += [send(i) for i in range(first, last)]
+    wait_all(handles)
+    e2e = now() - start
+    round_trips = []
+    for i in range(ROUND_TRIPS):
+        t = now()
+        wait_all([send(i)])
+        round_trips.append(now() - t)
+    report(name, e2e, round_trips)

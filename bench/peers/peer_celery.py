@@ -36,20 +36,7 @@ def wait_all(results):
 
 
 def main():
-    wait_all([add.delay(i, 1) for i in range(common.WARM_UP)])
-    start = common.now()
-    results = []
-    for first in range(0, common.TASKS, common.BATCH):
-        last = min(first + common.BATCH, common.TASKS)
-        results += [add.delay(i, 1) for i in range(first, last)]
-    wait_all(results)
-    e2e = common.now() - start
-    round_trips = []
-    for i in range(common.ROUND_TRIPS):
-        t = common.now()
-        wait_all([add.delay(i, 1)])
-        round_trips.append(common.now() - t)
-    common.report("celery", e2e, round_trips)
+    common.measure("celery", lambda i: add.delay(i, 1), wait_all)
 
 
 if __name__ == "__main__":

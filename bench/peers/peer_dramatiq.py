@@ -29,20 +29,7 @@ def wait_all(messages):
 
 
 def main():
-    wait_all([add.send(i, 1) for i in range(common.WARM_UP)])
-    start = common.now()
-    messages = []
-    for first in range(0, common.TASKS, common.BATCH):
-        last = min(first + common.BATCH, common.TASKS)
-        messages += [add.send(i, 1) for i in range(first, last)]
-    wait_all(messages)
-    e2e = common.now() - start
-    round_trips = []
-    for i in range(common.ROUND_TRIPS):
-        t = common.now()
-        wait_all([add.send(i, 1)])
-        round_trips.append(common.now() - t)
-    common.report("dramatiq", e2e, round_trips)
+    common.measure("dramatiq", lambda i: add.send(i, 1), wait_all)
 
 
 if __name__ == "__main__":
