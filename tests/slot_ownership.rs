@@ -3,8 +3,9 @@
 //! is deferred and frees nothing, nor does one of a revoked task whose run still goes; a copy
 //! of a finished task frees the slot it took; a failed attempt frees its slot before its
 //! retry's backoff; a result kept through a store outage frees its run's slot when the
-//! redelivery writes it (the slot its run held, whatever the limits are by then). Memory
-//! backends, paused time.
+//! redelivery writes it (the slot its run held, whatever the limits are by then), and frees
+//! nothing when a newer run took the task over and was revoked meanwhile (the older write is
+//! stale). Memory backends, paused time.
 
 mod common;
 
@@ -229,6 +230,82 @@ async fn a_kept_result_frees_the_slot_its_run_held_though_the_limit_is_gone() {
             .unwrap(),
         SlotDecision::Held,
         "the kept result's run still holds its slot"
+    );
+    w.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_kept_result_written_after_a_newer_run_was_revoked_frees_nothing() {
+    use ferriq::store::{ClaimOutcome, ClaimStore};
+    use ferriq::testing::StoreOp;
+    const NAME: &str = one_at_a_time::NAME;
+    let h = Harness::new();
+    // The first run's result cannot be written: kept, its message back in the queue (and
+    // back again at each redelivery while the store stays down).
+    h.store.set_failing(StoreOp::Complete, true);
+    let (w, _running, copy) = published_once(&h).await;
+    let id = copy.task_id.clone();
+    eventually("released with its result kept", LONG, || {
+        w.worker.stats().count(Outcome::Released) >= 1
+    })
+    .await;
+    // Its claim lapses (nothing renews a finished run's), and another worker takes the task
+    // over and runs it in the task's slot; the task is revoked while that newer run goes.
+    tokio::time::sleep(Duration::from_secs(31)).await;
+    let newer = h
+        .memory()
+        .claim(&id, "another-worker", Duration::from_secs(600), None)
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            newer,
+            ClaimOutcome::Run {
+                took_over: true,
+                ..
+            }
+        ),
+        "the lapsed claim was not taken over: {newer:?}"
+    );
+    let taken = h
+        .memory()
+        .acquire_slot(NAME, &id, 1, Duration::from_secs(600))
+        .await
+        .unwrap();
+    assert!(
+        matches!(taken, SlotDecision::Held | SlotDecision::AlreadyHeld),
+        "the newer run found the slot taken: {taken:?}"
+    );
+    // Revoked straight in the store behind the faults (the revoke writes its result as a
+    // completion does, and completions still fail here).
+    let store_side = ferriq::Client::new(Arc::new(h.broker.clone()), Arc::new(h.memory().clone()));
+    assert!(store_side.revoke(&id).await.unwrap());
+    // The store is back: the kept result, computed under the older claim, is fenced off
+    // (stale: the revoked claim is the newer run's) and frees nothing; the redelivery's claim
+    // says revoked and acks it.
+    h.store.set_failing(StoreOp::Complete, false);
+    eventually("acked as revoked", LONG, || {
+        w.worker.stats().count(Outcome::Revoked) == 1 && h.broker.stats().acked == 1
+    })
+    .await;
+    assert_eq!(w.worker.stats().count(Outcome::Succeeded), 0);
+    // The newer, revoked run still goes: its slot is still held.
+    let next = ferriq::wire::TaskId::random();
+    assert!(
+        matches!(
+            h.memory()
+                .acquire_slot(NAME, &next, 1, Duration::from_secs(30))
+                .await
+                .unwrap(),
+            SlotDecision::Wait(_)
+        ),
+        "the older run's write freed the slot of the newer, revoked run still going"
+    );
+    // The outcome stored is the revoke's, not the older run's value.
+    let handle = h.client.handle::<u32>(id);
+    assert!(
+        handle.wait(LONG).await.is_err(),
+        "the older run's result was stored"
     );
     w.stop().await;
 }
