@@ -7,6 +7,7 @@ mod dead_index;
 mod flow;
 mod gate;
 mod ops;
+mod rate;
 pub(crate) mod schedule_spec;
 mod schedules;
 mod workflow;
@@ -15,13 +16,14 @@ pub use crate::broker::dead_letters::dead_index_key;
 pub use dead_index::{DeadEntry, DeadPage, DEAD_ARGS_KEPT, DEAD_DETAIL_KEPT};
 pub use flow::{
     DebounceTurn, Debounced, FlowStore, LimitOverride, LimiterKind, LimiterSeen, LimiterUsage,
-    Rate, RateDecision, SlotDecision, LIMITER_LISTED_FOR, OVERRIDES_REFRESH, TURN_GRACE, TURN_LATE,
+    RateDecision, SlotDecision, LIMITER_LISTED_FOR, OVERRIDES_REFRESH, TURN_GRACE, TURN_LATE,
 };
 pub use gate::{ClaimAsk, Gated, HeldSlot, LimitGate};
 pub use ops::{
     FinishedTask, MinuteStats, OpsStore, RedriveReset, RunInfo, WorkerInfo, HISTORY_BUCKETS,
     HISTORY_KEPT,
 };
+pub use rate::Rate;
 pub use schedules::ScheduleStore;
 
 pub use workflow::{

@@ -63,6 +63,7 @@ mod dead_letters;
 mod error;
 mod from_url;
 mod headers;
+mod held;
 mod lanes;
 mod publish;
 mod session;

@@ -11,6 +11,7 @@ use tokio::time::Instant;
 
 mod dead_letters;
 mod in_flight;
+mod inspect;
 mod waiting;
 
 use crate::broker::{
@@ -19,6 +20,7 @@ use crate::broker::{
 };
 use crate::wire::TaskId;
 use in_flight::{InFlight, InFlightSet};
+pub use inspect::{MemoryBrokerStats, ParkedMessage};
 
 /// The default queue name, taskiq's.
 const DEFAULT_QUEUE: &str = "taskiq";
@@ -92,42 +94,6 @@ struct Handle {
     receipt: u64,
 }
 
-/// A message parked in the dead-letter queue.
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct ParkedMessage {
-    /// The body as it was received.
-    pub body: Vec<u8>,
-    /// Why it was parked.
-    pub why: DeadLetter,
-    /// The queue it came from.
-    pub queue: String,
-    /// This parking's id.
-    pub id: u64,
-    /// When it was parked (unix ms, on the broker's clock).
-    pub dead_at_ms: u64,
-    /// Held by an operator's session.
-    pub(super) held: bool,
-}
-
-/// Counters of what happened to messages.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct MemoryBrokerStats {
-    /// Messages published.
-    pub published: u64,
-    /// Deliveries handed out.
-    pub received: u64,
-    /// Messages acked.
-    pub acked: u64,
-    /// Releases.
-    pub released: u64,
-    /// Messages dead-lettered.
-    pub dead_lettered: u64,
-    /// Leases that ran out and made the message visible again.
-    pub expired: u64,
-}
-
 impl Default for MemoryBroker {
     fn default() -> Self {
         Self::new()
@@ -187,62 +153,6 @@ impl MemoryBroker {
             .state
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    /// Messages parked in the dead-letter queue.
-    pub fn dead_letters(&self) -> Vec<ParkedMessage> {
-        self.lock().dead.clone()
-    }
-
-    /// Counters.
-    pub fn stats(&self) -> MemoryBrokerStats {
-        self.lock().stats
-    }
-
-    /// Messages in a queue, waiting or in flight.
-    pub fn len(&self, queue: &str) -> usize {
-        self.lock()
-            .queues
-            .get(queue)
-            .map_or(0, |q| q.pending.len() + q.in_flight.len())
-    }
-
-    /// Whether every queue is empty.
-    pub fn is_empty(&self) -> bool {
-        self.lock()
-            .queues
-            .values()
-            .all(|q| q.pending.is_empty() && q.in_flight.is_empty())
-    }
-
-    /// Fault injection: every in-flight lease runs out now, as if the workers holding them had
-    /// paused past their visibility timeout. The messages become visible again and the old
-    /// handles are stale (their ack fails, their heartbeat reports them lost).
-    pub fn expire_in_flight(&self) -> usize {
-        let now = Instant::now();
-        let mut state = self.lock();
-        let mut n = 0;
-        for q in state.queues.values_mut() {
-            n += q.in_flight.expire_all(now);
-        }
-        drop(state);
-        self.shared.notify.notify_waiters();
-        n
-    }
-
-    /// Fault injection: the lease of one delivery runs out now.
-    pub fn expire_delivery(&self, handle: &DeliveryHandle) -> bool {
-        let Some(h) = handle.downcast_ref::<Handle>() else {
-            return false;
-        };
-        let mut state = self.lock();
-        let hit = state.queues.get_mut(&*h.queue).is_some_and(|q| {
-            q.in_flight
-                .move_lease(h.id, h.receipt, |_| true, Instant::now())
-        });
-        drop(state);
-        self.shared.notify.notify_waiters();
-        hit
     }
 
     fn handle<'a>(&self, handle: &'a DeliveryHandle) -> Result<&'a Handle, BrokerError> {

@@ -12,6 +12,10 @@ use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinHandle;
 
+mod recent;
+
+use recent::{Early, RecentIds};
+
 /// Task id → the waiters of that task.
 pub(crate) struct Waiters {
     entries: Mutex<HashMap<String, Entry>>,
@@ -41,153 +45,6 @@ impl Default for Waiters {
             last_announcement_ms: AtomicU64::new(0),
             epoch: std::time::Instant::now(),
         }
-    }
-}
-
-/// The most recent ids (by a 64-bit hash), forgetting the oldest beyond a bound: memory stays
-/// bounded however many tasks a client enqueues, and a forgotten id only costs its waits the
-/// task-channel subscription and the first read they made before. Each remembers whether a
-/// wait for it has begun and whether its completion was announced before that.
-#[derive(Default)]
-struct RecentIds {
-    set: std::collections::HashMap<u64, Seen>,
-    order: std::collections::VecDeque<u64>,
-}
-
-/// What this process saw of one task it enqueued.
-#[derive(Default, Clone, Copy)]
-struct Seen {
-    /// A wait for it has begun.
-    waited: bool,
-    /// Its completion was announced while nobody waited: kept in `Early`, or forgotten there
-    /// (then its first wait must read, not sleep).
-    announced: bool,
-}
-
-/// Completions announced while nobody waited for them, of tasks this process enqueued and
-/// has not waited for yet: a client that enqueues a batch and then waits for each finds most
-/// of them here instead of reading each back. Bounded in count, bytes and age, the oldest
-/// forgotten first (its waiter, told by `RecentIds` that the task was announced, reads it).
-#[derive(Default)]
-struct Early {
-    /// Task id → when it was kept (its place in `order`) and the result JSON when the
-    /// announcement carried it.
-    announced: HashMap<String, (u64, Option<Arc<str>>)>,
-    /// Kept ids, oldest first, with when and in which place they were kept. A taken id's
-    /// place stays until it reaches the front (removing it from the middle would cost a
-    /// scan): the place number tells a stale entry from a live one kept again since.
-    order: std::collections::VecDeque<(u64, std::time::Instant, String)>,
-    next_place: u64,
-    bytes: usize,
-}
-
-impl Early {
-    const CAPACITY: usize = 1 << 16;
-    const MAX_BYTES: usize = 8 << 20;
-    /// A wait that comes later than this finds the result by its first re-read.
-    const MAX_AGE: std::time::Duration = std::time::Duration::from_secs(60);
-
-    fn keep(&mut self, id: &str, result: Option<&str>) {
-        let result = result.map(Arc::from);
-        let added = result.as_ref().map_or(0, |r: &Arc<str>| r.len());
-        match self.announced.get_mut(id) {
-            Some((_, kept)) => {
-                // A later announcement of the same task (a duplicate's `already`) must not
-                // drop the result an earlier one carried.
-                if result.is_some() {
-                    self.bytes -= kept.as_ref().map_or(0, |r| r.len());
-                    self.bytes += added;
-                    *kept = result;
-                }
-            }
-            None => {
-                let place = self.next_place;
-                self.next_place += 1;
-                self.announced.insert(id.to_owned(), (place, result));
-                self.order
-                    .push_back((place, std::time::Instant::now(), id.to_owned()));
-                self.bytes += id.len() + added;
-            }
-        }
-        self.evict();
-    }
-
-    /// Forgets the oldest until the bounds hold again.
-    fn evict(&mut self) {
-        loop {
-            let Some((_, kept_at, _)) = self.order.front() else {
-                return;
-            };
-            let over = self.order.len() > Self::CAPACITY
-                || self.bytes > Self::MAX_BYTES
-                || kept_at.elapsed() > Self::MAX_AGE;
-            if !over {
-                return;
-            }
-            let Some((place, _, old)) = self.order.pop_front() else {
-                return;
-            };
-            if self.announced.get(&old).is_some_and(|(p, _)| *p == place) {
-                if let Some((_, r)) = self.announced.remove(&old) {
-                    self.bytes -= old.len() + r.map_or(0, |r| r.len());
-                }
-            }
-        }
-    }
-
-    /// The announcement of `id`, taken out.
-    fn take(&mut self, id: &str) -> Option<Option<Arc<str>>> {
-        let (_, taken) = self.announced.remove(id)?;
-        self.bytes -= id.len() + taken.as_ref().map_or(0, |r| r.len());
-        Some(taken)
-    }
-}
-
-impl RecentIds {
-    /// About 1.5 MiB at most.
-    const CAPACITY: usize = 1 << 16;
-
-    fn hash(id: &str) -> u64 {
-        use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
-        BuildHasherDefault::<DefaultHasher>::default().hash_one(id)
-    }
-
-    fn insert(&mut self, id: &str) {
-        let h = Self::hash(id);
-        if self.set.insert(h, Seen::default()).is_some() {
-            return;
-        }
-        self.order.push_back(h);
-        if self.order.len() > Self::CAPACITY {
-            if let Some(old) = self.order.pop_front() {
-                self.set.remove(&old);
-            }
-        }
-    }
-
-    fn contains(&self, id: &str) -> bool {
-        self.set.contains_key(&Self::hash(id))
-    }
-
-    /// Whether `id` is remembered and no wait for it has begun; if so, notes that its
-    /// completion was announced before any wait.
-    fn announced_before_wait(&mut self, id: &str) -> bool {
-        match self.set.get_mut(&Self::hash(id)) {
-            Some(s) if !s.waited => {
-                s.announced = true;
-                true
-            }
-            _ => false,
-        }
-    }
-
-    /// Whether `id` is remembered, no wait for it began before and its completion has not
-    /// been announced yet (so the wait can sleep until it is); marks it waited for.
-    fn first_wait(&mut self, id: &str) -> bool {
-        self.set.get_mut(&Self::hash(id)).is_some_and(|s| {
-            let first = !std::mem::replace(&mut s.waited, true);
-            first && !s.announced
-        })
     }
 }
 
