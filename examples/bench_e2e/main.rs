@@ -68,6 +68,7 @@ mod commandstats;
 mod load;
 mod modes;
 mod rounds;
+mod steady;
 
 use commandstats::CommandStats;
 use load::{
