@@ -239,6 +239,7 @@ async fn a_kept_result_written_after_a_newer_run_was_revoked_frees_nothing() {
     use ferriq::store::{ClaimOutcome, ClaimStore};
     use ferriq::testing::StoreOp;
     const NAME: &str = one_at_a_time::NAME;
+    common::capture_logs();
     let h = Harness::new();
     // The first run's result cannot be written: kept, its message back in the queue (and
     // back again at each redelivery while the store stays down).
@@ -289,6 +290,19 @@ async fn a_kept_result_written_after_a_newer_run_was_revoked_frees_nothing() {
     })
     .await;
     assert_eq!(w.worker.stats().count(Outcome::Succeeded), 0);
+    // The kept result was tried, and fenced off: not dropped unseen (its time to keep is
+    // ten leases; this is under two).
+    let logs = common::logs();
+    let fenced: Vec<&str> = logs
+        .lines()
+        .filter(|l| {
+            l.contains(id.as_str()) && l.contains("kept through a store outage was not written")
+        })
+        .collect();
+    assert!(
+        fenced.len() == 1 && fenced[0].contains("Stale"),
+        "the kept result's write was not answered stale once:\n{logs}"
+    );
     // The newer, revoked run still goes: its slot is still held.
     let next = ferriq::wire::TaskId::random();
     assert!(
@@ -303,9 +317,11 @@ async fn a_kept_result_written_after_a_newer_run_was_revoked_frees_nothing() {
     );
     // The outcome stored is the revoke's, not the older run's value.
     let handle = h.client.handle::<u32>(id);
-    assert!(
-        handle.wait(LONG).await.is_err(),
-        "the older run's result was stored"
-    );
+    match handle.wait(LONG).await {
+        Err(ferriq::WaitError::Failed(f)) => {
+            assert_eq!(f.kind, Some(ferriq::wire::ErrorKind::Cancelled), "{f:?}")
+        }
+        other => panic!("the revoke's outcome was not stored: {other:?}"),
+    }
     w.stop().await;
 }

@@ -261,7 +261,6 @@ async fn defer_claim_releases_until_the_holders_lease_ends() {
     w.stop().await;
 }
 
-/// Hears the dead letters the worker parks.
 #[tokio::test(start_paused = true)]
 async fn a_task_without_a_deadline_waits_for_a_worker_as_long_as_it_takes() {
     let h = Harness::new();

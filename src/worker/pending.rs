@@ -113,7 +113,16 @@ pub(super) async fn write_kept(
             }
             Some(settle::settle(w, d, &p.settle, p.outcome).await)
         }
-        Ok(_) => None,
+        Ok(outcome) => {
+            // Fenced off (another run took the task over) or revoked: the result is dropped,
+            // and the delivery goes through its claim, which says what became of the task.
+            tracing::warn!(
+                ?outcome,
+                "a result kept through a store outage was not written: the task's claim \
+                 moved on since its run; the delivery goes through its claim"
+            );
+            None
+        }
         Err(e) => {
             tracing::warn!(error = %e, "result store still unreachable");
             w.pending.keep(&msg.task_id, p);

@@ -16,9 +16,11 @@ pub async fn echo(oracle: State<Oracle>, ctx: TaskContext, value: String) -> Str
     oracle.started(ctx.task_id());
     value
 }
+
 /// Start instants of a task's attempts, to assert its backoff.
 #[derive(Default)]
 pub struct Starts(pub Mutex<Vec<Instant>>);
+
 #[ferriq::task(name = "rows.held")]
 pub async fn held(oracle: State<Oracle>, gate: State<Arc<Gate>>, ctx: TaskContext) -> String {
     oracle.started(ctx.task_id());
@@ -26,16 +28,20 @@ pub async fn held(oracle: State<Oracle>, gate: State<Arc<Gate>>, ctx: TaskContex
     oracle.finished(ctx.task_id());
     format!("done on attempt {}", ctx.attempt())
 }
+
 #[ferriq::task(name = "rows.args")]
 pub async fn args(a: i64, b: Option<String>) -> String {
     format!("{a}:{b:?}")
 }
+
 pub fn failure(err: WaitError) -> ferriq::wire::TaskFailure {
     match err {
         WaitError::Failed(f) => f,
         other => panic!("expected a task failure, got {other:?}"),
     }
 }
+
+/// Hears the dead letters the worker parks.
 #[derive(Default, Clone)]
 pub struct DeadLetterLog(pub Arc<Mutex<Vec<String>>>);
 

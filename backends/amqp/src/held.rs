@@ -19,7 +19,7 @@ use crate::AmqpBroker;
 
 /// What a delivery's handle keeps: enough to ack it on its own channel, or copy it.
 pub(crate) struct Held {
-    pub(crate) generation: u64,
+    generation: u64,
     pub(crate) acker: Acker,
     /// Its consumer channel's book and its tag: an ack is written to the channel directly
     /// (lapin's `Acker` goes through its internal RPC task and a spawned future first: two
@@ -35,12 +35,12 @@ pub(crate) struct Held {
     pub(crate) body: Bytes,
     /// Its properties, kept whole (taken from the delivery, not copied): a copy carries its
     /// headers.
-    pub(crate) properties: lapin::BasicProperties,
-    pub(crate) receive_count: u32,
+    properties: lapin::BasicProperties,
+    receive_count: u32,
 }
 
 impl Held {
-    pub(crate) fn headers(&self) -> Option<&FieldTable> {
+    fn headers(&self) -> Option<&FieldTable> {
         self.properties.headers().as_ref()
     }
 }
