@@ -56,15 +56,7 @@ pub(crate) struct Core {
     pub(crate) worker: WorkerText,
 }
 
-fn int_at(v: &[Value], i: usize) -> Option<i64> {
-    v.get(i).and_then(Value::as_i64)
-}
-
-fn count(v: &[Value], i: usize) -> u32 {
-    int_at(v, i).unwrap_or(0).clamp(0, i64::from(u32::MAX)) as u32
-}
-
-fn unexpected(op: &str, v: impl std::fmt::Debug) -> StoreError {
+pub(crate) fn unexpected(op: &str, v: impl std::fmt::Debug) -> StoreError {
     StoreError::Unavailable(format!("unexpected {op} reply from valkey: {v:?}"))
 }
 
@@ -150,7 +142,10 @@ impl Core {
             .into_array();
         Ok(reply
             .into_iter()
-            .map(|r| parse_claim(r.into_array()))
+            .map(|r| match r.as_str() {
+                Some(answer) => parse_claim(&answer),
+                None => Err(unexpected("claim", r)),
+            })
             .collect())
     }
 
@@ -310,31 +305,35 @@ pub(crate) fn parse_complete(v: Value) -> Result<CompleteOutcome, StoreError> {
     }
 }
 
-pub(crate) fn parse_claim(reply: Vec<Value>) -> Result<ClaimOutcome, StoreError> {
-    let token = |i| int_at(&reply, i).map(|t| Token(t.max(0) as u64));
-    Ok(match reply.first().and_then(Value::as_str).as_deref() {
-        Some("run") => ClaimOutcome::Run {
-            token: token(1).ok_or_else(|| unexpected("claim", &reply))?,
-            failures: count(&reply, 2),
-            starts: count(&reply, 3),
-            takeovers: count(&reply, 4),
-            took_over: count(&reply, 5) == 1,
+/// One claim's answer (`CLAIM`'s): its kind, then its numbers, apart by spaces.
+pub(crate) fn parse_claim(answer: &str) -> Result<ClaimOutcome, StoreError> {
+    let (kind, rest) = answer.split_once(' ').unwrap_or((answer, ""));
+    let mut numbers = rest.split(' ').map(|n| n.parse::<i64>().ok());
+    let mut number = || numbers.next().flatten();
+    let token = |n: Option<i64>| n.map(|t| Token(t.max(0) as u64));
+    let count = |n: Option<i64>| n.unwrap_or(0).clamp(0, i64::from(u32::MAX)) as u32;
+    Ok(match kind {
+        "run" => ClaimOutcome::Run {
+            token: token(number()).ok_or_else(|| unexpected("claim", answer))?,
+            failures: count(number()),
+            starts: count(number()),
+            takeovers: count(number()),
+            took_over: count(number()) == 1,
         },
-        Some("expired") => ClaimOutcome::Expired {
-            token: token(1).ok_or_else(|| unexpected("claim", &reply))?,
+        "expired" => ClaimOutcome::Expired {
+            token: token(number()).ok_or_else(|| unexpected("claim", answer))?,
         },
-        Some("defer") => ClaimOutcome::Defer {
-            retry_after: Duration::from_micros(int_at(&reply, 1).unwrap_or(0).max(0) as u64),
+        "defer" => ClaimOutcome::Defer {
+            retry_after: Duration::from_micros(number().unwrap_or(0).max(0) as u64),
         },
-        Some("done") => ClaimOutcome::Done,
-        Some("revoked") => ClaimOutcome::Revoked,
-        Some("err") => {
+        "done" => ClaimOutcome::Done,
+        "revoked" => ClaimOutcome::Revoked,
+        "err" => {
             return Err(StoreError::Unavailable(format!(
-                "valkey failed this claim: {}",
-                reply.get(1).and_then(Value::as_string).unwrap_or_default()
+                "valkey failed this claim: {rest}"
             )))
         }
-        _ => return Err(unexpected("claim", &reply)),
+        _ => return Err(unexpected("claim", answer)),
     })
 }
 
@@ -347,4 +346,45 @@ pub(crate) fn failure_record(v: Value) -> Result<FailureRecord, StoreError> {
         Some(_) => FailureRecord::Stale,
         None => return Err(unexpected("record_failure", v)),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_claims_answer_is_read_from_its_words() {
+        // Tokens are server µs: sixteen digits, past what a double prints exactly by default.
+        let run = parse_claim("run 1733600000123456 2 3 1 1").unwrap();
+        assert_eq!(
+            run,
+            ClaimOutcome::Run {
+                token: Token(1_733_600_000_123_456),
+                failures: 2,
+                starts: 3,
+                takeovers: 1,
+                took_over: true,
+            }
+        );
+        assert_eq!(
+            parse_claim("expired 7").unwrap(),
+            ClaimOutcome::Expired { token: Token(7) }
+        );
+        assert_eq!(
+            parse_claim("defer 1500").unwrap(),
+            ClaimOutcome::Defer {
+                retry_after: Duration::from_micros(1500)
+            }
+        );
+        assert_eq!(parse_claim("done").unwrap(), ClaimOutcome::Done);
+        assert_eq!(parse_claim("revoked").unwrap(), ClaimOutcome::Revoked);
+        let err = parse_claim("err user_script:1: bad thing").unwrap_err();
+        assert!(
+            err.to_string().contains("user_script:1: bad thing"),
+            "{err}"
+        );
+        // A run without its token, or a kind nobody sends, is an error, not a guess.
+        assert!(parse_claim("run").is_err());
+        assert!(parse_claim("maybe 1").is_err());
+    }
 }

@@ -13,7 +13,9 @@ use fred::types::scripts::Script;
 use fred::types::{Key, Value};
 
 use crate::argv::{flag, int, micros};
-use crate::claims::{failure_record, parse_claim, parse_complete, ClaimCall, CompleteCall, Core};
+use crate::claims::{
+    failure_record, parse_claim, parse_complete, unexpected, ClaimCall, CompleteCall, Core,
+};
 use crate::error::store_error;
 use crate::limiter_keys::LimiterKeys;
 use crate::limits::{acquire_steps, ADMIT_STEPS, GRACE_US, LIMITER_HEAD};
@@ -23,23 +25,23 @@ use crate::slots::RELEASE_STEPS;
 /// Per call, KEYS: the limiter's three keys (as `ADMIT` or `ACQUIRE` take them), then the
 /// task's claim and result; ARGV (after the grace µs and the claim's time to live ms): task
 /// id, limit, period or lease µs, renew (as `ADMIT`'s), worker, claim lease ms, deadline.
-/// Returns per call {'limit', µs} (over the limit: nothing claimed), else the claim's answer
-/// (as `CLAIM`'s), after 'kept' when the task held its slot already. `GATE` is `admit` or
+/// Returns per call `limit µs` (over the limit: nothing claimed), else the claim's answer (as
+/// `CLAIM`'s), after `kept ` when the task held its slot already. `GATE` is `admit` or
 /// `acquire`.
 const GATED_LOOP: &str = r#"
 local claim_ttl = ARGV[2]
 local function gated(k, a)
   local d = GATE(KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], ARGV[a + 1], tonumber(ARGV[a + 2]),
     tonumber(ARGV[a + 3]), ARGV[a + 4])
-  if d[1] == 'wait' then return {'limit', d[2]} end
+  if d[1] == 'wait' then return string.format('limit %d', d[2]) end
   local c = claim(KEYS[k + 4], KEYS[k + 5], ARGV[a + 5], ARGV[a + 6], ARGV[a + 7], claim_ttl, now)
-  if d[1] == 'kept' then table.insert(c, 1, 'kept') end
+  if d[1] == 'kept' then return 'kept ' .. c end
   return c
 end
 local out = {}
 for i = 0, #KEYS / 5 - 1 do
   local ok, res = pcall(gated, 5 * i, 2 + 7 * i)
-  if ok then out[i + 1] = res else out[i + 1] = {'err', tostring(res)} end
+  if ok then out[i + 1] = res else out[i + 1] = 'err ' .. tostring(res) end
 end
 return out
 "#;
@@ -222,17 +224,17 @@ impl Core {
     }
 }
 
+/// One gated claim's answer (`GATED_LOOP`'s).
 fn parse_gated(answer: Value) -> Result<Gated, StoreError> {
-    let mut parts = answer.into_array();
-    match parts.first().and_then(Value::as_str).as_deref() {
-        Some("limit") => {
-            let us = parts.get(1).and_then(Value::as_u64).unwrap_or(0);
-            Ok(Gated::Wait(Duration::from_micros(us)))
-        }
-        Some("kept") => {
-            parts.remove(0);
-            parse_claim(parts).map(Gated::ClaimedInHeldSlot)
-        }
-        _ => parse_claim(parts).map(Gated::Claimed),
+    let Some(text) = answer.as_str() else {
+        return Err(unexpected("gated claim", answer));
+    };
+    if let Some(us) = text.strip_prefix("limit ") {
+        let us = us.parse::<u64>().unwrap_or(0);
+        return Ok(Gated::Wait(Duration::from_micros(us)));
+    }
+    match text.strip_prefix("kept ") {
+        Some(claim) => parse_claim(claim).map(Gated::ClaimedInHeldSlot),
+        None => parse_claim(&text).map(Gated::Claimed),
     }
 }

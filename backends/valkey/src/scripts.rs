@@ -54,16 +54,16 @@ end
 
 /// Claims one task or many at once (the store batches concurrent calls into one round trip).
 /// KEYS: claim and result of each task, in pairs. ARGV: claim ttl ms, then per task: worker,
-/// lease ms, deadline (unix s, or ''). Returns per task one of {'run', token, failures, starts,
-/// takeovers, took_over (1/0)} | {'expired', token} | {'defer', µs left} | {'done'} | {'revoked'} |
-/// {'err', message} (that task only; the others are answered).
+/// lease ms, deadline (unix s, or ''). Returns per task one string, its words apart by spaces:
+/// `run token failures starts takeovers took_over(1/0)` | `expired token` | `defer µs_left` |
+/// `done` | `revoked` | `err message` (that task only; the others are answered).
 const CLAIM: &str = r#"
 local now = now_us()
 local out = {}
 for i = 1, #KEYS / 2 do
   local a = 2 + (i - 1) * 3
   local ok, res = pcall(claim, KEYS[2 * i - 1], KEYS[2 * i], ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[1], now)
-  if ok then out[i] = res else out[i] = {'err', tostring(res)} end
+  if ok then out[i] = res else out[i] = 'err ' .. tostring(res) end
 end
 return out
 "#;
@@ -72,6 +72,10 @@ return out
 /// claim and result keys; the lease and the claim's time to live in ms; the deadline in unix
 /// seconds or ''; `now` in server µs. Returns the claim's answer as `CLAIM` lists them.
 pub(crate) const CLAIM_STEPS: &str = r#"
+-- Every first claim of one script run answers the same text (its token is the run's clock):
+-- made once. An answer is one string, not a table: the server turns each table it returns into
+-- a reply element by element, several times the cost of one string.
+local first_now, first_run
 local function claim(ck, rk, worker, lease_ms, deadline, ttl, now)
   local lease = now + tonumber(lease_ms) * 1000
   local px = string.format('%d', tonumber(ttl) + tonumber(lease_ms))
@@ -83,22 +87,23 @@ local function claim(ck, rk, worker, lease_ms, deadline, ttl, now)
   if redis.call('EXISTS', rk) == 0 then
     local raw = string.format('r %d %d %d 0 %d 0 %s', now, lease, now, expired and 0 or 1, worker)
     if redis.call('SET', ck, raw, 'NX', 'PX', px) then
-      if expired then return {'expired', now} end
-      return {'run', now, 0, 0, 0, 0}
+      if expired then return string.format('expired %d', now) end
+      if first_now ~= now then first_now, first_run = now, string.format('run %d 0 0 0 0', now) end
+      return first_run
     end
   end
   local r = load(ck)
-  if r.state == 'd' then return {'done'} end
-  if r.state == 'v' then return {'revoked'} end
+  if r.state == 'd' then return 'done' end
+  if r.state == 'v' then return 'revoked' end
   local took_over = 0
   if r.state == 'r' then
-    if r.lease > now then return {'defer', r.lease - now} end
+    if r.lease > now then return string.format('defer %d', r.lease - now) end
     -- The holder's lease ran out before it finished: a crashed or stalled run.
     r.takeovers = r.takeovers + 1
     took_over = 1
   end
   -- A result without a claim record (written by taskiq, or outliving its claim): done.
-  if not r.state and redis.call('EXISTS', rk) == 1 then return {'done'} end
+  if not r.state and redis.call('EXISTS', rk) == 1 then return 'done' end
   r.token = math.max(r.token + 1, now)
   r.state = 'r'
   r.lease = lease
@@ -107,8 +112,8 @@ local function claim(ck, rk, worker, lease_ms, deadline, ttl, now)
   local starts = r.starts
   if not expired then r.starts = starts + 1 end
   save(ck, r, 'PX', px)
-  if expired then return {'expired', r.token} end
-  return {'run', r.token, r.failures, starts, r.takeovers, took_over}
+  if expired then return string.format('expired %d', r.token) end
+  return string.format('run %d %d %d %d %d', r.token, r.failures, starts, r.takeovers, took_over)
 end
 "#;
 
