@@ -41,7 +41,7 @@ end
 local out = {}
 for i = 0, #KEYS / 5 - 1 do
   local ok, res = pcall(gated, 5 * i, 2 + 7 * i)
-  if ok then out[i + 1] = res else out[i + 1] = 'err ' .. tostring(res) end
+  if ok then out[i + 1] = res else out[i + 1] = 'err ' .. err_text(res) end
 end
 return out
 "#;
@@ -71,7 +71,7 @@ for i = 0, #KEYS / 4 - 1 do
   local k, a = 4 * i, 3 + 7 * i
   local ok, res = pcall(complete, KEYS[k + 1], KEYS[k + 2], ARGV[a], ARGV[a + 1], ARGV[a + 2],
     ARGV[a + 3], ARGV[a + 4], ARGV[1], ARGV[2])
-  if ok then out[i + 1] = res else out[i + 1] = 'err ' .. tostring(res) end
+  if ok then out[i + 1] = res else out[i + 1] = 'err ' .. err_text(res) end
   if ok and res ~= 'stale' then
     pcall(free_slot, KEYS[k + 3], KEYS[k + 4], ARGV[a + 4], tonumber(ARGV[a + 5]), ARGV[a + 6])
   end
@@ -236,5 +236,37 @@ fn parse_gated(answer: Value) -> Result<Gated, StoreError> {
     match text.strip_prefix("kept ") {
         Some(claim) => parse_claim(claim).map(Gated::ClaimedInHeldSlot),
         None => parse_claim(&text).map(Gated::Claimed),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ferriq::store::ClaimOutcome;
+
+    #[test]
+    fn a_gated_claims_answer_is_read_from_its_words() {
+        let read = |text: &str| parse_gated(Value::from(text));
+        assert_eq!(
+            read("limit 250000").unwrap(),
+            Gated::Wait(Duration::from_micros(250_000))
+        );
+        assert_eq!(
+            read("kept done").unwrap(),
+            Gated::ClaimedInHeldSlot(ClaimOutcome::Done)
+        );
+        assert_eq!(
+            read("run 1733600000123456 0 0 0 0").unwrap(),
+            Gated::Claimed(ClaimOutcome::Run {
+                token: Token(1_733_600_000_123_456),
+                failures: 0,
+                starts: 0,
+                takeovers: 0,
+                took_over: false,
+            })
+        );
+        assert!(read("kept err WRONGTYPE Operation").is_err());
+        assert!(read("").is_err());
+        assert!(parse_gated(Value::Integer(1)).is_err());
     }
 }

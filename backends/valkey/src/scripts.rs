@@ -22,6 +22,11 @@ use fred::types::Value;
 
 /// Helpers shared by every script: the server clock and the claim record.
 pub(crate) const PRELUDE: &str = r#"
+-- A caught error's text: a string, or (on servers whose `redis.call` raises a table) its `err`.
+local function err_text(e)
+  if type(e) == 'table' then return tostring(e.err) end
+  return tostring(e)
+end
 local function now_us()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -63,7 +68,7 @@ local out = {}
 for i = 1, #KEYS / 2 do
   local a = 2 + (i - 1) * 3
   local ok, res = pcall(claim, KEYS[2 * i - 1], KEYS[2 * i], ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[1], now)
-  if ok then out[i] = res else out[i] = 'err ' .. tostring(res) end
+  if ok then out[i] = res else out[i] = 'err ' .. err_text(res) end
 end
 return out
 "#;
@@ -227,7 +232,7 @@ local out = {}
 for i = 1, #KEYS / 2 do
   local a = 3 + (i - 1) * 5
   local ok, res = pcall(complete, KEYS[2 * i - 1], KEYS[2 * i], ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[1], ARGV[2])
-  if ok then out[i] = res else out[i] = 'err ' .. tostring(res) end
+  if ok then out[i] = res else out[i] = 'err ' .. err_text(res) end
 end
 "#;
 
