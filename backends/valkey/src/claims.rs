@@ -308,33 +308,43 @@ pub(crate) fn parse_complete(v: Value) -> Result<CompleteOutcome, StoreError> {
 /// One claim's answer (`CLAIM`'s): its kind, then its numbers, apart by spaces.
 pub(crate) fn parse_claim(answer: &str) -> Result<ClaimOutcome, StoreError> {
     let (kind, rest) = answer.split_once(' ').unwrap_or((answer, ""));
-    let mut numbers = rest.split(' ').map(|n| n.parse::<i64>().ok());
-    let mut number = || numbers.next().flatten();
-    let token = |n: Option<i64>| n.map(|t| Token(t.max(0) as u64));
-    let count = |n: Option<i64>| n.unwrap_or(0).clamp(0, i64::from(u32::MAX)) as u32;
-    Ok(match kind {
-        "run" => ClaimOutcome::Run {
-            token: token(number()).ok_or_else(|| unexpected("claim", answer))?,
-            failures: count(number()),
-            starts: count(number()),
-            takeovers: count(number()),
-            took_over: count(number()) == 1,
-        },
-        "expired" => ClaimOutcome::Expired {
-            token: token(number()).ok_or_else(|| unexpected("claim", answer))?,
-        },
-        "defer" => ClaimOutcome::Defer {
-            retry_after: Duration::from_micros(number().unwrap_or(0).max(0) as u64),
-        },
-        "done" => ClaimOutcome::Done,
-        "revoked" => ClaimOutcome::Revoked,
-        "err" => {
-            return Err(StoreError::Unavailable(format!(
-                "valkey failed this claim: {rest}"
-            )))
+    if kind == "err" {
+        return Err(StoreError::Unavailable(format!(
+            "valkey failed this claim: {rest}"
+        )));
+    }
+    // Every number the scripts send is read, and a word missing, unreadable or extra makes the
+    // whole answer an error: a guessed token or count would fence or retry the wrong run.
+    let numbers: Option<Vec<u64>> = if rest.is_empty() {
+        Some(Vec::new())
+    } else {
+        rest.split(' ').map(|n| n.parse::<u64>().ok()).collect()
+    };
+    let count = |n: u64| u32::try_from(n).ok();
+    let outcome = match (kind, numbers.as_deref()) {
+        ("run", Some(&[token, failures, starts, takeovers, took_over])) if took_over <= 1 => {
+            count(failures)
+                .zip(count(starts))
+                .zip(count(takeovers))
+                .map(|((failures, starts), takeovers)| ClaimOutcome::Run {
+                    token: Token(token),
+                    failures,
+                    starts,
+                    takeovers,
+                    took_over: took_over == 1,
+                })
         }
-        _ => return Err(unexpected("claim", answer)),
-    })
+        ("expired", Some(&[token])) => Some(ClaimOutcome::Expired {
+            token: Token(token),
+        }),
+        ("defer", Some(&[us])) => Some(ClaimOutcome::Defer {
+            retry_after: Duration::from_micros(us),
+        }),
+        ("done", Some(&[])) => Some(ClaimOutcome::Done),
+        ("revoked", Some(&[])) => Some(ClaimOutcome::Revoked),
+        _ => None,
+    };
+    outcome.ok_or_else(|| unexpected("claim", answer))
 }
 
 /// `record_failure`'s answer: the failure count, or -1 for a stale token.
@@ -386,5 +396,20 @@ mod tests {
         // A run without its token, or a kind nobody sends, is an error, not a guess.
         assert!(parse_claim("run").is_err());
         assert!(parse_claim("maybe 1").is_err());
+        // Nor is a number missing, unreadable, out of range or one too many.
+        for bad in [
+            "run 7 0 0 0",
+            "run 7 0 x 0 0",
+            "run 7 0 0 0 2",
+            "run 7 0 0 4294967296 0",
+            "run 7 0 0 0 0 9",
+            "expired",
+            "expired -3",
+            "defer",
+            "defer soon",
+            "done 1",
+        ] {
+            assert!(parse_claim(bad).is_err(), "{bad} was read as an answer");
+        }
     }
 }

@@ -230,8 +230,11 @@ fn parse_gated(answer: Value) -> Result<Gated, StoreError> {
         return Err(unexpected("gated claim", answer));
     };
     if let Some(us) = text.strip_prefix("limit ") {
-        let us = us.parse::<u64>().unwrap_or(0);
-        return Ok(Gated::Wait(Duration::from_micros(us)));
+        return match us.parse::<u64>() {
+            Ok(us) => Ok(Gated::Wait(Duration::from_micros(us))),
+            // A guessed wait of nothing would hand the task straight back: a hot loop.
+            Err(_) => Err(unexpected("gated claim", text)),
+        };
     }
     match text.strip_prefix("kept ") {
         Some(claim) => parse_claim(claim).map(Gated::ClaimedInHeldSlot),
@@ -266,6 +269,8 @@ mod tests {
             })
         );
         assert!(read("kept err WRONGTYPE Operation").is_err());
+        assert!(read("limit soon").is_err());
+        assert!(read("limit").is_err());
         assert!(read("").is_err());
         assert!(parse_gated(Value::Integer(1)).is_err());
     }

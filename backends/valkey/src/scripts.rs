@@ -20,7 +20,8 @@ use fred::prelude::{Client, LuaInterface, Pool};
 use fred::types::scripts::Script;
 use fred::types::Value;
 
-/// Helpers shared by every script: the server clock and the claim record.
+/// Helpers shared by every script: a caught error's text (`err_text`, for the `err …` answers of
+/// scripts that decide many tasks at once), the server clock, and the claim record.
 pub(crate) const PRELUDE: &str = r#"
 -- A caught error's text: a string, or (on servers whose `redis.call` raises a table) its `err`.
 local function err_text(e)
