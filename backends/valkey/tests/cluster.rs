@@ -26,7 +26,7 @@ async fn double(n: u64) -> Result<u64, TaskError> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claims_results_and_announcements_work_across_a_cluster() {
-    let cluster = common::PrivateCluster::start(3).await;
+    let cluster = common::cluster::PrivateCluster::start(3).await;
     let prefix = common::prefix();
     let store = Arc::new(common::store_at(&cluster.url(), &prefix, |b| b).await);
 
@@ -198,7 +198,7 @@ async fn claims_results_and_announcements_work_across_a_cluster() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_worker_runs_with_claims_and_results_in_a_cluster() {
-    let cluster = common::PrivateCluster::start(3).await;
+    let cluster = common::cluster::PrivateCluster::start(3).await;
     let store = Arc::new(common::store_at(&cluster.url(), &common::prefix(), |b| b).await);
     let broker = Arc::new(ferriq::memory::MemoryBroker::new());
     let worker = common::spawn_worker(broker.clone(), store.clone(), &[double::NAME]);
@@ -218,7 +218,7 @@ async fn the_worker_runs_with_claims_and_results_in_a_cluster() {
 /// stream of its own (spread over the masters by name), and a lane's keys in its slot.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_streams_broker_keeps_the_broker_contract_on_a_cluster() {
-    let cluster = common::PrivateCluster::start(3).await;
+    let cluster = common::cluster::PrivateCluster::start(3).await;
     let url = cluster.url();
     ferriq::testing::conformance::broker_suite(|| {
         let url = url.clone();
@@ -242,7 +242,7 @@ async fn the_streams_broker_keeps_the_broker_contract_on_a_cluster() {
 /// `common::failover`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_streams_broker_follows_a_cluster_failover() {
-    let mut cluster = common::PrivateCluster::start_with_replicas(3).await;
+    let mut cluster = common::cluster::PrivateCluster::start_with_replicas(3).await;
     let url = cluster.url();
     let queue = format!("{}.failover", common::prefix());
     let asked = cluster.ports[0];
@@ -264,7 +264,7 @@ async fn the_streams_broker_follows_a_cluster_failover() {
 /// nodes may be set up apart, and only the lane's node can lose its tasks.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_streams_broker_checks_the_node_serving_each_lane() {
-    let cluster = common::PrivateCluster::start(3).await;
+    let cluster = common::cluster::PrivateCluster::start(3).await;
     let queue = format!("{}.durable", common::prefix());
     let (serving, _) = cluster.master_and_replica_of(&queue, cluster.ports[0]);
     // Every node keeps its data but the lane's.

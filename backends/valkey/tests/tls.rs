@@ -348,7 +348,7 @@ async fn each_refusal_names_what_to_fix() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_valkey_cluster_over_tls_runs_tasks_with_a_private_ca() {
     let pki = Pki::new();
-    let cluster = common::PrivateCluster::start_tls(
+    let cluster = common::cluster::PrivateCluster::start_tls(
         3,
         &pki.path("server.pem"),
         &pki.path("server.key"),

@@ -213,3 +213,11 @@ pub async fn store(setup: &Setup) -> Arc<dyn ferriq::store::Store> {
     options.settings.extend(setup.vars());
     ferriq::connect::connect_store_with(options).await.unwrap()
 }
+
+/// A finished command's standard output and error, as text.
+pub fn text(out: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}

@@ -286,3 +286,26 @@ pub fn interop_env(cmd: &mut tokio::process::Command, topology: &Topology, prefi
         .env("INTEROP_PREFIX", prefix)
         .env("PYTHONDONTWRITEBYTECODE", "1");
 }
+
+/// Receives `n` deliveries (acking each) and returns their task ids in the order they arrived.
+pub async fn receive_acking(broker: &ferriq_amqp::AmqpBroker, n: usize) -> Vec<String> {
+    use ferriq::broker::Broker;
+    let mut received = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while received.len() < n {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} of {n} arrived",
+            received.len()
+        );
+        for d in broker
+            .receive(64, Duration::from_millis(200))
+            .await
+            .unwrap()
+        {
+            received.push(d.task_id.as_ref().expect("the task_id header").to_string());
+            broker.ack(&d.handle).await.unwrap();
+        }
+    }
+    received
+}
