@@ -314,14 +314,21 @@ pub(crate) fn parse_claim(answer: &str) -> Result<ClaimOutcome, StoreError> {
         )));
     }
     // Every number the scripts send is read, and a word missing, unreadable or extra makes the
-    // whole answer an error: a guessed token or count would fence or retry the wrong run.
-    let numbers: Option<Vec<u64>> = if rest.is_empty() {
-        Some(Vec::new())
-    } else {
-        rest.split(' ').map(|n| n.parse::<u64>().ok()).collect()
-    };
+    // whole answer an error: a guessed token or count would fence or retry the wrong run. Read
+    // into an array, not a vector: this is every claim's path, and an answer has five at most.
+    let mut numbers = [0u64; 5];
+    let mut read = 0;
+    let mut readable = true;
+    for word in rest.split_terminator(' ') {
+        match (numbers.get_mut(read), word.parse::<u64>()) {
+            (Some(slot), Ok(n)) => *slot = n,
+            _ => readable = false,
+        }
+        read += 1;
+    }
+    let numbers = readable.then_some(&numbers[..read.min(5)]);
     let count = |n: u64| u32::try_from(n).ok();
-    let outcome = match (kind, numbers.as_deref()) {
+    let outcome = match (kind, numbers) {
         ("run", Some(&[token, failures, starts, takeovers, took_over])) if took_over <= 1 => {
             count(failures)
                 .zip(count(starts))
