@@ -87,12 +87,14 @@ pub(super) async fn run(
     // The task sees a child of the run's token: it may cancel its own, which must not
     // look like the worker stopping it.
     let cancel = CancellationToken::new();
+    // One reading of the clock for the run's start and its time in the queue.
+    let now = w.config.clock.now_unix();
     let stopped_at_once = w.running.insert(Running {
         task_id: msg.task_id.clone(),
         task_name: task.name,
         attempt,
         lane: d.queue.clone(),
-        started_at_ms: w.config.clock.now_unix_ms(),
+        started_at_ms: (now * 1000.0).max(0.0) as u64,
         token,
         handle: d.handle.clone(),
         cancel: cancel.clone(),
@@ -104,7 +106,6 @@ pub(super) async fn run(
         return Box::pin(stopped(w, d, &msg.task_id, token, why)).await;
     }
     w.counters.started(task.name);
-    let now = w.config.clock.now_unix();
     let since = match (msg.labels.enqueued_at(), msg.labels.due_at()) {
         (Some(sent), Some(due)) => Some(sent.max(due)),
         (sent, due) => sent.or(due),
