@@ -70,7 +70,7 @@ impl Clock {
 
     /// Unix milliseconds now.
     pub fn now_unix_ms(&self) -> u64 {
-        (self.now_unix() * 1000.0).max(0.0) as u64
+        unix_ms(self.now_unix())
     }
 
     /// How long from now until `unix` (zero when it has passed).
@@ -101,6 +101,11 @@ impl fmt::Debug for Clock {
             .field("offset_secs", &self.offset_secs)
             .finish()
     }
+}
+
+/// Unix milliseconds of a reading in unix seconds (zero before the epoch).
+pub(crate) fn unix_ms(unix: f64) -> u64 {
+    (unix * 1000.0).max(0.0) as u64
 }
 
 fn system_unix() -> f64 {

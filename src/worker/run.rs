@@ -94,7 +94,7 @@ pub(super) async fn run(
         task_name: task.name,
         attempt,
         lane: d.queue.clone(),
-        started_at_ms: (now * 1000.0).max(0.0) as u64,
+        started_at_ms: crate::clock::unix_ms(now),
         token,
         handle: d.handle.clone(),
         cancel: cancel.clone(),
