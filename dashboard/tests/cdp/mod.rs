@@ -139,6 +139,14 @@ impl Browser {
 
     /// Sends a command (to the page once attached); its result.
     pub async fn call(&mut self, method: &str, params: Value) -> Value {
+        match self.try_call(method, params).await {
+            Ok(result) => result,
+            Err(error) => panic!("{method}: {error}"),
+        }
+    }
+
+    /// Sends a command; its result, or the protocol's error object.
+    async fn try_call(&mut self, method: &str, params: Value) -> Result<Value, Value> {
         self.next += 1;
         let id = self.next;
         let mut msg = json!({ "id": id, "method": method, "params": params });
@@ -154,12 +162,10 @@ impl Browser {
             .await
             .unwrap_or_else(|_| panic!("{method}: no answer within 30 s"))
             .expect("an answer");
-        assert!(
-            answer.get("error").is_none(),
-            "{method}: {}",
-            answer["error"]
-        );
-        answer["result"].clone()
+        match answer.get("error") {
+            Some(error) => Err(error.clone()),
+            None => Ok(answer["result"].clone()),
+        }
     }
 
     /// Runs `expression` in the page (awaiting a promise); its value.
@@ -185,8 +191,20 @@ impl Browser {
             let check = format!(
                 "(() => {{ try {{ return !!({expression}); }} catch (e) {{ return false; }} }})()"
             );
-            if self.eval(&check).await == json!(true) {
-                return;
+            // A page navigating away while the check runs answers "Inspected target
+            // navigated or closed" (or a destroyed context): the new page is not ready yet,
+            // so that is a "not yet", not a failure.
+            let r = self
+                .try_call(
+                    "Runtime.evaluate",
+                    json!({ "expression": check, "returnByValue": true }),
+                )
+                .await;
+            match r {
+                Ok(r) if r["result"]["value"] == json!(true) => return,
+                Ok(_) => {}
+                Err(error) if is_navigation(&error) => {}
+                Err(error) => panic!("Runtime.evaluate: {error}"),
             }
             if tokio::time::Instant::now() >= deadline {
                 let at = self
@@ -213,11 +231,19 @@ impl Browser {
     /// document, loaded, with its `main`).
     pub async fn click_and_wait(&mut self, selector: &str) {
         let origin = self.eval("performance.timeOrigin").await;
-        self.eval(&format!(
-            "document.querySelector({}).click()",
-            json!(selector)
-        ))
-        .await;
+        let click = format!("document.querySelector({}).click()", json!(selector));
+        // The click may start the navigation before its own evaluation answers.
+        match self
+            .try_call("Runtime.evaluate", json!({ "expression": click }))
+            .await
+        {
+            Ok(r) => assert!(
+                r.get("exceptionDetails").is_none(),
+                "{click}: {}",
+                r["exceptionDetails"]
+            ),
+            Err(error) => assert!(is_navigation(&error), "{click}: {error}"),
+        }
         self.wait_for(&format!(
             "performance.timeOrigin !== {origin} && document.readyState === 'complete' \
              && document.querySelector('main')"
@@ -284,6 +310,15 @@ fn event(v: &Value, problems: &Mutex<Vec<String>>, out: &mpsc::UnboundedSender<M
     if let Some(p) = problem {
         problems.lock().unwrap().push(p);
     }
+}
+
+/// Whether a protocol error says the page navigated under the command (its document, and
+/// so its script context, went away) rather than that the command was wrong.
+fn is_navigation(error: &Value) -> bool {
+    let message = error["message"].as_str().unwrap_or_default();
+    message.contains("navigated or closed")
+        || message.contains("Execution context was destroyed")
+        || message.contains("Cannot find context")
 }
 
 fn rand_id() -> u64 {
