@@ -11,21 +11,11 @@ use ferriq::testing::conformance;
 use ferriq::wire::TaskMessage;
 use ferriq_valkey::StreamBroker;
 
-async fn broker(queue: &str) -> StreamBroker {
-    StreamBroker::builder(common::url())
-        .queues([queue])
-        // The shared test server runs without appendonly (see RELIABILITY.md for a durable one).
-        .allow_volatile(true)
-        .connect()
-        .await
-        .expect("connect the Streams broker")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_streams_broker_keeps_the_broker_contract() {
     conformance::broker_suite(|| async {
         let queue = format!("{}.q", common::prefix());
-        Arc::new(broker(&queue).await) as Arc<dyn Broker>
+        Arc::new(common::stream_broker(&queue).await) as Arc<dyn Broker>
     })
     .await;
 }
@@ -47,7 +37,10 @@ fn task_of(d: &ferriq::broker::Delivery) -> Option<ferriq::wire::TaskId> {
 async fn a_heartbeated_entry_stays_and_a_dead_ones_is_taken_over_within_its_lease() {
     let queue = format!("{}.lease", common::prefix());
     let lease = Duration::from_secs(1);
-    let (a, b) = (broker(&queue).await, broker(&queue).await);
+    let (a, b) = (
+        common::stream_broker(&queue).await,
+        common::stream_broker(&queue).await,
+    );
     for x in [&a, &b] {
         x.prepare_consumer(&ConsumerSettings::new(2, lease));
     }
@@ -113,7 +106,7 @@ async fn a_heartbeated_entry_stays_and_a_dead_ones_is_taken_over_within_its_leas
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_delayed_message_waits_until_due() {
     let queue = format!("{}.delay", common::prefix());
-    let b = broker(&queue).await;
+    let b = common::stream_broker(&queue).await;
     let (id, mut out) = message();
     out.delay = Some(Duration::from_secs(2));
     let sent = tokio::time::Instant::now();
@@ -184,63 +177,6 @@ async fn a_server_that_can_lose_queued_tasks_is_refused_unless_allowed() {
     connect().await.expect("volatile-lru is taken");
 }
 
-mod ops {
-    //! The conformance kit's operations scenarios on a Streams lane (with the Valkey store).
-
-    use super::*;
-    use ferriq::testing::conformance::operations as ops_suite;
-
-    async fn suite_worker(
-        queue: &str,
-    ) -> (
-        ferriq::testing::RunningWorker,
-        ferriq::Client,
-        Arc<ops_suite::Healed>,
-    ) {
-        ops_suite::worker_and_client(
-            Arc::new(broker(queue).await),
-            Arc::new(common::store_at(&common::url(), &common::prefix(), |b| b).await),
-        )
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn dead_letters_are_listed_redriven_and_purged() {
-        let queue = format!("{}.ops", common::prefix());
-        let (worker, client, healed) = suite_worker(&queue).await;
-        ops_suite::dead_letters_are_listed_redriven_and_purged(&client, &queue, healed, true).await;
-        worker.stop().await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_redrive_sends_each_task_back_once() {
-        let queue = format!("{}.ops", common::prefix());
-        let (worker, client, _) = suite_worker(&queue).await;
-        ops_suite::a_redrive_sends_each_task_back_once(&client, &queue).await;
-        worker.stop().await;
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_stale_worker_from_before_a_redrive_cannot_write_over_the_new_result() {
-        let queue = format!("{}.ops", common::prefix());
-        let brokers: [Arc<dyn Broker>; 2] = [
-            Arc::new(broker(&queue).await),
-            Arc::new(broker(&queue).await),
-        ];
-        let store = Arc::new(common::store().await);
-        let expiring = store.clone();
-        ops_suite::a_stale_worker_cannot_write_over_a_redriven_result(
-            brokers,
-            store,
-            &queue,
-            move |id| {
-                let store = expiring.clone();
-                async move { store.expire_lease(&id).await.unwrap() }
-            },
-        )
-        .await;
-    }
-}
-
 /// Two lanes with one hash tag (one cluster slot) keep their own delayed messages, and a
 /// receive never hands out more than it asked for, though a read over two lanes brings up to
 /// that many of each.
@@ -296,7 +232,10 @@ async fn lanes_sharing_a_hash_tag_keep_their_own_messages() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_workers_consumer_leaves_the_group_unless_it_holds_entries() {
     let queue = format!("{}.consumers", common::prefix());
-    let (a, b) = (broker(&queue).await, broker(&queue).await);
+    let (a, b) = (
+        common::stream_broker(&queue).await,
+        common::stream_broker(&queue).await,
+    );
     assert_eq!(a.consumer_count(None).await, Some((queue.clone(), 0)));
     let (_, first) = message();
     let (_, second) = message();
@@ -396,7 +335,7 @@ async fn acks_made_at_once_go_out_together_and_each_answers_for_its_entry() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_delayed_message_comes_when_due_even_while_the_receive_waits() {
     let queue = format!("{}.due", common::prefix());
-    let b = broker(&queue).await;
+    let b = common::stream_broker(&queue).await;
     let (id, mut out) = message();
     out.delay = Some(Duration::from_millis(1500));
     let sent = tokio::time::Instant::now();
@@ -423,7 +362,10 @@ async fn a_delayed_message_comes_when_due_even_while_the_receive_waits() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn what_another_process_makes_due_soon_comes_when_due() {
     let queue = format!("{}.wake", common::prefix());
-    let (worker, other) = (broker(&queue).await, broker(&queue).await);
+    let (worker, other) = (
+        common::stream_broker(&queue).await,
+        common::stream_broker(&queue).await,
+    );
     let (handed_back, out) = message();
     other.publish(vec![out]).await.unwrap();
     let held = loop {

@@ -12,7 +12,6 @@ use std::time::Duration;
 use ferriq::testing::RunningWorker;
 use ferriq::{Client, Registry, Worker};
 use ferriq_testkit::services::python;
-use ferriq_valkey::StreamBroker;
 
 #[ferriq::task(name = "interop.add")]
 async fn add(a: i64, b: i64) -> i64 {
@@ -36,15 +35,6 @@ impl Drop for KillGroup {
     }
 }
 
-async fn broker(queue: &str) -> StreamBroker {
-    StreamBroker::builder(common::url())
-        .queues([queue])
-        .allow_volatile(true)
-        .connect()
-        .await
-        .expect("connect the Streams broker")
-}
-
 fn interop_env(cmd: &mut tokio::process::Command, queue: &str, prefix: &str) {
     cmd.current_dir(std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/interop"))
         .env("INTEROP_REDIS_URL", common::url())
@@ -60,7 +50,7 @@ async fn a_taskiq_redis_producers_task_runs_on_a_ferriq_worker() {
     let store = Arc::new(common::store_at(&common::url(), &prefix, |b| b).await);
     let worker = RunningWorker::spawn(
         Worker::builder()
-            .broker(Arc::new(broker(&queue).await))
+            .broker(Arc::new(common::stream_broker(&queue).await))
             .store(store)
             .registry(
                 Registry::from_inventory()
@@ -96,7 +86,7 @@ async fn a_ferriq_clients_task_runs_on_a_python_taskiq_redis_worker() {
     let store = Arc::new(common::store_at(&common::url(), &prefix, |b| b).await);
     // The ferriq client makes the stream and its group (from the stream's start): the Python
     // worker, which would make it from its end, finds it there and reads what was sent.
-    let client = Client::new(Arc::new(broker(&queue).await), store);
+    let client = Client::new(Arc::new(common::stream_broker(&queue).await), store);
     let handles = client
         .enqueue_batch([py_mul::call(6, 7), py_mul::call(-2, 8)])
         .await

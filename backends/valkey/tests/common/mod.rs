@@ -23,6 +23,18 @@ pub fn prefix() -> String {
     format!("fqt{}", &uuid::Uuid::new_v4().simple().to_string()[..12])
 }
 
+/// A Streams broker on the shared server for `queue` (a lane name no other test uses). The
+/// shared server runs without appendonly, so the broker is told to accept it (RELIABILITY.md
+/// says how to run a durable one).
+pub async fn stream_broker(queue: &str) -> ferriq_valkey::StreamBroker {
+    ferriq_valkey::StreamBroker::builder(url())
+        .queues([queue])
+        .allow_volatile(true)
+        .connect()
+        .await
+        .expect("connect the Streams broker")
+}
+
 /// A store on the shared server under a fresh prefix; keys expire within 10 minutes.
 pub async fn store() -> ValkeyStore {
     store_at(&url(), &prefix(), |b| b).await
