@@ -297,16 +297,20 @@ pub async fn raw_lapin_round_trips(queue: &str, n: usize, apart: bool) -> Vec<f6
 
 /// Raw lapin under open-loop load on a fresh quorum queue: `rate` persistent messages a second
 /// for `secs`, each published and its confirm awaited by a task of its own when due (on one
-/// confirm-mode channel), while a prefetch-64 consumer acks each. Milliseconds from when each
-/// message was due to its ack, sorted: the broker's share of `bench_e2e --steady`.
+/// confirm-mode channel), while a prefetch-64 consumer on a connection of its own (as a
+/// worker's is) acks each. Each body is the size of a task's message. Milliseconds from when
+/// each message was due to its ack, sorted: the broker's share of `bench_e2e --steady`.
 pub async fn raw_lapin_steady(queue: &str, rate: f64, secs: u64) -> Vec<f64> {
     use lapin::options::{BasicAckOptions, BasicPublishOptions};
     use lapin::BasicProperties;
+    let consumer_conn = connect().await;
     let RawRig {
         conn,
         ch,
         mut consumer,
-    } = RawRig::open(queue, 64).await;
+    } = RawRig::open_on(queue, 64, Some(&consumer_conn)).await;
+    // The message's index (when it was due), then a task's message as padding.
+    let padding = String::from_utf8(TaskMessage::new("bench.noop").to_json().unwrap()).unwrap();
     let total = (rate * secs as f64) as u64;
     let period = Duration::from_secs_f64(1.0 / rate);
     let start = Instant::now();
@@ -316,10 +320,10 @@ pub async fn raw_lapin_steady(queue: &str, rate: f64, secs: u64) -> Vec<f64> {
             let Some(Ok(d)) = consumer.next().await else {
                 break;
             };
-            // The body is the message's index: when it was due.
+            // The body starts with the message's index: when it was due.
             let due = std::str::from_utf8(&d.data)
                 .ok()
-                .and_then(|s| s.parse::<f64>().ok())
+                .and_then(|s| s.split(' ').next()?.parse::<f64>().ok())
                 .map(|i| start + period.mul_f64(i));
             d.ack(BasicAckOptions::default()).await.unwrap();
             if let Some(due) = due {
@@ -333,13 +337,14 @@ pub async fn raw_lapin_steady(queue: &str, rate: f64, secs: u64) -> Vec<f64> {
     for i in 0..total {
         tokio::time::sleep_until((start + period.mul_f64(i as f64)).into()).await;
         let (ch, props, queue) = (ch.clone(), props.clone(), queue.to_owned());
+        let body = format!("{i} {padding}");
         publishes.spawn(async move {
             let confirm = ch
                 .basic_publish(
                     "".into(),
                     queue.as_str().into(),
                     BasicPublishOptions::default(),
-                    i.to_string().as_bytes(),
+                    body.as_bytes(),
                     props,
                 )
                 .await
@@ -352,6 +357,7 @@ pub async fn raw_lapin_steady(queue: &str, rate: f64, secs: u64) -> Vec<f64> {
     let mut lat = acker.await.unwrap();
     lat.sort_by(|a, b| a.total_cmp(b));
     remove(conn, ch, queue).await;
+    let _ = consumer_conn.close(200, "".into()).await;
     lat
 }
 
