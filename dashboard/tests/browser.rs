@@ -57,13 +57,18 @@ async fn eventually<F: std::future::Future<Output = bool>>(what: &str, check: im
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_page_renders_and_a_dead_letter_is_redriven_by_clicking() {
     let env = ferriq::testing::TestEnv::new();
+    // A short lease: the worker reports its runs every third of it, and the workers page
+    // must show the running task well within a wait's 15 s (the default 30 s lease reports
+    // every 10 s).
     let worker = env.spawn_worker(
-        env.worker().registry(
-            ferriq::Registry::from_inventory()
-                .unwrap()
-                .only(&[flaky::NAME, slow::NAME])
-                .unwrap(),
-        ),
+        env.worker()
+            .registry(
+                ferriq::Registry::from_inventory()
+                    .unwrap()
+                    .only(&[flaky::NAME, slow::NAME])
+                    .unwrap(),
+            )
+            .lease(Duration::from_secs(3)),
     );
     let script = "<script>alert(1)</script>";
     let hostile = env

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{header, Request, StatusCode};
+use ferriq::WaitError;
 use tower::ServiceExt;
 
 #[ferriq::task(name = "pages.double")]
@@ -86,7 +87,13 @@ async fn bulk_jobs_are_recorded_in_the_store_and_outlive_their_dashboard() {
     );
     for n in 0..3 {
         let h = env.client.enqueue(fails::call(n)).await.unwrap();
-        assert!(h.wait(Duration::from_secs(10)).await.is_err());
+        assert!(
+            matches!(
+                h.wait(Duration::from_secs(30)).await,
+                Err(WaitError::Failed(_))
+            ),
+            "the task fails (not a wait that timed out)"
+        );
     }
     worker.stop().await;
     let first = ferriq_dashboard::Dashboard::builder(env.client.clone())
@@ -196,7 +203,13 @@ async fn the_dead_letters_page_lists_from_the_index_and_rebuilds_it() {
     let mut ids = Vec::new();
     for n in 0..60 {
         let h = env.client.enqueue(fails::call(n)).await.unwrap();
-        assert!(h.wait(Duration::from_secs(10)).await.is_err());
+        assert!(
+            matches!(
+                h.wait(Duration::from_secs(30)).await,
+                Err(WaitError::Failed(_))
+            ),
+            "the task fails (not a wait that timed out)"
+        );
         ids.push(h.task_id().clone());
     }
     worker.stop().await;

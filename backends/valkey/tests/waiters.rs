@@ -46,8 +46,9 @@ async fn a_waiter_is_woken_within_milliseconds_of_the_completion() {
         "wait wake-up after complete: median {:?}, max {:?}",
         latencies[10], latencies[19]
     );
-    // The real figure (well under 5 ms) is in BENCHMARKS.md; this bound only catches polling.
-    assert!(latencies[19] < Duration::from_millis(100), "{latencies:?}");
+    // The real figure (well under 5 ms) is in BENCHMARKS.md; this bound only catches polling
+    // (the store re-reads once an hour), with room for a loaded machine's stalls.
+    assert!(latencies[19] < Duration::from_secs(1), "{latencies:?}");
 }
 
 #[tokio::test]
@@ -61,7 +62,12 @@ async fn a_waiter_that_comes_after_the_completion_gets_the_result_at_once() {
         .unwrap();
     let start = Instant::now();
     let r = store.wait(&id, Duration::from_secs(30)).await.unwrap();
-    assert!(start.elapsed() < Duration::from_millis(100));
+    // Not a re-read an hour later (nor a wake-up that never comes): read at once.
+    assert!(
+        start.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        start.elapsed()
+    );
     assert!(matches!(r, ResultStatus::Ready(r) if r.return_value == json!("early")));
 }
 

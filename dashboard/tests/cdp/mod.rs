@@ -207,10 +207,18 @@ impl Browser {
                 Err(error) => panic!("Runtime.evaluate: {error}"),
             }
             if tokio::time::Instant::now() >= deadline {
+                // Read with `try_call`: a navigation here must not hide what was awaited.
                 let at = self
-                    .eval("location.href + ': ' + (document.body ? document.body.innerText.slice(0, 300) : '')")
-                    .await;
-                panic!("still false after 15 s: {expression}\n  page: {at}");
+                    .try_call(
+                        "Runtime.evaluate",
+                        json!({
+                            "expression": "location.href + ': ' + (document.body ? document.body.innerText.slice(0, 300) : '')",
+                            "returnByValue": true
+                        }),
+                    )
+                    .await
+                    .map(|r| r["result"]["value"].clone());
+                panic!("still false after 15 s: {expression}\n  page: {at:?}");
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -319,6 +327,7 @@ fn is_navigation(error: &Value) -> bool {
     message.contains("navigated or closed")
         || message.contains("Execution context was destroyed")
         || message.contains("Cannot find context")
+        || message.contains("Cannot find default execution context")
 }
 
 fn rand_id() -> u64 {
