@@ -27,8 +27,10 @@ async fn claim_runs_defers_takes_over_and_finishes() {
     let store = common::store().await;
     let id = TaskId::random();
     assert_eq!(store.claim_state(&id).await.unwrap(), ClaimState::Absent);
+    // A lease of 1 s: long enough that the next two calls come before it ends on a loaded
+    // machine, short enough to wait out.
     let (t1, failures) = run(store
-        .claim(&id, "w1", Duration::from_millis(300), None)
+        .claim(&id, "w1", Duration::from_secs(1), None)
         .await
         .unwrap());
     assert_eq!(failures, 0);
@@ -40,14 +42,14 @@ async fn claim_runs_defers_takes_over_and_finishes() {
     match store.claim(&id, "w2", LEASE, None).await.unwrap() {
         ClaimOutcome::Defer { retry_after } => {
             assert!(
-                retry_after > Duration::ZERO && retry_after <= Duration::from_millis(300),
+                retry_after > Duration::ZERO && retry_after <= Duration::from_secs(1),
                 "{retry_after:?}"
             )
         }
         other => panic!("expected Defer, got {other:?}"),
     }
     // The lease is what is under test here: let it run out on the server's clock.
-    tokio::time::sleep(Duration::from_millis(350)).await;
+    tokio::time::sleep(Duration::from_millis(1050)).await;
     let (t2, _) = run(store.claim(&id, "w2", LEASE, None).await.unwrap());
     assert!(t2 > t1, "takeover token {t2} must exceed {t1}");
 
@@ -206,8 +208,9 @@ async fn failures_are_counted_and_release_hands_the_claim_back() {
 async fn heartbeat_extends_current_claims_and_reports_lost_ones_in_one_call() {
     let store = common::store().await;
     let (a, b, c) = (TaskId::random(), TaskId::random(), TaskId::random());
+    // a's lease (2 s) outlasts the calls below on a loaded machine; b's (100 ms) is waited out.
     let (ta, _) = run(store
-        .claim(&a, "w1", Duration::from_millis(300), None)
+        .claim(&a, "w1", Duration::from_secs(2), None)
         .await
         .unwrap());
     let (tb, _) = run(store
@@ -225,8 +228,8 @@ async fn heartbeat_extends_current_claims_and_reports_lost_ones_in_one_call() {
         .await
         .unwrap();
     assert_eq!(kept, [ClaimLease::Kept, ClaimLease::Lost, ClaimLease::Lost]);
-    // a's lease now runs 5 s from the heartbeat, well past its original 300 ms.
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    // a's lease now runs 5 s from the heartbeat, well past its original 2 s.
+    tokio::time::sleep(Duration::from_millis(2100)).await;
     assert!(matches!(
         store.claim(&a, "w2", LEASE, None).await.unwrap(),
         ClaimOutcome::Defer { .. }

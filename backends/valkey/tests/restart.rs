@@ -33,8 +33,9 @@ async fn a_killed_and_restarted_server_fails_fast_then_recovers_with_larger_toke
         .unwrap_err();
     let took = start.elapsed();
     assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
+    // Within its timeout, and room for a loaded machine's scheduling; a hang is far longer.
     assert!(
-        took <= timeout + Duration::from_millis(300),
+        took <= timeout + Duration::from_secs(1),
         "failed after {took:?}"
     );
     let err = store.get(&before).await.unwrap_err();
