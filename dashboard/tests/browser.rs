@@ -121,9 +121,14 @@ async fn every_page_renders_and_a_dead_letter_is_redriven_by_clicking() {
         b.wait_for(&format!("document.querySelector({selector:?})"))
             .await;
         if *name == "overview" || *name == "workers" {
-            // The script polled once and rewrote the table without error.
-            b.wait_for("document.querySelector('[data-live]').textContent.includes('updated')")
-                .await;
+            // The script polled once and rewrote the table without error (the page comes
+            // with "live: updated every 2 s"; a poll writes the time, a failed one says
+            // "not updated: …").
+            b.wait_for(
+                "document.querySelector('[data-live]').textContent.startsWith('live: updated ') \
+                 && !document.querySelector('[data-live]').textContent.includes('every 2 s')",
+            )
+            .await;
         }
         if *name == "workers" {
             b.wait_for("document.querySelector('#runs').textContent.includes('dash.slow')")
