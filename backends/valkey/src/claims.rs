@@ -314,19 +314,9 @@ pub(crate) fn parse_claim(answer: &str) -> Result<ClaimOutcome, StoreError> {
         )));
     }
     // Every number the scripts send is read, and a word missing, unreadable or extra makes the
-    // whole answer an error: a guessed token or count would fence or retry the wrong run. Read
-    // into an array, not a vector: this is every claim's path, and an answer has five at most.
-    let mut numbers = [0u64; 5];
-    let mut read = 0;
-    let mut readable = true;
-    for word in rest.split_terminator(' ') {
-        match (numbers.get_mut(read), word.parse::<u64>()) {
-            (Some(slot), Ok(n)) => *slot = n,
-            _ => readable = false,
-        }
-        read += 1;
-    }
-    let numbers = readable.then_some(&numbers[..read.min(5)]);
+    // whole answer an error: a guessed token or count would fence or retry the wrong run.
+    let numbers = claim_numbers(rest);
+    let numbers = numbers.as_ref().map(|(n, read)| &n[..*read]);
     let count = |n: u64| u32::try_from(n).ok();
     let outcome = match (kind, numbers) {
         ("run", Some(&[token, failures, starts, takeovers, took_over])) if took_over <= 1 => {
@@ -352,6 +342,19 @@ pub(crate) fn parse_claim(answer: &str) -> Result<ClaimOutcome, StoreError> {
         _ => None,
     };
     outcome.ok_or_else(|| unexpected("claim", answer))
+}
+
+/// A claim answer's numbers and how many there are; `None` when one is unreadable or there
+/// are more than five (the most an answer has). An array, not a vector: this is every claim's
+/// path.
+fn claim_numbers(words: &str) -> Option<([u64; 5], usize)> {
+    let mut numbers = [0u64; 5];
+    let mut read = 0;
+    for word in words.split_terminator(' ') {
+        *numbers.get_mut(read)? = word.parse().ok()?;
+        read += 1;
+    }
+    Some((numbers, read))
 }
 
 /// `record_failure`'s answer: the failure count, or -1 for a stale token.

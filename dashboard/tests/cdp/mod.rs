@@ -170,18 +170,27 @@ impl Browser {
 
     /// Runs `expression` in the page (awaiting a promise); its value.
     pub async fn eval(&mut self, expression: &str) -> Value {
+        match self.try_eval(expression).await {
+            Ok(value) => value,
+            Err(error) => panic!("Runtime.evaluate: {error}"),
+        }
+    }
+
+    /// Runs `expression` in the page; its value, or the protocol's error (a navigation under
+    /// it, among others). An exception the expression throws fails the test.
+    async fn try_eval(&mut self, expression: &str) -> Result<Value, Value> {
         let r = self
-            .call(
+            .try_call(
                 "Runtime.evaluate",
                 json!({ "expression": expression, "returnByValue": true, "awaitPromise": true }),
             )
-            .await;
+            .await?;
         assert!(
             r.get("exceptionDetails").is_none(),
             "{expression}: {}",
             r["exceptionDetails"]
         );
-        r["result"]["value"].clone()
+        Ok(r["result"]["value"].clone())
     }
 
     /// Waits (up to 15 s) until `expression` is true in the page.
@@ -194,30 +203,17 @@ impl Browser {
             // A page navigating away while the check runs answers "Inspected target
             // navigated or closed" (or a destroyed context): the new page is not ready yet,
             // so that is a "not yet", not a failure.
-            let r = self
-                .try_call(
-                    "Runtime.evaluate",
-                    json!({ "expression": check, "returnByValue": true }),
-                )
-                .await;
-            match r {
-                Ok(r) if r["result"]["value"] == json!(true) => return,
+            match self.try_eval(&check).await {
+                Ok(Value::Bool(true)) => return,
                 Ok(_) => {}
                 Err(error) if is_navigation(&error) => {}
                 Err(error) => panic!("Runtime.evaluate: {error}"),
             }
             if tokio::time::Instant::now() >= deadline {
-                // Read with `try_call`: a navigation here must not hide what was awaited.
+                // Read with `try_eval`: a navigation here must not hide what was awaited.
                 let at = self
-                    .try_call(
-                        "Runtime.evaluate",
-                        json!({
-                            "expression": "location.href + ': ' + (document.body ? document.body.innerText.slice(0, 300) : '')",
-                            "returnByValue": true
-                        }),
-                    )
-                    .await
-                    .map(|r| r["result"]["value"].clone());
+                    .try_eval("location.href + ': ' + (document.body ? document.body.innerText.slice(0, 300) : '')")
+                    .await;
                 panic!("still false after 15 s: {expression}\n  page: {at:?}");
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -241,16 +237,8 @@ impl Browser {
         let origin = self.eval("performance.timeOrigin").await;
         let click = format!("document.querySelector({}).click()", json!(selector));
         // The click may start the navigation before its own evaluation answers.
-        match self
-            .try_call("Runtime.evaluate", json!({ "expression": click }))
-            .await
-        {
-            Ok(r) => assert!(
-                r.get("exceptionDetails").is_none(),
-                "{click}: {}",
-                r["exceptionDetails"]
-            ),
-            Err(error) => assert!(is_navigation(&error), "{click}: {error}"),
+        if let Err(error) = self.try_eval(&click).await {
+            assert!(is_navigation(&error), "{click}: {error}");
         }
         self.wait_for(&format!(
             "performance.timeOrigin !== {origin} && document.readyState === 'complete' \
